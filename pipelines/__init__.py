@@ -1,0 +1,1 @@
+"""kfvision pipelines: the kfvision command line, KFP components, PyTorchJob builder and runners."""

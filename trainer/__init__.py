@@ -1,0 +1,1 @@
+"""kfvision trainer core: image directories, models, the DDP training loop, scoring."""

@@ -1,0 +1,127 @@
+"""Everything about "which process am I": the one place that reads the launcher's environment.
+
+Run one process with `python -m trainer.train ...`, or several with
+`torchrun --nproc-per-node 2 -m trainer.train ...`. Under a Kubeflow PyTorchJob the operator sets
+node-level `RANK`/`WORLD_SIZE` plus `PET_*` variables; the container must start us through torchrun,
+which turns `PET_*` into per-process `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`
+(see ../shared/reference/README.md). Nothing else in kfvision reads these variables.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from trainer.errors import DeviceError, check_choice
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _pick_device(requested: str, local_rank: int, local_world_size: int) -> torch.device:
+    check_choice("device", requested, ("auto", "cpu", "cuda"))
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DeviceError(
+            "device = 'cuda' was requested but PyTorch sees no CUDA GPU on this machine; "
+            "use --device cpu (or auto), or run on a GPU node."
+        )
+    gpus = torch.cuda.device_count()
+    if local_world_size > gpus:
+        raise DeviceError(
+            f"{local_world_size} processes per node were started but this node has {gpus} GPU(s); "
+            f"start at most {gpus} (torchrun --nproc-per-node / PyTorchJob nprocPerNode), "
+            "or use --device cpu."
+        )
+    return torch.device("cuda", local_rank)
+
+
+def init(device: str = "auto", timeout_s: float = 1800.0) -> DistContext:
+    """Join the process group when started by torchrun (WORLD_SIZE > 1), else run alone.
+
+    Args:
+        device: "auto" (CUDA when available), "cpu" or "cuda".
+        timeout_s: collective timeout; a lost peer fails the job after this long.
+    Returns:
+        the frozen DistContext of this process.
+    Raises:
+        DeviceError: CUDA requested but missing, or more local processes than GPUs.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    dev = _pick_device(device, local_rank, local_world_size)
+    if world_size > 1 and not dist.is_initialized():
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        from datetime import timedelta
+
+        dist.init_process_group(
+            backend="nccl" if dev.type == "cuda" else "gloo",
+            timeout=timedelta(seconds=timeout_s),
+            device_id=dev if dev.type == "cuda" else None,
+        )
+    return DistContext(rank, local_rank, world_size, local_world_size, dev)
+
+
+def cleanup() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Sum a tensor over all processes (in place), a no-op when running alone."""
+    if ctx.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_gather_object(obj, ctx: DistContext) -> list:
+    """Every process's obj, in rank order (a one-element list when running alone)."""
+    if not ctx.distributed:
+        return [obj]
+    out = [None] * ctx.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj, ctx: DistContext):
+    """Rank 0's obj on every process."""
+    if not ctx.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def cpus_per_process(ctx: DistContext) -> int:
+    """CPU cores this process may use: the cores we are allowed on, shared by the local ranks."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // ctx.local_world_size)

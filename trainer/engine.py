@@ -1,0 +1,193 @@
+"""The DDP training loop: one Trainer with `train_one_epoch`, `evaluate` and `fit`.
+
+Semantics (Azure ML designer's Train PyTorch Model): SGD with momentum; learning rate x world size;
+linear warm-up then polynomial decay, stepped every iteration; validation every epoch; early stop
+after `patience` epochs without a decrease of the validation loss; the best epoch's weights are the
+output. Metrics are summed over all processes; only rank 0 logs and writes.
+"""
+
+import hashlib
+import logging
+import math
+import time
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.config import TrainConfig
+from trainer.data import Normalizer
+from trainer.distributed import DistContext, all_gather_object, all_reduce_sum
+from trainer.errors import NonFiniteLossError
+
+log = logging.getLogger("trainer")
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, power: float) -> float:
+    """Multiplier of the base lr at `step` (0-based): linear warm-up, then (1 - t)^power to 0."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return max(0.0, 1.0 - t) ** power
+
+
+def state_digest(model: nn.Module) -> str:
+    """sha256 over every parameter and buffer: equal on all ranks when DDP kept them in sync."""
+    h = hashlib.sha256()
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+class Trainer:
+    """Trains `model` on `train_loader`, validating on `val_loader` every epoch.
+
+    `on_epoch(record, best_state)` is called on rank 0 after each epoch (to write metrics and the
+    best weights as they come, so nothing is lost if a later epoch fails).
+    """
+
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, model: nn.Module, train_loader,
+                 val_loader, train_sampler=None, normalizer: Normalizer = Normalizer(),
+                 channels_last: bool = False):
+        self.cfg, self.ctx = cfg, ctx
+        self.train_loader, self.val_loader, self.train_sampler = (train_loader, val_loader,
+                                                                  train_sampler)
+        self.normalize = normalizer
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        model = model.to(ctx.device, memory_format=self.memory_format)
+        self.raw_model = model
+        self.model = (DistributedDataParallel(model, device_ids=[ctx.device] if
+                                              ctx.device.type == "cuda" else None)
+                      if ctx.distributed else model)
+        self.criterion = nn.CrossEntropyLoss()
+        self.lr = cfg.lr * ctx.world_size  # linear scaling rule: lr x number of processes
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=self.lr, momentum=cfg.momentum,
+                                         weight_decay=cfg.weight_decay, foreach=True)
+        steps = len(train_loader)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            lambda s: lr_factor(s, cfg.warmup_epochs * steps, cfg.epochs * steps,
+                                cfg.lr_decay_power))
+        self.topk = min(5, self._num_classes())
+
+    def _num_classes(self) -> int:
+        head = getattr(self.raw_model, "fc", None) or self.raw_model.classifier
+        return head.out_features
+
+    def _to_device(self, images, labels):
+        nb = self.ctx.device.type == "cuda"
+        images = images.to(self.ctx.device, non_blocking=nb)
+        return self.normalize(images, self.memory_format), labels.to(self.ctx.device,
+                                                                     non_blocking=nb)
+
+    def _counts(self, logits, labels, loss) -> torch.Tensor:
+        """[loss sum, top-1 hits, top-k hits, images] of one batch, as one tensor."""
+        top = logits.topk(self.topk, dim=1).indices
+        hits = top.eq(labels.unsqueeze(1))
+        n = labels.numel()
+        return torch.stack([loss.detach() * n, hits[:, 0].sum(), hits.any(dim=1).sum(),
+                            torch.tensor(n, device=labels.device)]).double()
+
+    def _global(self, sums: torch.Tensor) -> dict:
+        s = all_reduce_sum(sums.clone(), self.ctx).tolist()
+        n = max(s[3], 1)
+        return {"loss": s[0] / n, "top1": s[1] / n, "top5": s[2] / n, "images": int(s[3])}
+
+    def _check_finite(self, loss: float, epoch: int, step: int) -> None:
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"the training loss became {loss} at epoch {epoch}, step {step} (learning rate "
+                f"{self.scheduler.get_last_lr()[0]:.3g} = {self.cfg.lr:g} x {self.ctx.world_size} "
+                "processes). Lower --lr (e.g. by 10x), add --warmup-epochs, or check the images."
+            )
+
+    def train_one_epoch(self, epoch: int) -> dict:
+        self.model.train()
+        if self.train_sampler is not None:
+            self.train_sampler.set_epoch(epoch)
+        sums = torch.zeros(4, dtype=torch.float64, device=self.ctx.device)
+        steps = len(self.train_loader)
+        start = last = time.perf_counter()
+        last_images = 0
+        for step, (images, labels) in enumerate(self.train_loader, 1):
+            images, labels = self._to_device(images, labels)
+            logits = self.model(images)
+            loss = self.criterion(logits, labels)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            self.scheduler.step()
+            sums += self._counts(logits.detach(), labels, loss)
+            if step % self.cfg.print_freq == 0 or step == steps:
+                m = self._global(sums)  # also how every rank learns of a NaN on any rank
+                self._check_finite(m["loss"], epoch, step)
+                now = time.perf_counter()
+                rate = (m["images"] - last_images) / max(now - last, 1e-9)
+                last, last_images = now, m["images"]
+                if self.ctx.is_main:
+                    log.info("epoch %d [%*d/%d]  loss %.4f  top1 %.4f  top5 %.4f  %.1f img/s  "
+                             "lr %.3g", epoch, len(str(steps)), step, steps, m["loss"], m["top1"],
+                             m["top5"], rate, self.scheduler.get_last_lr()[0])
+        m = self._global(sums)
+        m["seconds"] = time.perf_counter() - start
+        m["images_per_sec"] = m["images"] / max(m["seconds"], 1e-9)
+        return m
+
+    @torch.inference_mode()
+    def evaluate(self) -> dict:
+        self.model.eval()
+        sums = torch.zeros(4, dtype=torch.float64, device=self.ctx.device)
+        for images, labels in self.val_loader:
+            images, labels = self._to_device(images, labels)
+            logits = self.raw_model(images)  # no DDP in eval: no collective per batch
+            sums += self._counts(logits, labels, self.criterion(logits, labels))
+        return self._global(sums)
+
+    def fit(self, on_epoch=None) -> dict:
+        """Train until the last epoch or early stop; returns the summary (best epoch etc.)."""
+        cfg = self.cfg
+        best_loss, best_epoch, best_state, bad_epochs, history = math.inf, 0, None, 0, []
+        for epoch in range(1, cfg.epochs + 1):
+            lr = self.scheduler.get_last_lr()[0]
+            tr = self.train_one_epoch(epoch)
+            va = self.evaluate()
+            record = {"epoch": epoch, "lr": lr, "train_loss": tr["loss"], "train_top1": tr["top1"],
+                      "train_top5": tr["top5"], "train_images_per_sec": tr["images_per_sec"],
+                      "train_seconds": tr["seconds"], "val_loss": va["loss"],
+                      "val_top1": va["top1"], "val_top5": va["top5"]}
+            history.append(record)
+            improved = va["loss"] < best_loss
+            if improved:
+                best_loss, best_epoch, bad_epochs = va["loss"], epoch, 0
+                best_state = {k: v.detach().to("cpu", copy=True)
+                              for k, v in self.raw_model.state_dict().items()}
+            else:
+                bad_epochs += 1
+            if self.ctx.is_main:
+                log.info("epoch %d done: train loss %.4f top1 %.4f | val loss %.4f top1 %.4f "
+                         "top5 %.4f | %.1f img/s%s", epoch, tr["loss"], tr["top1"], va["loss"],
+                         va["top1"], va["top5"], tr["images_per_sec"],
+                         "  (best so far)" if improved else "")
+                if on_epoch:
+                    on_epoch(history, best_state if improved else None)
+            if bad_epochs >= cfg.patience and epoch < cfg.epochs:
+                if self.ctx.is_main:
+                    log.info("early stop: validation loss has not decreased for %d epoch(s); "
+                             "best epoch %d", cfg.patience, best_epoch)
+                break
+        digests = all_gather_object(state_digest(self.raw_model), self.ctx)
+        if len(set(digests)) != 1:  # DDP must keep replicas identical; anything else is a bug
+            raise RuntimeError(f"model replicas diverged across ranks: {digests}")
+        if self.ctx.is_main:
+            log.info("weights identical on all %d rank(s) (sha256 %s)", len(digests),
+                     digests[0][:16])
+        best = history[best_epoch - 1]
+        seconds = sum(h["train_seconds"] for h in history)
+        images = sum(h["train_images_per_sec"] * h["train_seconds"] for h in history)
+        return {"history": history, "best_epoch": best_epoch, "epochs_run": len(history),
+                "stopped_early": len(history) < cfg.epochs, "world_size": self.ctx.world_size,
+                "final": {"val_loss": best["val_loss"], "val_top1": best["val_top1"],
+                          "val_top5": best["val_top5"],
+                          "train_images_per_sec": images / max(seconds, 1e-9)},
+                "best_state": best_state}

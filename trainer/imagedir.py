@@ -1,0 +1,306 @@
+"""The ImageDirectory format every kfvision step shares, its reader and the class-folder converter.
+
+On disk an image directory is a folder of class sub-folders of images (so
+`torchvision.datasets.ImageFolder` reads it too) plus `kfvision-imagedir.json`:
+
+    {"format": "kfvision.image-directory", "version": 1,
+     "classes": ["cat", "dog"],                       # sorted; class index = position
+     "images": [{"path": "cat/001.jpg", "label": 0,   # label is null in unlabelled directories
+                 "bytes": 10234, "sha256": "...", "width": 500, "height": 375}, ...]}
+
+Unlabelled directories (for scoring only) have `"classes": []` and images at any relative path.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
+
+from trainer.errors import InvalidDatasetError, NotLabeledDatasetError
+
+MANIFEST = "kfvision-imagedir.json"
+FORMAT = "kfvision.image-directory"
+VERSION = 1
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+@dataclass(frozen=True)
+class ImageEntry:
+    path: str  # relative to the directory root, '/'-separated
+    label: int | None
+    bytes: int
+    sha256: str
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class ImageDirectory:
+    root: Path
+    classes: tuple[str, ...]
+    images: tuple[ImageEntry, ...]
+
+    @property
+    def labelled(self) -> bool:
+        return bool(self.classes)
+
+    def class_counts(self) -> dict[str, int]:
+        counts = Counter(e.label for e in self.images)
+        return {c: counts.get(i, 0) for i, c in enumerate(self.classes)}
+
+    def require_labelled(self, purpose: str) -> "ImageDirectory":
+        if not self.labelled:
+            raise NotLabeledDatasetError(
+                f"{self.root} has no labels, but {purpose} needs labelled images. Give a folder "
+                "with one sub-folder per class to `kfvision convert`."
+            )
+        return self
+
+    def decoded_bytes(self) -> int:
+        """RGB bytes of every image decoded at full size (to decide whether to cache)."""
+        return sum(e.width * e.height * 3 for e in self.images)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _bad(root: Path, what: str) -> InvalidDatasetError:
+    return InvalidDatasetError(
+        f"{root / MANIFEST}: {what}. Re-create the directory with `kfvision convert SRC {root}`."
+    )
+
+
+def _parse_manifest(root: Path, doc) -> ImageDirectory:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise _bad(root, f"not a kfvision image directory manifest (format must be {FORMAT!r})")
+    if doc.get("version") != VERSION:
+        raise _bad(root, f"version {doc.get('version')!r} is not supported (this is {VERSION})")
+    classes = doc.get("classes")
+    if not isinstance(classes, list) or not all(isinstance(c, str) and c for c in classes):
+        raise _bad(root, "field 'classes' must be a list of non-empty names")
+    if classes != sorted(set(classes)):
+        raise _bad(root, "field 'classes' must be sorted and without duplicates")
+    try:
+        images = tuple(ImageEntry(**e) for e in doc["images"])
+    except (KeyError, TypeError) as e:
+        raise _bad(root, f"field 'images' is malformed ({e})") from e
+    for e in images:
+        if classes and not (isinstance(e.label, int) and 0 <= e.label < len(classes)):
+            raise _bad(root, f"image {e.path!r} has label {e.label!r}, not 0..{len(classes) - 1}")
+        if not classes and e.label is not None:
+            raise _bad(root, f"image {e.path!r} has a label but the directory has no classes")
+        if Path(e.path).is_absolute() or ".." in Path(e.path).parts:
+            raise _bad(root, f"image path {e.path!r} must stay inside the directory")
+    return ImageDirectory(root, tuple(classes), images)
+
+
+def read_image_directory(root, *, verify: str = "size") -> ImageDirectory:
+    """Read and validate an image directory.
+
+    Args:
+        root: the directory.
+        verify: "size" checks every image file exists with the recorded size (cheap);
+            "hash" also checks its sha256 (reads every byte); "none" trusts the manifest.
+    Raises:
+        InvalidDatasetError: no manifest, malformed manifest, missing/changed image, no images,
+            or a class without images.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise InvalidDatasetError(f"{root} is not a folder. Give an image directory made by "
+                                  "`kfvision convert`.")
+    path = root / MANIFEST
+    if not path.is_file():
+        raise InvalidDatasetError(
+            f"{root} is not a kfvision image directory (no {MANIFEST}). Make one with "
+            f"`kfvision convert SRC {root}`."
+        )
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _bad(root, f"not valid JSON ({e})") from e
+    imdir = _parse_manifest(root, doc)
+    if not imdir.images:
+        raise InvalidDatasetError(f"{root} holds no images. Add images and convert again.")
+    empty = [c for c, n in imdir.class_counts().items() if n == 0]
+    if empty:
+        raise InvalidDatasetError(
+            f"{root}: class(es) {', '.join(empty)} have no images. Add images to them or remove "
+            "the class folders, then convert again."
+        )
+    if verify != "none":
+        for e in imdir.images:
+            f = root / e.path
+            if not f.is_file() or f.stat().st_size != e.bytes:
+                raise InvalidDatasetError(
+                    f"{f} is missing or has changed since {root} was made (expected {e.bytes} "
+                    f"bytes). Re-create the directory with `kfvision convert`."
+                )
+            if verify == "hash" and _sha256(f.read_bytes()) != e.sha256:
+                raise InvalidDatasetError(f"{f} is corrupt: its sha256 differs from the manifest.")
+    return imdir
+
+
+def check_same_classes(train: ImageDirectory, val: ImageDirectory) -> None:
+    """Training and validation must use the same class list (the index is the label)."""
+    if train.classes != val.classes:
+        only_train = sorted(set(train.classes) - set(val.classes))
+        only_val = sorted(set(val.classes) - set(train.classes))
+        detail = []
+        if only_train:
+            detail.append(f"only in training ({train.root}): {', '.join(only_train)}")
+        if only_val:
+            detail.append(f"only in validation ({val.root}): {', '.join(only_val)}")
+        raise InvalidDatasetError(
+            "training and validation categories differ: "
+            + ("; ".join(detail) or "same names, different order")
+            + ". Give both the same class folders (e.g. split one directory with `kfvision split`)."
+        )
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+
+@dataclass
+class ConvertReport:
+    out: Path
+    classes: list[str]
+    counts: dict[str, int]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (source path, reason)
+
+    def summary(self) -> str:
+        lines = [f"wrote {sum(self.counts.values())} images to {self.out}"]
+        lines += [f"  {c:<24} {n:>7}" for c, n in self.counts.items()] if self.classes else []
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} file(s):")
+            lines += [f"  {p}: {why}" for p, why in self.skipped[:20]]
+            if len(self.skipped) > 20:
+                lines.append(f"  ... and {len(self.skipped) - 20} more")
+        return "\n".join(lines)
+
+
+def probe_image(data: bytes) -> tuple[int, int]:
+    """Decode an image fully (catches truncation); return (width, height) or raise ValueError."""
+    import io
+
+    if not data:
+        raise ValueError("is empty (0 bytes)")
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+            return im.size
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError,
+            Image.DecompressionBombError) as e:
+        raise ValueError(f"cannot be decoded as an image ({type(e).__name__}: {e})") from e
+
+
+def write_manifest(root: Path, classes, images) -> None:
+    doc = {"format": FORMAT, "version": VERSION, "classes": list(classes),
+           "images": [asdict(e) for e in images]}
+    (root / MANIFEST).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def _source_files(src: Path):
+    """(class name or None, file) for every file: class folders, or loose files (unlabelled)."""
+    subdirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
+    loose = sorted(p for p in src.iterdir() if p.is_file())
+    if not subdirs:
+        return [], [(None, p) for p in loose], []
+    files = [(d.name, f) for d in subdirs for f in sorted(d.rglob("*")) if f.is_file()]
+    return [d.name for d in subdirs], files, loose
+
+
+def convert_class_folders(src, out, *, strict: bool = False, overwrite: bool = False,
+                          progress: bool | None = None) -> ConvertReport:
+    """Turn a folder of class sub-folders (or of loose images: unlabelled) into an ImageDirectory.
+
+    Images are copied byte for byte (no re-encoding); each is fully decoded once to reject
+    unreadable files. Writing is atomic: everything goes to a temporary folder beside OUT that is
+    renamed into place at the end, so a failure leaves nothing at OUT.
+
+    Args:
+        src: the source folder.
+        out: where the image directory goes; must not exist unless overwrite.
+        strict: fail on the first unreadable or non-image file instead of skipping it.
+        progress: show a progress bar (None: only when attached to a terminal).
+    Raises:
+        InvalidDatasetError: missing source, no images, an empty class, a single class, or
+            (strict) a bad file.
+    """
+    from tqdm import tqdm
+
+    src, out = Path(src), Path(out)
+    if not src.is_dir():
+        raise InvalidDatasetError(f"source {src} is not a folder. Give a folder of class folders.")
+    if out.exists() and not overwrite:
+        raise InvalidDatasetError(f"{out} already exists; choose a new path or pass --overwrite.")
+    classes, files, loose = _source_files(src)
+    report = ConvertReport(out, classes, {c: 0 for c in classes})
+    for p in loose:
+        report.skipped.append((str(p), "not inside a class folder"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        entries = []
+        bar = tqdm(files, desc=f"convert {src.name}", unit="img",
+                   disable=None if progress is None else not progress)  # None: only on a TTY
+        for cls, f in bar:
+            rel = f.relative_to(src).as_posix()
+            reason = None
+            if f.name.startswith("."):
+                reason = "hidden file"
+            elif f.suffix.lower() not in IMAGE_EXTENSIONS:
+                reason = f"not an image type ({', '.join(IMAGE_EXTENSIONS)})"
+            else:
+                data = f.read_bytes()
+                try:
+                    w, h = probe_image(data)
+                except ValueError as e:
+                    reason = str(e)
+            if reason:
+                if strict:
+                    raise InvalidDatasetError(f"{f}: {reason} (--strict). Remove or fix the file.")
+                report.skipped.append((str(f), reason))
+                continue
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(data)
+            label = classes.index(cls) if cls is not None else None
+            entries.append(ImageEntry(rel, label, len(data), _sha256(data), w, h))
+            if cls is not None:
+                report.counts[cls] += 1
+        _check_converted(src, report, entries)
+        write_manifest(tmp, classes, entries)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return report
+
+
+def _check_converted(src: Path, report: ConvertReport, entries) -> None:
+    if not entries:
+        raise InvalidDatasetError(
+            f"{src} has no readable images ({len(report.skipped)} file(s) skipped). Accepted "
+            f"types: {', '.join(IMAGE_EXTENSIONS)}."
+        )
+    empty = [c for c, n in report.counts.items() if n == 0]
+    if empty:
+        raise InvalidDatasetError(
+            f"{src}: class folder(s) {', '.join(empty)} have no readable images. Add images or "
+            "remove the folders."
+        )
+    if len(report.classes) == 1:
+        raise InvalidDatasetError(
+            f"{src} has a single class folder ({report.classes[0]}); a classifier needs at least "
+            "two. Add a folder per class, or put the images loose in SRC for an unlabelled "
+            "directory (scoring only)."
+        )

@@ -1,0 +1,88 @@
+"""The trained model directory: everything scoring and export need, and nothing else.
+
+    weights.pt     state_dict of the trained model (torch.load(..., weights_only=True))
+    spec.json      the architecture spec (so this folder also works as an untrained model for
+                   fine-tuning: its weights become the backbone, the head is re-sized)
+    model.json     classes, input size, eval preprocessing and normalisation
+    config.yaml    the resolved training configuration and world size
+    metrics.json   per-epoch history and final figures
+"""
+
+import dataclasses
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import yaml
+
+from trainer.errors import InvalidModelDirectoryError
+from trainer.models import SPEC_FILE, WEIGHTS_FILE, ModelSpec, build_model, read_model_spec
+
+MODEL_FILE = "model.json"
+MODEL_FORMAT = "kfvision.trained-model"
+
+
+def atomic_write_bytes(path, data: bytes) -> None:
+    """Write via a temporary file in the same folder and rename: readers never see half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path, obj) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=1) + "\n").encode())
+
+
+def atomic_torch_save(obj, path) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def write_model_files(out, spec: ModelSpec, info: dict, config: dict) -> None:
+    """Write spec.json, model.json and config.yaml (weights and metrics are written as they come)."""
+    out = Path(out)
+    trained_spec = dataclasses.replace(spec, pretrained=False, weights=WEIGHTS_FILE)
+    atomic_write_json(out / SPEC_FILE, trained_spec.to_json())
+    atomic_write_json(out / MODEL_FILE, {"format": MODEL_FORMAT, "version": 1, **info})
+    atomic_write_bytes(out / "config.yaml", yaml.safe_dump(config, sort_keys=False).encode())
+
+
+def load_trained_model(model_dir) -> tuple[torch.nn.Module, dict]:
+    """(model in eval mode on CPU, model.json contents) of a trained model directory."""
+    model_dir = Path(model_dir)
+    path = model_dir / MODEL_FILE
+    if not path.is_file() or not (model_dir / WEIGHTS_FILE).is_file():
+        raise InvalidModelDirectoryError(
+            f"{model_dir} is not a trained model directory (needs {MODEL_FILE} and "
+            f"{WEIGHTS_FILE}). Train one with `kfvision train --out {model_dir} ...`."
+        )
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        if info.get("format") != MODEL_FORMAT:
+            raise ValueError(f"format is not {MODEL_FORMAT!r}")
+        classes = info["classes"]
+    except (ValueError, KeyError) as e:
+        raise InvalidModelDirectoryError(f"{path} is malformed ({e}).") from e
+    spec = read_model_spec(model_dir)
+    model = build_model(dataclasses.replace(spec, weights=None), len(classes))
+    state = torch.load(model_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise InvalidModelDirectoryError(
+            f"{model_dir / WEIGHTS_FILE} does not match {spec.arch} with {len(classes)} classes: "
+            f"{e}"
+        ) from e
+    return model.eval(), info

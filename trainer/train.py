@@ -1,0 +1,145 @@
+"""Train an image classifier; the torchrun entrypoint of kfvision.
+
+One process:       python -m trainer.train --model M --train T --val V --out O
+N processes:       torchrun --nproc-per-node N -m trainer.train --model M ...
+Kubeflow PyTorchJob: the same torchrun command; torchrun reads the operator's PET_* variables.
+`kfvision train ...` takes the same flags.
+"""
+
+import argparse
+import logging
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainer import distributed
+from trainer.config import TrainConfig, add_train_arguments, config_from_args
+from trainer.data import (IMAGENET_MEAN, IMAGENET_STD, EvalShard, ImageDataset, Normalizer,
+                          eval_transform, make_loader, train_transform)
+from trainer.engine import Trainer
+from trainer.errors import InvalidDatasetError, KfvisionError
+from trainer.imagedir import check_same_classes, read_image_directory
+from trainer.modeldir import atomic_torch_save, atomic_write_json, write_model_files
+from trainer.models import WEIGHTS_FILE, build_model, read_model_spec
+
+log = logging.getLogger("trainer")
+CACHE_LIMIT_BYTES = 1 << 30
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Train a ResNet/DenseNet image classifier with PyTorch DDP.",
+        add_help=add_help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return add_train_arguments(parser)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _resolve(cfg: TrainConfig, ctx, decoded_bytes: int) -> tuple[bool, int, bool]:
+    """(cache, workers, channels_last) from the config's auto values and this machine."""
+    cache = cfg.cache == "on" or (cfg.cache == "auto" and decoded_bytes <= CACHE_LIMIT_BYTES)
+    cpus = distributed.cpus_per_process(ctx)
+    if cfg.workers >= 0:
+        workers = cfg.workers
+    elif cache and ctx.device.type == "cpu":
+        workers = 0  # augmenting cached tensors is cheap; workers would steal the compute cores
+    else:
+        workers = max(1, min(8, cpus - 1))
+    channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto"
+                                                   and ctx.device.type == "cuda")
+    return cache, workers, channels_last
+
+
+def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
+    """Read inputs, train, and (rank 0) write the trained model directory. Returns the summary."""
+    spec = read_model_spec(cfg.model)
+    train_dir = read_image_directory(cfg.train).require_labelled("training")
+    val_dir = read_image_directory(cfg.val).require_labelled("validation")
+    check_same_classes(train_dir, val_dir)
+    if len(train_dir.classes) < 2:
+        raise InvalidDatasetError(f"{cfg.train} has a single class; a classifier needs two or more.")
+    cache, workers, channels_last = _resolve(
+        cfg, ctx, train_dir.decoded_bytes() + val_dir.decoded_bytes())
+    if ctx.device.type == "cpu":
+        torch.set_num_threads(distributed.cpus_per_process(ctx))
+    seed_everything(cfg.seed)
+    model = build_model(spec, len(train_dir.classes), cfg.model)
+    train_ds = ImageDataset(train_dir, train_transform(cfg.augment, cfg.image_size), cache=cache)
+    val_ds = ImageDataset(val_dir, eval_transform(cfg.augment, cfg.image_size), precompute=cache)
+    pin = ctx.device.type == "cuda"
+    train_loader, sampler = make_loader(train_ds, batch_size=cfg.batch_size, workers=workers,
+                                        shuffle=True, seed=cfg.seed, rank=ctx.rank,
+                                        world_size=ctx.world_size, pin_memory=pin)
+    val_loader, _ = make_loader(EvalShard(val_ds, ctx.rank, ctx.world_size),
+                                batch_size=2 * cfg.batch_size, workers=min(workers, 2),
+                                shuffle=False, seed=cfg.seed, pin_memory=pin)
+    out = Path(cfg.out)
+    info = {"arch": spec.arch, "classes": list(train_dir.classes), "image_size": cfg.image_size,
+            "eval_preset": cfg.augment, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_model_files(out, spec, info, {**cfg.to_dict(), "world_size": ctx.world_size,
+                                            "cache": cache, "workers": workers,
+                                            "channels_last": channels_last})
+        log.info("training %s on %d images (%d classes), validating on %d; %d process(es) on %s, "
+                 "batch %d/process, lr %g x %d; cache %s, workers %d", spec.arch,
+                 len(train_ds), len(train_dir.classes), len(val_ds), ctx.world_size,
+                 ctx.device.type, cfg.batch_size, cfg.lr, ctx.world_size,
+                 "on" if cache else "off", workers)
+    trainer = Trainer(cfg, ctx, model, train_loader, val_loader, sampler,
+                      Normalizer(IMAGENET_MEAN, IMAGENET_STD), channels_last)
+
+    def on_epoch(history, best_state):  # rank 0 only: keep what we have if a later epoch fails
+        if best_state is not None:
+            atomic_torch_save(best_state, out / WEIGHTS_FILE)
+        atomic_write_json(out / "metrics.json", {"status": "running", "history": history})
+
+    try:
+        summary = trainer.fit(on_epoch)
+    except BaseException as e:
+        if ctx.is_main and (out / "metrics.json").exists():
+            import json
+
+            doc = json.loads((out / "metrics.json").read_text())
+            atomic_write_json(out / "metrics.json", {**doc, "status": "failed", "error": str(e)})
+        raise
+    summary.pop("best_state")
+    if ctx.is_main:
+        atomic_write_json(out / "metrics.json", {"status": "completed", **summary})
+        f = summary["final"]
+        log.info("done: best epoch %d of %d, val top1 %.4f top5 %.4f loss %.4f, %.1f train img/s; "
+                 "model in %s", summary["best_epoch"], summary["epochs_run"], f["val_top1"],
+                 f["val_top5"], f["val_loss"], f["train_images_per_sec"], out)
+    return summary
+
+
+def setup_logging(is_main: bool) -> None:
+    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, stream=sys.stdout,
+                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S", force=True)
+
+
+def main(argv=None) -> int:
+    args = get_args_parser().parse_args(argv)
+    ctx = None
+    try:
+        cfg = config_from_args(args)
+        ctx = distributed.init(cfg.device)
+        setup_logging(ctx.is_main)
+        run(cfg, ctx)
+    except KfvisionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    finally:
+        distributed.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
