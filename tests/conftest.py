@@ -1,0 +1,66 @@
+"""Shared fixtures: real data (scikit-learn's digits) written and converted at test time."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipelines.demo import write_digits
+from trainer.imagedir import convert_class_folders
+from trainer.models import write_untrained_model
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_REFERENCE = REPO.parent / "shared" / "reference"
+
+# Keep tests from spreading over more threads than the 2 CI cores have.
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+def _converted(root: Path, limit=None) -> dict:
+    write_digits(root / "raw", limit=limit)
+    out = {}
+    for split in ("train", "val"):
+        convert_class_folders(root / "raw" / split, root / split, progress=False)
+        out[split] = root / split
+    out["raw"] = root / "raw"
+    return out
+
+
+@pytest.fixture(scope="session")
+def digits(tmp_path_factory) -> dict:
+    """All 1,797 digits: {"train", "val", "raw"} paths (80/20 stratified split, seed 1)."""
+    return _converted(tmp_path_factory.mktemp("digits"))
+
+
+@pytest.fixture(scope="session")
+def tiny_digits(tmp_path_factory) -> dict:
+    """30 digits per class (24 train / 6 val): for tests that only need something to run."""
+    return _converted(tmp_path_factory.mktemp("tiny_digits"), limit=30)
+
+
+@pytest.fixture(scope="session")
+def resnet18_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("models") / "resnet18"
+    write_untrained_model(out, "resnet18")
+    return out
+
+
+def train_argv(model, data: dict, out, **options) -> list:
+    """Flags for trainer.train.main / `kfvision train` (options as python names)."""
+    argv = ["--model", str(model), "--train", str(data["train"]), "--val", str(data["val"]),
+            "--out", str(out)]
+    for k, v in options.items():
+        argv += ["--" + k.replace("_", "-"), str(v)]
+    return argv
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(tmp_path_factory, tiny_digits, resnet18_dir) -> Path:
+    """A resnet18 trained for 2 epochs on tiny_digits (a real trained model directory, fast)."""
+    from trainer.train import main
+
+    out = tmp_path_factory.mktemp("trained") / "model"
+    rc = main(train_argv(resnet18_dir, tiny_digits, out, epochs=2, image_size=32, batch_size=16,
+                         lr=0.05, augment="none", print_freq=100))
+    assert rc == 0
+    return out
