@@ -13,14 +13,9 @@ Unlabelled directories (for scoring only) have `"classes": []` and images at any
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-
-from PIL import Image, UnidentifiedImageError
 
 from trainer.errors import InvalidDatasetError, NotLabeledDatasetError
 
@@ -165,142 +160,29 @@ def check_same_classes(train: ImageDirectory, val: ImageDirectory) -> None:
         )
 
 
-# --- writing -------------------------------------------------------------------------------------
-
-
-@dataclass
-class ConvertReport:
-    out: Path
-    classes: list[str]
-    counts: dict[str, int]
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # (source path, reason)
-
-    def summary(self) -> str:
-        lines = [f"wrote {sum(self.counts.values())} images to {self.out}"]
-        lines += [f"  {c:<24} {n:>7}" for c, n in self.counts.items()] if self.classes else []
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)} file(s):")
-            lines += [f"  {p}: {why}" for p, why in self.skipped[:20]]
-            if len(self.skipped) > 20:
-                lines.append(f"  ... and {len(self.skipped) - 20} more")
-        return "\n".join(lines)
-
-
-def probe_image(data: bytes) -> tuple[int, int]:
-    """Decode an image fully (catches truncation); return (width, height) or raise ValueError."""
-    import io
-
-    if not data:
-        raise ValueError("is empty (0 bytes)")
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
-            return im.size
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError,
-            Image.DecompressionBombError) as e:
-        raise ValueError(f"cannot be decoded as an image ({type(e).__name__}: {e})") from e
+# --- writing (the converter itself lives in trainer.convert) ---------------------------------
 
 
 def write_manifest(root: Path, classes, images) -> None:
+    """Write the manifest of the image directory at `root` (classes sorted, images in order)."""
     doc = {"format": FORMAT, "version": VERSION, "classes": list(classes),
            "images": [asdict(e) for e in images]}
     (root / MANIFEST).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
-def _source_files(src: Path):
-    """(class name or None, file) for every file: class folders, or loose files (unlabelled)."""
-    subdirs = sorted(p for p in src.iterdir() if p.is_dir() and not p.name.startswith("."))
-    loose = sorted(p for p in src.iterdir() if p.is_file())
-    if not subdirs:
-        return [], [(None, p) for p in loose], []
-    files = [(d.name, f) for d in subdirs for f in sorted(d.rglob("*")) if f.is_file()]
-    return [d.name for d in subdirs], files, loose
-
-
 def convert_class_folders(src, out, *, strict: bool = False, overwrite: bool = False,
-                          progress: bool | None = None) -> ConvertReport:
-    """Turn a folder of class sub-folders (or of loose images: unlabelled) into an ImageDirectory.
+                          progress: bool | None = None):
+    """Kept for existing callers: `trainer.convert.convert` without a labels file."""
+    from trainer.convert import convert
 
-    Images are copied byte for byte (no re-encoding); each is fully decoded once to reject
-    unreadable files. Writing is atomic: everything goes to a temporary folder beside OUT that is
-    renamed into place at the end, so a failure leaves nothing at OUT.
-
-    Args:
-        src: the source folder.
-        out: where the image directory goes; must not exist unless overwrite.
-        strict: fail on the first unreadable or non-image file instead of skipping it.
-        progress: show a progress bar (None: only when attached to a terminal).
-    Raises:
-        InvalidDatasetError: missing source, no images, an empty class, a single class, or
-            (strict) a bad file.
-    """
-    from tqdm import tqdm
-
-    src, out = Path(src), Path(out)
-    if not src.is_dir():
-        raise InvalidDatasetError(f"source {src} is not a folder. Give a folder of class folders.")
-    if out.exists() and not overwrite:
-        raise InvalidDatasetError(f"{out} already exists; choose a new path or pass --overwrite.")
-    classes, files, loose = _source_files(src)
-    report = ConvertReport(out, classes, {c: 0 for c in classes})
-    for p in loose:
-        report.skipped.append((str(p), "not inside a class folder"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        entries = []
-        bar = tqdm(files, desc=f"convert {src.name}", unit="img",
-                   disable=None if progress is None else not progress)  # None: only on a TTY
-        for cls, f in bar:
-            rel = f.relative_to(src).as_posix()
-            reason = None
-            if f.name.startswith("."):
-                reason = "hidden file"
-            elif f.suffix.lower() not in IMAGE_EXTENSIONS:
-                reason = f"not an image type ({', '.join(IMAGE_EXTENSIONS)})"
-            else:
-                data = f.read_bytes()
-                try:
-                    w, h = probe_image(data)
-                except ValueError as e:
-                    reason = str(e)
-            if reason:
-                if strict:
-                    raise InvalidDatasetError(f"{f}: {reason} (--strict). Remove or fix the file.")
-                report.skipped.append((str(f), reason))
-                continue
-            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / rel).write_bytes(data)
-            label = classes.index(cls) if cls is not None else None
-            entries.append(ImageEntry(rel, label, len(data), _sha256(data), w, h))
-            if cls is not None:
-                report.counts[cls] += 1
-        _check_converted(src, report, entries)
-        write_manifest(tmp, classes, entries)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return report
+    return convert(src, out, strict=strict, overwrite=overwrite, progress=progress)
 
 
-def _check_converted(src: Path, report: ConvertReport, entries) -> None:
-    if not entries:
-        raise InvalidDatasetError(
-            f"{src} has no readable images ({len(report.skipped)} file(s) skipped). Accepted "
-            f"types: {', '.join(IMAGE_EXTENSIONS)}."
-        )
-    empty = [c for c, n in report.counts.items() if n == 0]
-    if empty:
-        raise InvalidDatasetError(
-            f"{src}: class folder(s) {', '.join(empty)} have no readable images. Add images or "
-            "remove the folders."
-        )
-    if len(report.classes) == 1:
-        raise InvalidDatasetError(
-            f"{src} has a single class folder ({report.classes[0]}); a classifier needs at least "
-            "two. Add a folder per class, or put the images loose in SRC for an unlabelled "
-            "directory (scoring only)."
-        )
+def __getattr__(name):
+    # ConvertReport and probe_image moved to trainer.convert (which imports this module, hence
+    # the lazy lookup instead of an import at the top).
+    if name in ("ConvertReport", "probe_image"):
+        import trainer.convert
+
+        return getattr(trainer.convert, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

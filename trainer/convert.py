@@ -1,0 +1,237 @@
+"""Convert to Image Directory: a folder or archive of images -> kfvision's ImageDirectory.
+
+    kfvision convert photos/ data/all                      # class folders (maybe under one wrapper)
+    kfvision convert photos.tar.gz data/all                # .zip .tar .tar.gz .tgz .tar.bz2
+    kfvision convert flat/ data/all --labels labels.csv    # flat images + path,label CSV
+    kfvision convert loose/ data/unlabelled                # no classes: for scoring only
+
+Images are copied byte for byte (never re-encoded). Each is decoded once, through the same
+`load_rgb` the trainer uses, so whatever lands in the output is known to reach the model as RGB.
+Unreadable files are skipped and reported (or fail the run with strict); an image above Pillow's
+pixel limit fails the run (DecompressionBombError). Everything is written to a staging folder
+beside OUT and renamed into place at the end: on any failure nothing is left at OUT.
+"""
+
+import hashlib
+import io
+import os
+import shutil
+import tempfile
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from PIL import Image
+
+from trainer.archive import archive_kind, extract_archive
+from trainer.errors import DecompressionBombError, InvalidDatasetError
+from trainer.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
+from trainer.sources import Item, plan_source
+
+UNLABELLED_NOTE = "no class folders and no labels: an UNLABELLED image directory (scoring only)"
+
+
+@dataclass
+class ConvertReport:
+    """What a conversion wrote and what it skipped (and why), for the end-of-run summary."""
+
+    out: Path
+    classes: list[str]
+    counts: dict[str, int]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (source path, reason)
+    images: int = 0
+
+    def summary(self, limit: int = 20) -> str:
+        lines = [f"wrote {self.images} images to {self.out}"]
+        if self.classes:
+            lines.append(f"{len(self.classes)} classes:")
+            lines += [f"  {c:<24} {n:>7}" for c, n in self.counts.items()]
+        else:
+            lines.append(UNLABELLED_NOTE)
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} file(s):")
+            for why, n in Counter(why for _, why in self.skipped).most_common():
+                lines.append(f"  {n:>7} x {why}")
+            lines += [f"  {p}: {why}" for p, why in self.skipped[:limit]]
+            if len(self.skipped) > limit:
+                lines.append(f"  ... and {len(self.skipped) - limit} more")
+        return "\n".join(lines)
+
+
+def probe_image(data: bytes, where: str = "image") -> tuple[int, int]:
+    """Decode an image fully, as the trainer will; return (width, height).
+
+    Raises:
+        ValueError: empty, not an image, truncated, or not convertible to RGB (skippable).
+        DecompressionBombError: more pixels than PIL.Image.MAX_IMAGE_PIXELS (never skipped).
+    """
+    from trainer.data import load_rgb  # the trainer's own decoder: same modes, same result
+
+    if not data:
+        raise ValueError("is empty (0 bytes)")
+    limit = Image.MAX_IMAGE_PIXELS  # read now: a caller (or test) may have changed it
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # we raise instead
+            with Image.open(io.BytesIO(data)) as im:
+                size = im.size
+    except Image.DecompressionBombError as e:
+        raise _bomb(where, None, limit) from e
+    except Exception as e:  # Pillow raises many types on malformed files; the reason is kept
+        raise ValueError(f"cannot be decoded as an image ({type(e).__name__}: {e})") from e
+    if limit and size[0] * size[1] > limit:
+        raise _bomb(where, size, limit)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            load_rgb(io.BytesIO(data))
+    except Exception as e:  # truncated data, unsupported mode, decoder errors
+        raise ValueError(f"cannot be decoded as an image ({type(e).__name__}: {e})") from e
+    return size
+
+
+def _bomb(where: str, size, limit) -> DecompressionBombError:
+    dims = f"{size[0]} x {size[1]} = {size[0] * size[1]:,} pixels" if size else "too many pixels"
+    return DecompressionBombError(
+        f"{where}: {dims}, over the limit of {limit:,} (PIL.Image.MAX_IMAGE_PIXELS); refused as a "
+        "possible decompression bomb. Remove the file or downscale it below the limit."
+    )
+
+
+def convert(src, out, *, labels=None, strict: bool = False, overwrite: bool = False,
+            progress: bool | None = None) -> ConvertReport:
+    """Convert a folder or archive of images into an ImageDirectory at `out`.
+
+    Args:
+        src: a folder, or a .zip/.tar/.tar.gz/.tgz/.tar.bz2 file. Class folders may sit under one
+            wrapping folder; loose images with no `labels` make an unlabelled directory.
+        out: the image directory to write; must not exist unless `overwrite`.
+        labels: a CSV of path,label (paths relative to `src`, or to the archive's root).
+        strict: fail on the first skippable file instead of skipping it.
+        progress: a progress bar (None: only when attached to a terminal).
+    Returns:
+        the ConvertReport (per-class counts, skipped files with reasons).
+    Raises:
+        InvalidDatasetError: bad source or labels, no images, an empty or single class, or a bad
+            file with `strict`. UnsafeArchiveError, DecompressionBombError: refused input.
+    """
+    src, out = Path(src), Path(out)
+    _check_paths(src, out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        root, owned = src, False
+        if src.is_file():
+            root, owned = staging / "extracted", True
+            root.mkdir()
+            extract_archive(src, root)
+        plan = plan_source(root, shown=str(src), archive=owned, labels=labels)
+        report = ConvertReport(out, list(plan.classes), {c: 0 for c in plan.classes})
+        for where, why in plan.skipped:
+            _skip(report, where, why, strict)
+        entries = _copy_images(plan, staging / "imagedir", report, strict=strict, move=owned,
+                               progress=progress)
+        _check_converted(src, report)
+        write_manifest(staging / "imagedir", plan.classes, entries)
+        _publish(staging / "imagedir", out, staging)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return report
+
+
+def _check_paths(src: Path, out: Path, overwrite: bool) -> None:
+    if not src.exists():
+        raise InvalidDatasetError(f"source {src} does not exist. Give a folder or an archive.")
+    if src.is_file() and archive_kind(src) is None:
+        raise InvalidDatasetError(
+            f"source {src} is a file but not an archive kfvision reads (.zip, .tar, .tar.gz, "
+            ".tgz, .tar.bz2). Give a folder or one of those archives."
+        )
+    if out.exists() and not overwrite:
+        raise InvalidDatasetError(f"{out} already exists; choose a new path or pass --overwrite.")
+    if out.exists() and not out.is_dir():
+        raise InvalidDatasetError(f"{out} exists and is not a folder; choose another path.")
+    s, o = src.resolve(), out.resolve()
+    if s == o or s in o.parents or o in s.parents:
+        raise InvalidDatasetError(
+            f"output {out} and source {src} overlap; write the image directory somewhere else."
+        )
+
+
+def _skip(report: ConvertReport, where: str, why: str, strict: bool) -> None:
+    if strict:
+        raise InvalidDatasetError(
+            f"{where}: {why} (--strict). Remove or fix the file, or convert without --strict to "
+            "skip it."
+        )
+    report.skipped.append((where, why))
+
+
+def _copy_images(plan, dest: Path, report: ConvertReport, *, strict: bool, move: bool,
+                 progress) -> list[ImageEntry]:
+    from tqdm import tqdm
+
+    entries = []
+    dest.mkdir()
+    bar = tqdm(plan.items, desc="convert", unit="img",
+               disable=None if progress is None else not progress)  # None: only on a TTY
+    for item in bar:
+        why, data, size = _read_item(item)
+        if why:
+            _skip(report, item.shown, why, strict)
+            continue
+        target = dest / item.rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if move and not item.file.is_symlink():  # our own extracted copy: rename, not rewrite
+            os.replace(item.file, target)
+        else:
+            target.write_bytes(data)
+        label = None if item.label is None else plan.classes.index(item.label)
+        entries.append(ImageEntry(item.rel, label, len(data), hashlib.sha256(data).hexdigest(),
+                                  *size))
+        if item.label is not None:
+            report.counts[item.label] += 1
+    report.images = len(entries)
+    return entries
+
+
+def _read_item(item: Item):
+    """(skip reason or None, bytes, (width, height))."""
+    if item.file.suffix.lower() not in IMAGE_EXTENSIONS:
+        return f"not an image type ({' '.join(IMAGE_EXTENSIONS)})", b"", None
+    try:
+        data = item.file.read_bytes()
+    except OSError as e:
+        return f"cannot be read ({type(e).__name__}: {e.strerror or e})", b"", None
+    try:
+        return None, data, probe_image(data, item.shown)
+    except ValueError as e:
+        return str(e), b"", None
+
+
+def _check_converted(src: Path, report: ConvertReport) -> None:
+    if not report.images:
+        raise InvalidDatasetError(
+            f"{src} has no readable images ({len(report.skipped)} file(s) skipped). Accepted "
+            f"types: {', '.join(IMAGE_EXTENSIONS)} (any letter case)."
+        )
+    empty = [c for c, n in report.counts.items() if n == 0]
+    if empty:
+        raise InvalidDatasetError(
+            f"{src}: class(es) {', '.join(empty)} have no readable images. Add images or "
+            "remove the class folders (or their rows in the labels file)."
+        )
+    if len(report.classes) == 1:
+        raise InvalidDatasetError(
+            f"{src} has a single class ({report.classes[0]}); a classifier needs at least "
+            "two. Add a folder (or label) per class, or give the images loose, without labels, "
+            "for an unlabelled directory (scoring only)."
+        )
+
+
+def _publish(tmp: Path, out: Path, staging: Path) -> None:
+    """Rename the finished directory into place; an old OUT (overwrite) is moved aside first."""
+    if out.exists():
+        os.replace(out, staging / "previous")  # removed with the staging folder
+    os.replace(tmp, out)

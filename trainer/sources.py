@@ -1,0 +1,159 @@
+"""Which files of a conversion source are images of which class (the layouts `convert` accepts).
+
+    class folders   SRC/cat/*.jpg, SRC/dog/*.jpg (images may sit in sub-folders of a class)
+    wrapped         SRC/photos/cat/*.jpg ... (one wrapping folder, common in archives)
+    labels CSV      SRC/**/*.jpg + a path,label CSV (see trainer.labels)
+    unlabelled      SRC/*.jpg with no class folders and no CSV (for scoring only)
+
+Hidden files and folders (names starting with '.'), macOS `__MACOSX` folders and Windows
+`Thumbs.db`/`desktop.ini` are ignored without a report. Symbolic links are followed only when
+they point to a file inside the source; other links are reported and skipped.
+"""
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer.errors import InvalidDatasetError
+from trainer.labels import read_labels_csv
+
+IGNORED = {"__MACOSX", "Thumbs.db", "desktop.ini"}
+
+
+@dataclass(frozen=True)
+class Item:
+    file: Path  # where to read it
+    rel: str  # its path inside the image directory
+    label: str | None
+    shown: str  # how reports name it: the source path the user gave + its place there
+
+
+@dataclass
+class Plan:
+    classes: tuple[str, ...]
+    items: list[Item]
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _ignored(name: str) -> bool:
+    return name.startswith(".") or name in IGNORED
+
+
+def walk_files(base: Path, root: Path, shown: str, skipped: list) -> list[tuple[str, Path]]:
+    """(path relative to `base`, file) for every usable file under base, sorted.
+
+    Links to folders are not followed; links to files are kept only when they resolve inside
+    `root` (the whole source), else reported in `skipped`.
+    """
+    real_root = os.path.realpath(root)
+    found = []
+    for d, dirs, files in os.walk(base):
+        d = Path(d)
+        for name in list(dirs):
+            if _ignored(name):
+                dirs.remove(name)
+            elif (d / name).is_symlink():
+                skipped.append((_show(shown, root, d / name), "link to a folder (not followed)"))
+        for name in files:
+            f = d / name
+            if _ignored(name):
+                continue
+            if f.is_symlink():
+                target = os.path.realpath(f)
+                if os.path.commonpath([target, real_root]) != real_root:
+                    skipped.append((_show(shown, root, f),
+                                    "symbolic link pointing outside the source (not followed)"))
+                    continue
+                if not os.path.isfile(target):
+                    skipped.append((_show(shown, root, f), "broken symbolic link"))
+                    continue
+            found.append((f.relative_to(base).as_posix(), f))
+    return sorted(found)
+
+
+def _show(shown: str, root: Path, f: Path) -> str:
+    return f"{shown}/{f.relative_to(root).as_posix()}"
+
+
+def _subdirs(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if p.is_dir() and not _ignored(p.name))
+
+
+def _loose(d: Path) -> list[Path]:
+    return sorted(p for p in d.iterdir() if not p.is_dir() and not _ignored(p.name))
+
+
+def unwrap(root: Path, archive: bool) -> Path:
+    """Skip wrapping folders: a lone folder with nothing beside it that holds folders itself.
+
+    In an archive the lone top folder is always a wrapper (`tar czf photos.tgz photos/`), even
+    when it holds images only.
+    """
+    top = root
+    if archive and len(_subdirs(top)) == 1 and not _loose(top):
+        top = _subdirs(top)[0]
+    while len(_subdirs(top)) == 1 and not _loose(top) and _subdirs(_subdirs(top)[0]):
+        top = _subdirs(top)[0]
+    return top
+
+
+def plan_source(root, *, shown: str, archive: bool = False, labels=None) -> Plan:
+    """Decide the layout of `root` and list its candidate images (not yet decoded).
+
+    Args:
+        root: the source folder (or where an archive was extracted).
+        shown: how to name the source in reports (the path the user gave).
+        archive: root is an extracted archive (its lone top folder is a wrapper).
+        labels: a path,label CSV: a file, or a path inside the source.
+    """
+    root = Path(root)
+    if labels is not None:
+        return _plan_labelled(root, shown, archive, labels)
+    top = unwrap(root, archive)
+    skipped: list = []
+    classes = [d.name for d in _subdirs(top)]
+    if not classes:  # loose images only: unlabelled
+        items = [Item(f, rel, None, _show(shown, root, f))
+                 for rel, f in walk_files(top, root, shown, skipped)]
+        return Plan((), items, skipped)
+    for f in _loose(top):
+        skipped.append((_show(shown, root, f), "not inside a class folder"))
+    items = []
+    for c in classes:
+        items += [Item(f, f"{c}/{rel}", c, _show(shown, root, f))
+                  for rel, f in walk_files(top / c, root, shown, skipped)]
+    return Plan(tuple(classes), items, skipped)
+
+
+def _labels_file(root: Path, labels) -> Path:
+    path = Path(labels)
+    if path.is_file():
+        return path
+    if not path.is_absolute() and (root / path).is_file():  # shipped inside the source
+        return root / path
+    raise InvalidDatasetError(
+        f"labels file {labels} not found (looked on disk and inside the source). Give a CSV of "
+        "path,label."
+    )
+
+
+def _plan_labelled(root: Path, shown: str, archive: bool, labels) -> Plan:
+    csv_path = _labels_file(root, labels)
+    mapping = read_labels_csv(csv_path)
+    top = unwrap(root, archive)
+    skipped: list = []
+    used, items = set(), []
+    for rel, f in walk_files(root, root, shown, skipped):
+        if f == csv_path:
+            continue
+        # CSV paths may be relative to the source or to its wrapping folder
+        rel_top = f.relative_to(top).as_posix() if top in f.parents else None
+        key = rel if rel in mapping else rel_top if rel_top in mapping else None
+        if key is None:
+            skipped.append((_show(shown, root, f), "not listed in the labels file"))
+            continue
+        used.add(key)
+        items.append(Item(f, f"{mapping[key]}/{key}", mapping[key], _show(shown, root, f)))
+    for key in sorted(set(mapping) - used):
+        skipped.append((f"{shown}/{key}", f"listed in {csv_path.name} but not found"))
+    return Plan(tuple(sorted(set(mapping.values()))), items, skipped)
