@@ -58,3 +58,20 @@ def check_choice(name, value, choices):
             f"{name} = {value!r} is not valid; choose one of: {', '.join(map(str, choices))}."
         )
     return value
+
+
+class UnsafeArchiveError(InvalidDatasetError):
+    """An archive member would land outside the extraction folder, links outside it, or is a
+    device file (PEP 706 `data` filter rules)."""
+
+
+class DecompressionBombError(InvalidDatasetError):
+    """An image has more pixels than the limit (Pillow's MAX_IMAGE_PIXELS unless raised)."""
+
+
+class InvalidScoredTableError(KfvisionError):
+    """A file given as a scored table (the CSV `kfvision score` writes) is not one."""
+
+
+class ExportError(KfvisionError):
+    """A trained model could not be exported, or the export does not match the model."""
