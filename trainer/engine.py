@@ -40,6 +40,25 @@ def state_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+class EarlyStopping:
+    """Stop after `patience` epochs in a row without a new lowest validation loss."""
+
+    def __init__(self, patience: int):
+        self.patience, self.best_loss, self.best_epoch, self.bad_epochs = patience, math.inf, 0, 0
+
+    def step(self, epoch: int, val_loss: float) -> bool:
+        """Record an epoch; True when it is the best so far."""
+        if val_loss < self.best_loss:
+            self.best_loss, self.best_epoch, self.bad_epochs = val_loss, epoch, 0
+            return True
+        self.bad_epochs += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.bad_epochs >= self.patience
+
+
 class Trainer:
     """Trains `model` on `train_loader`, validating on `val_loader` every epoch.
 
@@ -147,7 +166,7 @@ class Trainer:
     def fit(self, on_epoch=None) -> dict:
         """Train until the last epoch or early stop; returns the summary (best epoch etc.)."""
         cfg = self.cfg
-        best_loss, best_epoch, best_state, bad_epochs, history = math.inf, 0, None, 0, []
+        stopper, best_state, history = EarlyStopping(cfg.patience), None, []
         for epoch in range(1, cfg.epochs + 1):
             lr = self.scheduler.get_last_lr()[0]
             tr = self.train_one_epoch(epoch)
@@ -157,13 +176,10 @@ class Trainer:
                       "train_seconds": tr["seconds"], "val_loss": va["loss"],
                       "val_top1": va["top1"], "val_top5": va["top5"]}
             history.append(record)
-            improved = va["loss"] < best_loss
+            improved = stopper.step(epoch, va["loss"])
             if improved:
-                best_loss, best_epoch, bad_epochs = va["loss"], epoch, 0
                 best_state = {k: v.detach().to("cpu", copy=True)
                               for k, v in self.raw_model.state_dict().items()}
-            else:
-                bad_epochs += 1
             if self.ctx.is_main:
                 log.info("epoch %d done: train loss %.4f top1 %.4f | val loss %.4f top1 %.4f "
                          "top5 %.4f | %.1f img/s%s", epoch, tr["loss"], tr["top1"], va["loss"],
@@ -171,10 +187,10 @@ class Trainer:
                          "  (best so far)" if improved else "")
                 if on_epoch:
                     on_epoch(history, best_state if improved else None)
-            if bad_epochs >= cfg.patience and epoch < cfg.epochs:
+            if stopper.should_stop and epoch < cfg.epochs:
                 if self.ctx.is_main:
                     log.info("early stop: validation loss has not decreased for %d epoch(s); "
-                             "best epoch %d", cfg.patience, best_epoch)
+                             "best epoch %d", cfg.patience, stopper.best_epoch)
                 break
         digests = all_gather_object(state_digest(self.raw_model), self.ctx)
         if len(set(digests)) != 1:  # DDP must keep replicas identical; anything else is a bug
@@ -182,6 +198,7 @@ class Trainer:
         if self.ctx.is_main:
             log.info("weights identical on all %d rank(s) (sha256 %s)", len(digests),
                      digests[0][:16])
+        best_epoch = stopper.best_epoch
         best = history[best_epoch - 1]
         seconds = sum(h["train_seconds"] for h in history)
         images = sum(h["train_images_per_sec"] * h["train_seconds"] for h in history)
