@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", default="build/demo", help="working folder (replaced)")
     d.add_argument("--epochs", type=int, default=15, help="training epochs")
     d.set_defaults(func=_demo)
+
+    from pipelines.jobs.commands import register as register_job_commands
+
+    register_job_commands(sub)  # kfvision job render|run-local|submit|logs|delete
     return p
 
 

@@ -1,0 +1,325 @@
+"""Run a PyTorchJob on a cluster through the Kubernetes API: submit, wait, logs, delete.
+
+We talk to the API with the `kubernetes` client's CustomObjectsApi (the job, as the plain dict
+`kfvision job render` builds and the CRD schema checks) and CoreV1Api (its pods and their logs),
+not the Training Operator SDK: one dependency fewer, no second model of the job to keep in step
+with the manifest, and every call is one we choose, so each error can name kind/namespace/name
+and the Role in manifests/ can list exactly these verbs:
+    pytorchjobs: create, get, delete    pods: list    pods/log: get
+
+The launcher is idempotent: submitting a job that already exists re-attaches to it.
+"""
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pipelines.jobs.errors import JobFailedError, JobTimeoutError, KubernetesError
+from pipelines.jobs.rules import CONTAINER_NAME
+
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+JOB_LABEL = "training.kubeflow.org/job-name"
+_HINTS = {
+    401: "your credentials were refused: refresh the kubeconfig (or the pod's service account "
+         "token).",
+    403: "the service account may not do this: apply the Role and RoleBinding in "
+         "manifests/rbac.yaml to this namespace (see docs/jobs.md, 'RBAC').",
+    404: "is the Training Operator (kubeflow.org/v1 PyTorchJob CRD) installed, and is the "
+         "namespace right?",
+}
+
+
+def api_error(e: Exception, verb: str, kind: str, namespace: str, name: str) -> KubernetesError:
+    """A KubernetesError for a failed API call that names the object and says what to do."""
+    status = getattr(e, "status", None)
+    detail = getattr(e, "reason", None) or str(e)
+    body = getattr(e, "body", None)
+    if body:
+        with contextlib.suppress(ValueError, AttributeError):
+            detail = json.loads(body).get("message", detail)
+    hint = _HINTS.get(status, "check that the cluster is reachable (kubectl get nodes).")
+    code = f"HTTP {status}: " if status else ""
+    return KubernetesError(f"{verb} {kind} {namespace}/{name} failed: {code}{detail}. {hint}")
+
+
+def _http_errors() -> tuple:
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    return ApiException, HTTPError
+
+
+def connect(namespace: str | None = None, out=None) -> "JobClient":
+    """A JobClient for the current kubeconfig context, or the in-cluster config inside a pod.
+
+    The namespace is `namespace`, else the context's (or the pod's own), else "default".
+    Raises:
+        KubernetesError: no usable configuration.
+    """
+    import os
+
+    from kubernetes import client, config
+
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+            ns_file = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+            current = (Path(ns_file).read_text(encoding="utf-8").strip()
+                       if os.path.exists(ns_file) else None)
+        else:
+            config.load_kube_config()
+            _, active = config.list_kube_config_contexts()
+            current = (active or {}).get("context", {}).get("namespace")
+    except (config.ConfigException, OSError) as e:
+        raise KubernetesError(f"no Kubernetes configuration: {e}. Set KUBECONFIG or run "
+                              "`kubectl config use-context ...` (inside a pod, the service "
+                              "account is used).") from e
+    return JobClient(client.CustomObjectsApi(), client.CoreV1Api(),
+                     namespace or current or "default", out=out)
+
+
+def job_state(job: dict) -> tuple:
+    """(state, message) from status.conditions: the newest condition whose status is True."""
+    conditions = [c for c in (job.get("status") or {}).get("conditions") or []
+                  if c.get("status") == "True"]
+    for terminal in ("Failed", "Succeeded"):  # terminal wins over a later Running
+        for c in conditions:
+            if c.get("type") == terminal:
+                return terminal, c.get("message") or c.get("reason") or ""
+    if conditions:
+        return conditions[-1].get("type"), conditions[-1].get("message") or ""
+    return "Pending", "no status yet (is the Training Operator running?)"
+
+
+def _split_lines(chunks):
+    """Lines from a stream of byte chunks, the last one even without a newline."""
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk if isinstance(chunk, bytes) else chunk.encode()
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+    if buffer:
+        yield buffer.decode("utf-8", errors="replace")
+
+
+def _container_status(pod: dict) -> dict:
+    for s in (pod.get("status") or {}).get("containerStatuses") or []:
+        if s.get("name") == CONTAINER_NAME:
+            return s
+    return {}
+
+
+def replica_name(pod: dict) -> str:
+    """`master-0` / `worker-1` from the operator's pod labels (or the pod name)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    rtype = labels.get("training.kubeflow.org/replica-type")
+    index = labels.get("training.kubeflow.org/replica-index")
+    if rtype is not None and index is not None:
+        return f"{rtype.lower()}-{index}"
+    return pod["metadata"]["name"]
+
+
+def _pod_problems(pods: list) -> list:
+    """Why pods are not running yet (unschedulable, image pull errors), one line each."""
+    lines = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Pending":
+            continue
+        why = [c.get("message") for c in status.get("conditions") or []
+               if c.get("type") == "PodScheduled" and c.get("status") == "False"]
+        waiting = (_container_status(pod).get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            why.append(f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": "))
+        lines.append(f"{replica_name(pod)} is Pending" + (f" ({'; '.join(why)})" if why else ""))
+    return lines
+
+
+class JobClient:
+    """PyTorchJobs of one namespace. `custom`/`core`: kubernetes' CustomObjectsApi/CoreV1Api."""
+
+    def __init__(self, custom, core, namespace: str, out=None, sleep=time.sleep,
+                 clock=time.monotonic):
+        self.custom, self.core, self.namespace = custom, core, namespace
+        self.out, self.sleep, self.clock = out or sys.stdout, sleep, clock
+        self._lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            self.out.write(line + "\n")
+            self.out.flush()
+
+    def _call(self, verb: str, kind: str, name: str, fn, *args, **kwargs):
+        api_exception, http_error = _http_errors()
+        try:
+            return fn(*args, **kwargs)
+        except (api_exception, http_error) as e:
+            raise api_error(e, verb, kind, self.namespace, name) from e
+
+    def create(self, job: dict) -> tuple:
+        """Create `job`; if it already exists, return that one instead. -> (object, created)."""
+        api_exception, http_error = _http_errors()
+        name = job["metadata"]["name"]
+        body = {**job, "metadata": {**job["metadata"], "namespace": self.namespace}}
+        try:
+            return self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, body), True
+        except api_exception as e:
+            if e.status != 409:  # 409 Conflict: AlreadyExists -> re-attach below
+                raise api_error(e, "create", "PyTorchJob", self.namespace, name) from e
+        except http_error as e:
+            raise api_error(e, "create", "PyTorchJob", self.namespace, name) from e
+        return self.get(name), False
+
+    def get(self, name: str) -> dict:
+        return self._call("get", "PyTorchJob", name, self.custom.get_namespaced_custom_object,
+                          GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def delete(self, name: str) -> None:
+        """Delete the job; the operator's owner references take its pods and services along."""
+        self._call("delete", "PyTorchJob", name, self.custom.delete_namespaced_custom_object,
+                   GROUP, VERSION, self.namespace, PLURAL, name,
+                   propagation_policy="Background")
+
+    def pods(self, name: str) -> list:
+        """The job's pods as dicts (from the operator's job-name label), by name."""
+        resp = self._call("list", "Pod", f"-l {JOB_LABEL}={name}", self.core.list_namespaced_pod,
+                          self.namespace, label_selector=f"{JOB_LABEL}={name}",
+                          _preload_content=False)
+        return sorted(json.loads(resp.data)["items"], key=lambda p: p["metadata"]["name"])
+
+    def pod_log(self, pod: str, tail: int | None = None, previous: bool = False) -> str:
+        kwargs = {"tail_lines": tail} if tail else {}
+        resp = self._call("read log of", "Pod", pod, self.core.read_namespaced_pod_log, pod,
+                          self.namespace, container=CONTAINER_NAME, previous=previous,
+                          _preload_content=False, **kwargs)
+        return resp.data.decode("utf-8", errors="replace")
+
+    def follow_log(self, pod: str):
+        """The pod's `pytorch` log line by line as it is written, until the container ends."""
+        resp = self._call("follow log of", "Pod", pod, self.core.read_namespaced_pod_log, pod,
+                          self.namespace, container=CONTAINER_NAME, follow=True,
+                          _preload_content=False)
+        try:
+            yield from _split_lines(resp.stream(amt=None, decode_content=False))
+        finally:
+            resp.release_conn()
+
+    def find_pod(self, name: str, replica: str) -> dict | None:
+        return next((p for p in self.pods(name) if replica_name(p) == replica), None)
+
+    def failure_report(self, name: str, job: dict, tail: int = 20) -> str:
+        """Which replica failed, why (exit code, reason), and its last log lines."""
+        _, message = job_state(job)
+        lines = [f"PyTorchJob {self.namespace}/{name} failed: {message}"]
+        for pod in self.pods(name):
+            status = _container_status(pod)
+            now = (status.get("state") or {}).get("terminated")
+            before = (status.get("lastState") or {}).get("terminated")
+            ended = now or before
+            if not ended or ended.get("exitCode", 0) == 0:
+                continue
+            pod_name = pod["metadata"]["name"]
+            lines.append(f"  {replica_name(pod)} (pod {pod_name}) exited with code "
+                         f"{ended.get('exitCode')}, reason {ended.get('reason', 'unknown')}"
+                         + (f": {ended['message'].strip()}" if ended.get("message") else ""))
+            try:
+                log = self.pod_log(pod_name, tail=tail, previous=not now)
+            except KubernetesError as e:  # the report must still say which replica failed
+                log = f"(no log: {e})"
+            lines += [f"    {line}" for line in log.rstrip("\n").splitlines()[-tail:]]
+        if len(lines) == 1:
+            lines.append("  no pod of it ended with a non-zero exit code (deleted, or the job "
+                         "failed before its pods ran: see `kubectl describe pytorchjob "
+                         f"{name} -n {self.namespace}`)")
+        return "\n".join(lines)
+
+    def _follow(self, pod: str, prefix: str) -> None:
+        api_exception, http_error = _http_errors()
+        try:
+            for line in self.follow_log(pod):
+                self.say(f"[{prefix}] {line}")
+        except (KubernetesError, api_exception, http_error) as e:
+            self.say(f"[{prefix}] (log stream ended: {e})")
+
+    def _keep_following(self, name: str, seen: set, current):
+        """(Re)start streaming the Master's log once its container runs, once per container."""
+        if current is not None and current.is_alive():
+            return current
+        pod = self.find_pod(name, "master-0")
+        status = _container_status(pod or {})
+        state = status.get("state") or {}
+        if not pod or not (state.get("running") or state.get("terminated")):
+            return current
+        key = (pod["metadata"].get("uid"), status.get("restartCount", 0))
+        if key in seen:
+            return current
+        seen.add(key)
+        thread = threading.Thread(target=self._follow, name=f"log-{name}", daemon=True,
+                                  args=(pod["metadata"]["name"], "master-0"))
+        thread.start()
+        return thread
+
+    def wait(self, name: str, timeout_s: float | None = None, poll_s: float = 10.0,
+             logs: bool = True) -> dict:
+        """Poll the job's conditions until Succeeded (returns the job) or Failed (raises),
+        streaming the Master's log meanwhile.
+
+        Raises:
+            JobFailedError: the job failed; names the failing replica, reason and last log lines.
+            JobTimeoutError: `timeout_s` passed first (the job is left as it is).
+            KubernetesError: an API call failed.
+        """
+        start, seen, follower, last = self.clock(), set(), None, None
+        while True:
+            job = self.get(name)
+            state, message = job_state(job)
+            if state != last:
+                self.say(f"PyTorchJob {self.namespace}/{name}: {state}"
+                         + (f" ({message})" if message else ""))
+                last = state
+            if logs:
+                follower = self._keep_following(name, seen, follower)
+            if state in ("Succeeded", "Failed"):
+                if follower is not None:
+                    follower.join(timeout=10)  # let the last lines of the log through
+                if state == "Failed":
+                    raise JobFailedError(self.failure_report(name, job))
+                return job
+            if timeout_s is not None and self.clock() - start >= timeout_s:
+                pending = _pod_problems(self.pods(name))
+                raise JobTimeoutError(
+                    f"PyTorchJob {self.namespace}/{name} did not finish within {timeout_s:g} s "
+                    f"(state {state})." + "".join(f"\n  {p}" for p in pending))
+            self.sleep(poll_s)
+
+
+def submit(client: JobClient, job: dict, *, wait: bool = False, timeout_s: float | None = None,
+           keep_on_timeout: bool = False, poll_s: float = 10.0, logs: bool = True) -> dict:
+    """Create `job` (or re-attach to the one of that name) and optionally wait for it.
+
+    On a timeout the job is deleted (its GPUs freed) unless `keep_on_timeout`.
+    Returns:
+        the job object (final, when waiting).
+    Raises:
+        JobFailedError, JobTimeoutError, KubernetesError: see JobClient.wait.
+    """
+    name = job["metadata"]["name"]
+    obj, created = client.create(job)
+    where = f"PyTorchJob {client.namespace}/{name}"
+    client.say(f"created {where}" if created else
+               f"{where} already exists: re-attaching to it (no second job is created)")
+    if not wait:
+        return obj
+    try:
+        return client.wait(name, timeout_s=timeout_s, poll_s=poll_s, logs=logs)
+    except JobTimeoutError as e:
+        if keep_on_timeout:
+            raise JobTimeoutError(f"{e}\nIt is still there (--keep-on-timeout): "
+                                  f"kfvision job delete {name} -n {client.namespace}") from e
+        client.delete(name)
+        raise JobTimeoutError(f"{e}\nDeleted it (pass --keep-on-timeout to keep it).") from e

@@ -1,0 +1,273 @@
+"""`kfvision job render | run-local | submit | logs | delete`: the PyTorchJob command line."""
+
+import argparse
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+from pipelines.jobs.errors import InvalidJobError
+from pipelines.jobs.manifest import JobConfig, Toleration, Volume, build_pytorchjob, to_yaml
+from pipelines.jobs.rules import RESTART_POLICIES
+
+EPILOG = """\
+the same job, three ways:
+  kfvision job render --name digits --image IMAGE --nodes 2 --procs-per-node 2 \\
+      --model M --train T --val V --out O -o job.yaml
+  kfvision job run-local job.yaml                 # on this machine, as the operator would
+  kfvision job submit job.yaml --wait             # on the cluster of the current kubeconfig
+  kubectl apply -f job.yaml                       # by hand
+See docs/jobs.md (and manifests/rbac.yaml for the service account's permissions).
+"""
+
+
+def _key_value(text: str) -> tuple:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _toleration(text: str) -> Toleration:
+    keyvalue, sep, effect = text.rpartition(":")
+    if not sep or not keyvalue:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY[=VALUE]:EFFECT "
+                                         "(e.g. nvidia.com/gpu:NoSchedule)")
+    key, has_value, value = keyvalue.partition("=")
+    return Toleration(key, value if has_value else None, effect)
+
+
+def _volume(text: str) -> Volume:
+    claim, sep, mount = text.partition(":")
+    if not sep or not claim or not mount:
+        raise argparse.ArgumentTypeError(f"{text!r} is not CLAIM:MOUNT (e.g. data:/mnt/data)")
+    return Volume(claim, mount)
+
+
+def job_config(args) -> JobConfig:
+    """The JobConfig of `kfvision job render`'s arguments (training flags validated)."""
+    from trainer.config import config_from_args
+
+    return JobConfig(
+        name=args.name, image=args.image, train=config_from_args(args),
+        namespace=args.namespace, nodes=args.nodes, procs_per_node=args.procs_per_node,
+        gpus_per_node=args.gpus_per_node, node_selector=tuple(args.node_selector),
+        tolerations=tuple(args.toleration), cpu=args.cpu, memory=args.memory,
+        restart_policy=args.restart_policy, backoff_limit=args.backoff_limit,
+        active_deadline=args.active_deadline, ttl=args.ttl, volumes=tuple(args.pvc),
+        shm_size=args.shm_size, run_as_user=args.run_as_user)
+
+
+def render_argv(cfg: JobConfig) -> list:
+    """The canonical `kfvision job render` arguments that give `cfg` (for the YAML's header)."""
+    from pipelines.jobs.manifest import train_flags
+
+    argv = ["--name", cfg.name, "--image", cfg.image]
+    defaults = JobConfig(name="", image="", train=cfg.train)
+    for flag, attr in (("--namespace", "namespace"), ("--nodes", "nodes"),
+                       ("--procs-per-node", "procs_per_node"),
+                       ("--gpus-per-node", "gpus_per_node"), ("--cpu", "cpu"),
+                       ("--memory", "memory"), ("--shm-size", "shm_size"),
+                       ("--restart-policy", "restart_policy"),
+                       ("--backoff-limit", "backoff_limit"),
+                       ("--active-deadline", "active_deadline"), ("--ttl", "ttl"),
+                       ("--run-as-user", "run_as_user")):
+        value = getattr(cfg, attr)
+        if value != getattr(defaults, attr):
+            argv += [flag, str(value)]
+    argv += [a for k, v in cfg.node_selector for a in ("--node-selector", f"{k}={v}")]
+    argv += [a for t in cfg.tolerations for a in (
+        "--toleration", f"{t.key}{'' if t.value is None else '=' + t.value}:{t.effect}")]
+    argv += [a for v in cfg.volumes for a in ("--pvc", f"{v.claim}:{v.mount}")]
+    return argv + train_flags(cfg.train)
+
+
+def _render(args) -> int:
+    cfg = job_config(args)
+    job = build_pytorchjob(cfg)
+    header = ("Rendered by kfvision; edit the command, not this file:\n"
+              f"kfvision job render {shlex.join(render_argv(cfg))}")
+    text = to_yaml(job, header)
+    if args.output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text, encoding="utf-8")
+        print(f"wrote PyTorchJob {cfg.name} ({cfg.nodes} node(s) x {cfg.nproc} process(es), "
+              f"{cfg.gpus_per_node} GPU(s) per node) to {args.output}", file=sys.stderr)
+    mounts = [v.mount.rstrip("/") + "/" for v in cfg.volumes]
+    if mounts and not any(cfg.train.out.startswith(m) for m in mounts):
+        print(f"warning: --out {cfg.train.out} is not under a --pvc mount; the trained model "
+              "would be lost with the Master's pod.", file=sys.stderr)
+    return 0
+
+
+def _add_render(sub) -> None:
+    from trainer.train import get_args_parser
+
+    r = sub.add_parser(
+        "render", parents=[get_args_parser(add_help=False)],
+        help="write the PyTorchJob YAML of a training run",
+        description="Write a kubeflow.org/v1 PyTorchJob: Master (+ Workers when --nodes > 1), "
+        "each running `torchrun -m trainer.train` with the training flags below. Paths are as "
+        "the pods see them (e.g. under a --pvc mount).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    g = r.add_argument_group("job")
+    g.add_argument("--name", required=True, help="job name (DNS-1035: a-z, 0-9, '-')")
+    g.add_argument("--image", required=True, help="trainer image the pods run")
+    g.add_argument("--namespace", help="namespace (default: the one kubectl/submit uses)")
+    g.add_argument("--nodes", type=int, default=1, help="pods: 1 Master + (N-1) Workers")
+    g.add_argument("--procs-per-node", type=int, help="training processes per pod "
+                   "(default: --gpus-per-node, or 1 without GPUs)")
+    g.add_argument("--gpus-per-node", type=int, default=0, help="nvidia.com/gpu per pod")
+    g.add_argument("--node-selector", type=_key_value, action="append", default=[],
+                   metavar="KEY=VALUE", help="node label the pods require (repeatable)")
+    g.add_argument("--toleration", type=_toleration, action="append", default=[],
+                   metavar="KEY[=VALUE]:EFFECT", help="taint the pods tolerate (repeatable; "
+                   "nvidia.com/gpu:NoSchedule is added when GPUs are asked for)")
+    g.add_argument("--cpu", help="CPU request per pod (e.g. 8, 500m)")
+    g.add_argument("--memory", help="memory request per pod (e.g. 32Gi)")
+    g.add_argument("--shm-size", help="size limit of the memory-backed /dev/shm (e.g. 8Gi)")
+    g.add_argument("--restart-policy", choices=RESTART_POLICIES, default="ExitCode",
+                   help="what a failed pod gets: ExitCode retries only exit codes 128-255 "
+                   "(killed, evicted), not kfvision's own errors")
+    g.add_argument("--backoff-limit", type=int, default=3, help="restarts before the job fails")
+    g.add_argument("--active-deadline", type=int, metavar="SECONDS",
+                   help="fail the job after this long")
+    g.add_argument("--ttl", type=int, metavar="SECONDS",
+                   help="delete the finished job after this long")
+    g.add_argument("--pvc", type=_volume, action="append", default=[], metavar="CLAIM:MOUNT",
+                   help="PersistentVolumeClaim to mount in every pod (repeatable)")
+    g.add_argument("--run-as-user", type=int, default=1000, help="non-root uid (and gid) of "
+                   "the pods")
+    g.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    r.set_defaults(func=_render)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (e.g. a cancelled pipeline step) cleans up like Ctrl-C
+
+
+def _run_local(args) -> int:
+    from pipelines.jobs.local import run_local
+    from pipelines.jobs.rules import read_manifest
+
+    job = read_manifest(args.manifest)
+    name = job["metadata"]["name"]
+    log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
+    print(f"running PyTorchJob {name} locally (image {_images(job)} stands in by this "
+          f"machine's programs); logs in {log_dir}/", file=sys.stderr)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        result = run_local(job, log_dir, source=args.manifest, quiet=args.quiet,
+                           grace_s=args.grace)
+    except KeyboardInterrupt:
+        print(f"interrupted: stopped every process of job {name}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print(f"job {name} succeeded in {result.seconds:.1f} s ({result.restarts} restart(s)); "
+          f"logs in {log_dir}/", file=sys.stderr)
+    return 0
+
+
+def _images(job: dict) -> str:
+    specs = job["spec"]["pytorchReplicaSpecs"].values()
+    return ", ".join(sorted({c["image"] for s in specs for c in s["template"]["spec"]["containers"]
+                             if c.get("name") == "pytorch"}))
+
+
+def _namespace(args, job: dict | None = None) -> str | None:
+    given = (job or {}).get("metadata", {}).get("namespace")
+    if args.namespace and given and args.namespace != given:
+        raise InvalidJobError(f"--namespace {args.namespace} differs from the manifest's "
+                              f"metadata.namespace {given}; drop one of them.")
+    return args.namespace or given
+
+
+def _submit(args) -> int:
+    from pipelines.jobs.cluster import connect, submit
+    from pipelines.jobs.rules import read_manifest
+
+    job = read_manifest(args.manifest)
+    client = connect(_namespace(args, job))
+    try:
+        submit(client, job, wait=args.wait, timeout_s=args.timeout,
+               keep_on_timeout=args.keep_on_timeout, poll_s=args.poll, logs=not args.no_logs)
+    except KeyboardInterrupt:
+        print(f"stopped waiting; the job goes on (kfvision job logs {job['metadata']['name']} "
+              f"-n {client.namespace} / kfvision job delete ...)", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _logs(args) -> int:
+    from pipelines.jobs.cluster import connect
+
+    client = connect(_namespace(args))
+    pod = client.find_pod(args.name, args.replica)
+    if pod is None:
+        raise InvalidJobError(f"PyTorchJob {client.namespace}/{args.name} has no pod for "
+                              f"replica {args.replica} (yet); see `kubectl get pods -l "
+                              f"training.kubeflow.org/job-name={args.name}`.")
+    pod_name = pod["metadata"]["name"]
+    if args.follow:
+        for line in client.follow_log(pod_name):
+            print(line, flush=True)
+    else:
+        sys.stdout.write(client.pod_log(pod_name, tail=args.tail, previous=args.previous))
+    return 0
+
+
+def _delete(args) -> int:
+    from pipelines.jobs.cluster import connect
+
+    client = connect(_namespace(args))
+    client.delete(args.name)
+    print(f"deleted PyTorchJob {client.namespace}/{args.name}")
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add `kfvision job ...` to the `kfvision` command line's subparsers."""
+    job = subparsers.add_parser(
+        "job", help="train as a Kubeflow PyTorchJob: render, run-local, submit, logs, delete",
+        description="Train as a Kubeflow PyTorchJob (Training Operator v1.9).", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
+    _add_render(sub)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    r = sub.add_parser("run-local", formatter_class=fmt,
+                       help="run a PyTorchJob YAML on this machine, as the operator would")
+    r.add_argument("manifest", help="PyTorchJob YAML ('-': standard input)")
+    r.add_argument("--log-dir", help="per-replica logs (default: build/jobs/NAME)")
+    r.add_argument("--quiet", action="store_true", help="logs to files only, not the terminal")
+    r.add_argument("--grace", type=float, default=30.0,
+                   help="seconds Workers may take to finish after the Master succeeded")
+    r.set_defaults(func=_run_local)
+    s = sub.add_parser("submit", formatter_class=fmt,
+                       help="create the job on the cluster (re-attach if it exists)")
+    s.add_argument("manifest", help="PyTorchJob YAML ('-': standard input)")
+    s.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else the "
+                   "current context's)")
+    s.add_argument("--wait", action="store_true", help="wait for Succeeded/Failed, streaming "
+                   "the Master's log")
+    s.add_argument("--timeout", type=float, metavar="SECONDS", help="stop waiting after this "
+                   "long and delete the job")
+    s.add_argument("--keep-on-timeout", action="store_true", help="do not delete on timeout")
+    s.add_argument("--poll", type=float, default=10.0, help="seconds between status checks")
+    s.add_argument("--no-logs", action="store_true", help="do not stream the Master's log")
+    s.set_defaults(func=_submit)
+    lg = sub.add_parser("logs", formatter_class=fmt, help="print a replica's log")
+    lg.add_argument("name", help="job name")
+    lg.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
+    lg.add_argument("--replica", default="master-0", help="master-0, worker-0, ...")
+    lg.add_argument("-f", "--follow", action="store_true", help="stream until it ends")
+    lg.add_argument("--tail", type=int, help="only the last N lines")
+    lg.add_argument("--previous", action="store_true", help="the log of the container before "
+                    "its last restart")
+    lg.set_defaults(func=_logs)
+    d = sub.add_parser("delete", formatter_class=fmt, help="delete the job (and its pods)")
+    d.add_argument("name", help="job name")
+    d.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
+    d.set_defaults(func=_delete)

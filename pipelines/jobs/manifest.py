@@ -1,0 +1,285 @@
+"""The PyTorchJob (`kubeflow.org/v1`) of a training run: a pure function of a JobConfig.
+
+    job = build_pytorchjob(JobConfig(name="digits", image="...", train=train_config, nodes=2,
+                                     procs_per_node=4, gpus_per_node=4))
+    print(to_yaml(job))
+
+The container runs `torchrun -m trainer.train <training flags>`. torchrun takes --nnodes,
+--nproc-per-node, --node-rank, --master-addr and --master-port from the operator's `PET_*`
+variables, and sets per-process RANK/LOCAL_RANK/WORLD_SIZE itself: the operator's own RANK and
+WORLD_SIZE are node-level and wrong with more than one process per pod (see
+../shared/reference/README.md). So no `--standalone` and no rendezvous flags here.
+"""
+
+import re
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+import yaml
+
+from pipelines.jobs.errors import InvalidJobError
+from pipelines.jobs.rules import (
+    API_VERSION,
+    CONTAINER_NAME,
+    KIND,
+    RESTART_POLICIES,
+    dns1035_problem,
+    dns1123_problem,
+    validate_pytorchjob,
+)
+from trainer.config import TrainConfig
+from trainer.errors import check_range
+
+PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT from the port with this name
+DEFAULT_PORT = 23456  # the operator's default; written out so the manifest says what it uses
+GPU_RESOURCE = "nvidia.com/gpu"
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+TRAIN_COMMAND = ("torchrun", "-m", "trainer.train")
+LABELS = {"app.kubernetes.io/name": "kfvision", "app.kubernetes.io/component": "train"}
+# The regex Kubernetes (and the CRD schema) uses for resource quantities such as 500m or 16Gi.
+_QUANTITY = re.compile(r"[+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                       r"([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?")
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*"
+                        r"[A-Za-z0-9])?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+class Toleration(NamedTuple):
+    """`key[=value]:effect`; no value means operator Exists."""
+
+    key: str
+    value: str | None
+    effect: str
+
+
+class Volume(NamedTuple):
+    """A PersistentVolumeClaim mounted into every replica."""
+
+    claim: str
+    mount: str
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Everything a training PyTorchJob depends on. `procs_per_node` None: one per GPU (or 1)."""
+
+    name: str
+    image: str
+    train: TrainConfig
+    namespace: str | None = None
+    nodes: int = 1
+    procs_per_node: int | None = None
+    gpus_per_node: int = 0
+    node_selector: tuple = ()  # ((key, value), ...)
+    tolerations: tuple = ()  # (Toleration, ...)
+    cpu: str | None = None
+    memory: str | None = None
+    restart_policy: str = "ExitCode"
+    backoff_limit: int = 3
+    active_deadline: int | None = None
+    ttl: int | None = None
+    volumes: tuple = ()  # (Volume, ...)
+    shm_size: str | None = None
+    run_as_user: int = 1000
+    labels: tuple = ()  # extra ((key, value), ...) on the job and its pods
+
+    @property
+    def nproc(self) -> int:
+        if self.procs_per_node is not None:
+            return self.procs_per_node
+        return self.gpus_per_node or 1
+
+    def validate(self) -> "JobConfig":
+        """Raise InvalidJobError (InvalidParameterError) for anything the cluster refuses."""
+        problem = dns1035_problem("--name", self.name)
+        if problem:
+            raise InvalidJobError(problem + ".")
+        longest = (f"{self.name}-worker-{self.nodes - 2}" if self.nodes > 1
+                   else f"{self.name}-master-0")
+        if len(longest) > 63:
+            raise InvalidJobError(
+                f"--name {self.name!r} is too long for {self.nodes} node(s): the operator names "
+                f"a Service per pod, up to {longest!r} ({len(longest)} characters, limit 63). "
+                f"Use a name of at most {63 - len(longest) + len(self.name)} characters.")
+        if self.namespace is not None and dns1123_problem("--namespace", self.namespace):
+            raise InvalidJobError(dns1123_problem("--namespace", self.namespace) + ".")
+        if not self.image or any(ch.isspace() for ch in self.image):
+            raise InvalidJobError(f"--image {self.image!r} is not an image reference; give one "
+                                  "such as registry.example.com/kfvision-trainer:0.1.0.")
+        check_range("nodes", self.nodes, 1, 10_000)
+        check_range("gpus-per-node", self.gpus_per_node, 0, 64)
+        check_range("procs-per-node", self.nproc, 1, 1024)
+        self._check_devices()
+        for flag, value in (("--cpu", self.cpu), ("--memory", self.memory),
+                            ("--shm-size", self.shm_size)):
+            if value is not None and not _QUANTITY.fullmatch(value):
+                raise InvalidJobError(f"{flag} {value!r} is not a Kubernetes quantity "
+                                      "(examples: 4, 500m, 16Gi, 1.5G).")
+        if self.restart_policy not in RESTART_POLICIES:
+            raise InvalidJobError(f"--restart-policy {self.restart_policy!r} is not valid; "
+                                  f"choose one of: {', '.join(RESTART_POLICIES)}.")
+        check_range("backoff-limit", self.backoff_limit, 0, 1000)
+        if self.active_deadline is not None:
+            check_range("active-deadline", self.active_deadline, 1)
+        if self.ttl is not None:
+            check_range("ttl", self.ttl, 0)
+        check_range("run-as-user", self.run_as_user, 1)  # 0 would be root
+        self._check_scheduling()
+        self._check_volumes()
+        return self
+
+    def _check_devices(self) -> None:
+        g, p = self.gpus_per_node, self.nproc
+        if g > 0 and p > g:
+            raise InvalidJobError(
+                f"--procs-per-node {p} is more than --gpus-per-node {g}: each training process "
+                f"drives one GPU. Use --procs-per-node {g} (or fewer), or ask for {p} GPUs.")
+        if g == 0 and self.train.device == "cuda":
+            raise InvalidJobError("--device cuda needs GPUs but --gpus-per-node is 0; give "
+                                  "--gpus-per-node N, or use --device auto/cpu.")
+
+    def _check_scheduling(self) -> None:
+        for key, value in (*self.node_selector, *self.labels):
+            if not (_LABEL_KEY.fullmatch(key) and len(key.split("/")[-1]) <= 63):
+                raise InvalidJobError(f"label key {key!r} is not valid (e.g. "
+                                      "cloud.google.com/gke-accelerator, or gpu).")
+            if not (_LABEL_VALUE.fullmatch(value) and len(value) <= 63):
+                raise InvalidJobError(f"label value {value!r} (of {key}) is not valid: at most "
+                                      "63 letters, digits, '-', '_' and '.'.")
+        for t in self.tolerations:
+            if t.effect not in TAINT_EFFECTS:
+                raise InvalidJobError(f"--toleration {t.key}: effect {t.effect!r} is not one "
+                                      f"of {', '.join(TAINT_EFFECTS)}.")
+            if not _LABEL_KEY.fullmatch(t.key):
+                raise InvalidJobError(f"--toleration key {t.key!r} is not a valid taint key.")
+
+    def _check_volumes(self) -> None:
+        mounts = ["/dev/shm"]
+        for v in self.volumes:
+            problem = dns1123_problem("--pvc claim", v.claim, subdomain=True)
+            if problem:
+                raise InvalidJobError(problem + ".")
+            if not v.mount.startswith("/") or v.mount.rstrip("/") in mounts:
+                raise InvalidJobError(f"--pvc {v.claim}:{v.mount}: the mount path must be "
+                                      "absolute and used once (and not /dev/shm).")
+            mounts.append(v.mount.rstrip("/"))
+
+
+def train_flags(cfg: TrainConfig) -> list:
+    """The trainer's flags for `cfg`: the four paths, then every option that is not the default."""
+    flags = []
+    for f in fields(TrainConfig):
+        value = getattr(cfg, f.name)
+        if f.name in ("model", "train", "val", "out") or value != f.default:
+            flags += ["--" + f.name.replace("_", "-"), str(value)]
+    return flags
+
+
+def _container(cfg: JobConfig) -> dict:
+    requests = {k: v for k, v in (("cpu", cfg.cpu), ("memory", cfg.memory)) if v is not None}
+    resources = {"limits": {GPU_RESOURCE: cfg.gpus_per_node}} if cfg.gpus_per_node else {}
+    if requests:
+        resources["requests"] = requests
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts += [{"name": f"pvc-{i}", "mountPath": v.mount} for i, v in enumerate(cfg.volumes)]
+    return {
+        "name": CONTAINER_NAME,
+        "image": cfg.image,
+        "command": list(TRAIN_COMMAND),
+        "args": train_flags(cfg.train),
+        "ports": [{"name": PORT_NAME, "containerPort": DEFAULT_PORT, "protocol": "TCP"}],
+        **({"resources": resources} if resources else {}),
+        "securityContext": {"allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": mounts,
+    }
+
+
+def _pod_spec(cfg: JobConfig) -> dict:
+    tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+                   ] if cfg.gpus_per_node else []
+    for t in cfg.tolerations:
+        tol = ({"key": t.key, "operator": "Exists", "effect": t.effect} if t.value is None else
+               {"key": t.key, "operator": "Equal", "value": t.value, "effect": t.effect})
+        if tol not in tolerations:
+            tolerations.append(tol)
+    # The default GPU taint key is common on managed clusters; tolerating it is harmless elsewhere.
+    shm = {"medium": "Memory", **({"sizeLimit": cfg.shm_size} if cfg.shm_size else {})}
+    volumes = [{"name": "dshm", "emptyDir": shm}]
+    volumes += [{"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": v.claim}}
+                for i, v in enumerate(cfg.volumes)]
+    spec = {
+        "automountServiceAccountToken": False,  # training pods never call the API
+        "securityContext": {"runAsNonRoot": True, "runAsUser": cfg.run_as_user,
+                            "runAsGroup": cfg.run_as_user, "fsGroup": cfg.run_as_user,
+                            # chown a big PVC only when its root has the wrong group
+                            "fsGroupChangePolicy": "OnRootMismatch",
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    if cfg.node_selector:
+        spec["nodeSelector"] = dict(sorted(cfg.node_selector))
+    if tolerations:
+        spec["tolerations"] = tolerations
+    spec["containers"] = [_container(cfg)]
+    spec["volumes"] = volumes
+    return spec
+
+
+def _replica(cfg: JobConfig, replicas: int) -> dict:
+    labels = {**LABELS, **dict(sorted(cfg.labels))}
+    return {
+        "replicas": replicas,
+        "restartPolicy": cfg.restart_policy,
+        "template": {
+            "metadata": {"labels": labels,
+                         # Istio sidecars keep finished pods alive and can block rendezvous.
+                         "annotations": {"sidecar.istio.io/inject": "false"}},
+            "spec": _pod_spec(cfg),
+        },
+    }
+
+
+def build_pytorchjob(cfg: JobConfig) -> dict:
+    """The PyTorchJob for `cfg` as a plain dict (no I/O; same config, same dict).
+
+    Raises:
+        InvalidJobError: the config breaks a rule of the cluster (name, P > G, quantities, ...).
+    """
+    cfg.validate()
+    cfg.train.validate()
+    metadata = {"name": cfg.name}
+    if cfg.namespace:
+        metadata["namespace"] = cfg.namespace
+    metadata["labels"] = {**LABELS, **dict(sorted(cfg.labels))}
+    run_policy = {"backoffLimit": cfg.backoff_limit,
+                  # a failed job's stuck pods would hold their GPUs until someone deletes them
+                  "cleanPodPolicy": "Running"}
+    if cfg.active_deadline is not None:
+        run_policy["activeDeadlineSeconds"] = cfg.active_deadline
+    if cfg.ttl is not None:
+        run_policy["ttlSecondsAfterFinished"] = cfg.ttl
+    replica_specs = {"Master": _replica(cfg, 1)}
+    if cfg.nodes > 1:
+        replica_specs["Worker"] = _replica(cfg, cfg.nodes - 1)
+    job = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
+           "spec": {"nprocPerNode": str(cfg.nproc), "runPolicy": run_policy,
+                    "pytorchReplicaSpecs": replica_specs}}
+    return validate_pytorchjob(job, f"the rendered job {cfg.name!r}")
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, lists indented under their key (as kubectl and most manifests write them)."""
+
+    def increase_indent(self, flow=False, indentless=False):
+        return super().increase_indent(flow, False)
+
+    def ignore_aliases(self, data):  # never &id001 anchors, even for a shared sub-dict
+        return True
+
+
+def to_yaml(job: dict, header: str | None = None) -> str:
+    """Deterministic YAML of `job` (key order as built), with optional `# header` lines."""
+    text = yaml.dump(job, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+    if header:
+        text = "".join(f"# {line}\n" for line in header.splitlines()) + text
+    return text

@@ -1,0 +1,150 @@
+"""The Training Operator's validating-webhook rules for a PyTorchJob, checked before anything runs.
+
+`kubectl apply` of a job that breaks one of these is refused by the webhook of Training Operator
+v1.9.4 (`pkg/webhooks/pytorch/pytorchjob_webhook.go`; rules as listed in
+../shared/reference/README.md). `kfvision job render` checks its own output with them, and
+`run-local` / `submit` check the manifest they are given, so a job that runs locally is one the
+cluster accepts.
+"""
+
+import re
+
+from pipelines.jobs.errors import InvalidJobError
+
+API_VERSION = "kubeflow.org/v1"
+KIND = "PyTorchJob"
+CONTAINER_NAME = "pytorch"  # the operator finds the training container by this exact name
+REPLICA_TYPES = ("Master", "Worker")
+MANAGED_BY = ("kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue")
+RESTART_POLICIES = ("ExitCode", "OnFailure", "Never", "Always")
+
+_DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def dns1035_problem(what: str, value) -> str | None:
+    """Why `value` is not a DNS-1035 label (what Service and PyTorchJob names must be), or None."""
+    if not isinstance(value, str) or not _DNS1035.fullmatch(value) or len(value) > 63:
+        return (f"{what} {value!r} is not a DNS-1035 label: use at most 63 lower-case letters, "
+                "digits and '-', starting with a letter and ending with a letter or digit")
+    return None
+
+
+def dns1123_problem(what: str, value, subdomain: bool = False) -> str | None:
+    """Why `value` is not a DNS-1123 label (or subdomain), or None."""
+    pattern, limit = (_DNS1123_SUBDOMAIN, 253) if subdomain else (_DNS1123_LABEL, 63)
+    if not isinstance(value, str) or not pattern.fullmatch(value) or len(value) > limit:
+        kind = "subdomain" if subdomain else "label"
+        return (f"{what} {value!r} is not a DNS-1123 {kind}: use at most {limit} lower-case "
+                "letters, digits and '-'" + (" (and '.')" if subdomain else "")
+                + ", starting and ending with a letter or digit")
+    return None
+
+
+def _replica_problems(rtype: str, spec) -> list:
+    where = f"spec.pytorchReplicaSpecs.{rtype}"
+    if not isinstance(spec, dict):
+        return [f"{where} must be a mapping (replicas, restartPolicy, template)"]
+    problems = []
+    replicas = spec.get("replicas")
+    if rtype == "Master" and replicas != 1:
+        # The webhook validates before the controller defaults, so it must be written out.
+        problems.append(f"{where}.replicas must be written out and equal 1 (found {replicas!r})")
+    if rtype == "Worker" and replicas is not None and (
+            not isinstance(replicas, int) or replicas < 1):
+        problems.append(f"{where}.replicas must be >= 1 when set (found {replicas!r}); "
+                        "leave the Worker spec out for a single-node job")
+    policy = spec.get("restartPolicy")
+    if policy is not None and policy not in RESTART_POLICIES:
+        problems.append(f"{where}.restartPolicy {policy!r} is not one of "
+                        f"{', '.join(RESTART_POLICIES)}")
+    containers = (((spec.get("template") or {}).get("spec") or {}).get("containers")) or []
+    if not containers:
+        problems.append(f"{where}.template.spec.containers is empty: a replica needs a container")
+    for i, c in enumerate(containers):
+        if not (isinstance(c, dict) and c.get("image")):
+            problems.append(f"{where}.template.spec.containers[{i}] has no image")
+    if containers and not any(isinstance(c, dict) and c.get("name") == CONTAINER_NAME
+                              for c in containers):
+        problems.append(f"{where} has no container named exactly {CONTAINER_NAME!r} "
+                        "(the operator injects the rendezvous environment into that one)")
+    return problems
+
+
+def webhook_problems(job) -> list:
+    """Every webhook rule `job` (a PyTorchJob as a dict) breaks, as readable lines."""
+    if not isinstance(job, dict):
+        return ["the manifest is not a mapping: expected one PyTorchJob object"]
+    problems = []
+    if job.get("apiVersion") != API_VERSION or job.get("kind") != KIND:
+        problems.append(f"apiVersion/kind are {job.get('apiVersion')!r}/{job.get('kind')!r}; "
+                        f"expected {API_VERSION!r}/{KIND!r}")
+    name_problem = dns1035_problem("metadata.name", (job.get("metadata") or {}).get("name"))
+    if name_problem:
+        problems.append(name_problem)
+    spec = job.get("spec") or {}
+    replicas = spec.get("pytorchReplicaSpecs")
+    if not isinstance(replicas, dict) or not replicas:
+        problems.append("spec.pytorchReplicaSpecs is required (Master and optionally Worker)")
+        replicas = {}
+    for rtype in replicas:
+        if rtype not in REPLICA_TYPES:
+            problems.append(f"spec.pytorchReplicaSpecs has {rtype!r}; only Master and Worker "
+                            "are allowed")
+    for rtype in REPLICA_TYPES:
+        if rtype in replicas:
+            problems += _replica_problems(rtype, replicas[rtype])
+    elastic = spec.get("elasticPolicy")
+    if elastic is not None:
+        if "Worker" not in replicas:
+            problems.append("spec.elasticPolicy needs a Worker replica spec")
+        if (elastic or {}).get("nProcPerNode") is not None and spec.get("nprocPerNode") is not None:
+            problems.append("spec.elasticPolicy.nProcPerNode is deprecated and may not be "
+                            "combined with spec.nprocPerNode; keep spec.nprocPerNode only")
+    managed_by = (spec.get("runPolicy") or {}).get("managedBy")
+    if managed_by is not None and managed_by not in MANAGED_BY:
+        problems.append(f"spec.runPolicy.managedBy {managed_by!r} is not one of "
+                        f"{', '.join(MANAGED_BY)}")
+    return problems
+
+
+def validate_pytorchjob(job, source: str = "the manifest") -> dict:
+    """Raise InvalidJobError listing every webhook rule `job` breaks; return `job` otherwise.
+
+    Args:
+        job: the PyTorchJob as a dict (e.g. from yaml.safe_load).
+        source: where it came from, for the message (a file name).
+    Raises:
+        InvalidJobError: one or more rules are broken; the message lists all of them.
+    """
+    problems = webhook_problems(job)
+    if problems:
+        lines = "\n  - ".join(problems)
+        raise InvalidJobError(f"{source} would be refused by the Training Operator's webhook:"
+                              f"\n  - {lines}\nFix the manifest (or re-render it with "
+                              "`kfvision job render`).")
+    return job
+
+
+def read_manifest(path) -> dict:
+    """The one PyTorchJob in the YAML file `path` ("-": standard input), webhook-checked.
+
+    Raises:
+        InvalidJobError: unreadable file, not YAML, not exactly one object, or a broken rule.
+    """
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    source = "standard input" if str(path) == "-" else str(path)
+    try:
+        text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except (OSError, yaml.YAMLError) as e:
+        raise InvalidJobError(f"cannot read the job manifest {source}: {e}") from e
+    if len(docs) != 1:
+        raise InvalidJobError(f"{source} holds {len(docs)} YAML documents; expected exactly one "
+                              "PyTorchJob (as `kfvision job render` writes).")
+    return validate_pytorchjob(docs[0], source)
