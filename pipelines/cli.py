@@ -9,21 +9,64 @@ from trainer.errors import KfvisionError
 
 EPILOG = """\
 typical run (no cluster needed):
-  kfvision convert photos/ data/train            # class folders -> image directory
+  kfvision convert photos.tar.gz data/all        # class folders (folder or archive)
+  kfvision split data/all data/train data/val    # 90/10 per class
   kfvision model resnet models/r18 --name resnet18
   kfvision train --model models/r18 --train data/train --val data/val --out models/r18-trained
   kfvision score --model models/r18-trained --data data/val --out scored.csv
+  kfvision evaluate --scored scored.csv --out eval/
+  kfvision export --model models/r18-trained --format onnx --out r18.onnx --check data/val
   kfvision demo                                  # all of the above on scikit-learn's digits
 """
 
 
 def _convert(args) -> int:
-    from trainer.imagedir import convert_class_folders
+    from trainer.convert import convert
 
-    report = convert_class_folders(args.src, args.out, strict=args.strict,
-                                   overwrite=args.overwrite,
-                                   progress=False if args.quiet else None)
+    report = convert(args.src, args.out, labels=args.labels, strict=args.strict,
+                     overwrite=args.overwrite, progress=False if args.quiet else None)
     print(report.summary())
+    return 0
+
+
+def _split(args) -> int:
+    from trainer.split import split
+
+    counts = split(args.src, args.train_out, args.val_out, fraction=args.fraction,
+                   seed=args.seed, overwrite=args.overwrite)
+    for side, out in (("first", args.train_out), ("second", args.val_out)):
+        per_class = ", ".join(f"{c}: {n}" for c, n in counts[side].items())
+        print(f"wrote {sum(counts[side].values())} images to {out} ({per_class})")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from trainer.evaluate import evaluate
+
+    m = evaluate(args.scored, args.out)
+    print(f"evaluated {m['rows']} images: accuracy {m['accuracy']:.4f}, top-{m['top_k']} "
+          f"{m['top5_accuracy']:.4f}, macro F1 {m['macro_avg']['f1']:.4f}")
+    print(f"wrote metrics.json, report.md and confusion_matrix.png to {args.out}")
+    return 0
+
+
+def _export(args) -> int:
+    from trainer.errors import ExportError
+    from trainer.export import TOLERANCE, check_export, export
+
+    meta = export(args.model, args.format, args.out)
+    size = meta["image_size"]
+    print(f"wrote the {args.format} export of {args.model} to {args.out}: input 'image' uint8 "
+          f"[batch, 3, {size}, {size}], output 'probabilities' over {len(meta['classes'])} "
+          "classes; classes and preprocessing are in its metadata ('kfvision')")
+    if args.check:
+        r = check_export(args.model, args.out, args.format, args.check, limit=args.check_limit)
+        print(f"checked against PyTorch on {r['images']} images of {args.check}: top-1 agrees on "
+              f"{r['top1_agree']}/{r['images']}, largest probability difference "
+              f"{r['max_abs_diff']:.2g}")
+        if r["max_abs_diff"] > TOLERANCE:
+            raise ExportError(f"{args.out} differs from the PyTorch model by more than "
+                              f"{TOLERANCE} on {args.check}; do not serve it.")
     return 0
 
 
@@ -77,12 +120,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    c = sub.add_parser("convert", help="a folder of class folders -> an image directory",
-                       description="Copy a folder with one sub-folder per class (or loose images: "
-                       "an unlabelled directory, for scoring) into kfvision's image directory "
-                       "format. Unreadable and non-image files are skipped and listed.")
-    c.add_argument("src", help="source folder")
+    c = sub.add_parser("convert", help="a folder or archive of images -> an image directory",
+                       description="Copy a folder or archive (.zip, .tar, .tar.gz/.tgz, .tar.bz2) "
+                       "with one sub-folder per class (maybe under one wrapping folder), or flat "
+                       "images plus --labels CSV, or loose images (an unlabelled directory, for "
+                       "scoring) into kfvision's image directory format. Unreadable and non-image "
+                       "files are skipped and listed. See docs/data.md.")
+    c.add_argument("src", help="source folder or archive")
     c.add_argument("out", help="output image directory (must not exist)")
+    c.add_argument("--labels", metavar="CSV", help="CSV of path,label (paths relative to SRC; "
+                   "a file on disk or inside SRC)")
     c.add_argument("--strict", action="store_true", help="fail on any unreadable file")
     c.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -128,6 +175,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_score)
+
+    sp = sub.add_parser("split", help="split an image directory in two, stratified by class",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    sp.add_argument("src", help="input image directory")
+    sp.add_argument("train_out", help="first output (FRACTION of each class)")
+    sp.add_argument("val_out", help="second output (the rest)")
+    sp.add_argument("--fraction", type=float, default=0.9,
+                    help="share of each class in the first output")
+    sp.add_argument("--seed", type=int, default=1, help="fixes which images go where")
+    sp.add_argument("--overwrite", action="store_true", help="replace outputs that exist")
+    sp.set_defaults(func=_split)
+
+    e = sub.add_parser("evaluate", help="metrics, report and confusion matrix of a scored CSV",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e.add_argument("--scored", required=True, help="CSV written by `kfvision score` (labelled)")
+    e.add_argument("--out", required=True,
+                   help="folder for metrics.json, report.md and confusion_matrix.png")
+    e.set_defaults(func=_evaluate)
+
+    x = sub.add_parser("export", help="export a trained model: ONNX, TorchScript, torch.export",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    x.add_argument("--model", required=True, help="trained model directory")
+    x.add_argument("--format", choices=("onnx", "torchscript", "torch-export"), default="onnx",
+                   help="artifact type")
+    x.add_argument("--out", required=True, help="output file (.onnx, .pt, .pt2)")
+    x.add_argument("--check", metavar="DATA", help="image directory to compare the export with "
+                   "PyTorch on")
+    x.add_argument("--check-limit", type=int, default=256, help="images of DATA to compare")
+    x.set_defaults(func=_export)
 
     d = sub.add_parser("demo", help="the whole flow on scikit-learn's handwritten digits",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
