@@ -76,12 +76,12 @@ def probe_image(data: bytes, where: str = "image") -> tuple[int, int]:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # we raise instead
             with Image.open(io.BytesIO(data)) as im:
                 size = im.size
-    except Image.DecompressionBombError as e:
-        raise _bomb(where, None, limit) from e
+    except Image.DecompressionBombError as e:  # Pillow refuses > 2x its limit itself
+        raise _bomb(where, f"Pillow refused it ({e})", limit) from e
     except Exception as e:  # Pillow raises many types on malformed files; the reason is kept
         raise ValueError(f"cannot be decoded as an image ({type(e).__name__}: {e})") from e
     if limit and size[0] * size[1] > limit:
-        raise _bomb(where, size, limit)
+        raise _bomb(where, f"{size[0]} x {size[1]} = {size[0] * size[1]:,} pixels", limit)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -91,11 +91,11 @@ def probe_image(data: bytes, where: str = "image") -> tuple[int, int]:
     return size
 
 
-def _bomb(where: str, size, limit) -> DecompressionBombError:
-    dims = f"{size[0]} x {size[1]} = {size[0] * size[1]:,} pixels" if size else "too many pixels"
+def _bomb(where: str, what: str, limit) -> DecompressionBombError:
     return DecompressionBombError(
-        f"{where}: {dims}, over the limit of {limit:,} (PIL.Image.MAX_IMAGE_PIXELS); refused as a "
-        "possible decompression bomb. Remove the file or downscale it below the limit."
+        f"{where}: {what}, over the limit of {limit:,} pixels (PIL.Image.MAX_IMAGE_PIXELS); "
+        "refused as a possible decompression bomb. Remove the file or downscale it below the "
+        "limit."
     )
 
 

@@ -66,7 +66,7 @@ class UnsafeArchiveError(InvalidDatasetError):
 
 
 class DecompressionBombError(InvalidDatasetError):
-    """An image has more pixels than the limit (Pillow's MAX_IMAGE_PIXELS unless raised)."""
+    """An image has more pixels than Pillow's limit (PIL.Image.MAX_IMAGE_PIXELS)."""
 
 
 class InvalidScoredTableError(KfvisionError):
