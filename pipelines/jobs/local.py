@@ -12,6 +12,7 @@ a passed `activeDeadlineSeconds`, Ctrl-C or SIGTERM stop every process the run s
 """
 
 import os
+import re
 import shutil
 import socket
 import sys
@@ -203,10 +204,17 @@ class _Printer:
                 self.stream.flush()
 
 
+_ERROR_LINE = re.compile(r"(\w*(Error|Exception)|error): ")
+
+
 def _failure(job_name: str, r: ReplicaProcess, code: int, why: str) -> JobFailedError:
-    tail = "\n".join(f"    {line}" for line in r.tail(15))
-    return JobFailedError(f"job {job_name} failed: {r.name} exited with code {code} ({why}). "
-                          f"Last lines of {r.log_path}:\n{tail}")
+    lines = r.tail(400)
+    # torchrun ends a failed run with its own summary; the cause is the last error line before
+    errors = [line for line in lines if _ERROR_LINE.search(line) and "ChildFailedError" not in line]
+    cause = f"\n  cause: {errors[-1].strip()}" if errors else ""
+    tail = "\n".join(f"    {line}" for line in lines[-15:])
+    return JobFailedError(f"job {job_name} failed: {r.name} exited with code {code} ({why})."
+                          f"{cause}\n  last lines of {r.log_path}:\n{tail}")
 
 
 def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> tuple:

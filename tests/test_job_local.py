@@ -1,0 +1,264 @@
+"""`kfvision job run-local`: the operator's environment, restart policies, logs, no orphans.
+
+Most tests swap the container's command for a few lines of Python (fast, no torch); the
+`distributed` test runs the real trainer through torchrun, as the rendered manifest says.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import yaml
+
+from pipelines.jobs.errors import InvalidJobError, JobFailedError
+from pipelines.jobs.local import ReplicaPlan, operator_env, run_local
+from pipelines.jobs.manifest import JobConfig, build_pytorchjob
+from pipelines.jobs.procs import proc_table
+from trainer.config import TrainConfig
+
+TRAIN = TrainConfig(model="/m", train="/t", val="/v", out="/o")
+
+
+def make_job(nodes=2, nproc=1, policy="OnFailure", backoff=3, script="", name="t", **extra):
+    """A rendered job whose container runs `python -c script` instead of torchrun."""
+    job = build_pytorchjob(JobConfig(name=name, image="local", train=TRAIN, nodes=nodes,
+                                     procs_per_node=nproc, restart_policy=policy,
+                                     backoff_limit=backoff, **extra))
+    for spec in job["spec"]["pytorchReplicaSpecs"].values():
+        container = spec["template"]["spec"]["containers"][0]
+        container["command"] = ["python", "-c", textwrap.dedent(script)]
+        container["args"] = []
+    return job
+
+
+@pytest.mark.parametrize("nodes,nproc,replica,expected", [
+    (2, "4", ReplicaPlan("Master", 0, "OnFailure", {}),
+     {"RANK": "0", "PET_NODE_RANK": "0", "WORLD_SIZE": "8", "PET_NNODES": "2",
+      "PET_NPROC_PER_NODE": "4", "MASTER_ADDR": "job-master-0", "PET_MASTER_ADDR": "job-master-0",
+      "MASTER_PORT": "23456", "PET_MASTER_PORT": "23456", "PYTHONUNBUFFERED": "1"}),
+    (3, "2", ReplicaPlan("Worker", 1, "OnFailure", {}),
+     {"RANK": "2", "PET_NODE_RANK": "2", "WORLD_SIZE": "6", "PET_NNODES": "3"}),
+    (2, "auto", ReplicaPlan("Worker", 0, "OnFailure", {}),  # non-integer counts as 1
+     {"RANK": "1", "WORLD_SIZE": "2", "PET_NPROC_PER_NODE": "auto"}),
+])
+def test_operator_env_is_the_reference_one(nodes, nproc, replica, expected):
+    job = build_pytorchjob(JobConfig(name="job", image="i", train=TRAIN, nodes=nodes))
+    job["spec"]["nprocPerNode"] = nproc
+    env = operator_env(job, replica)
+    assert {k: env[k] for k in expected} == expected
+
+
+def test_each_replica_gets_its_env_and_nothing_inherited(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LOCAL_RANK", "5")  # as if we ran inside another launcher
+    monkeypatch.setenv("PET_NNODES", "9")
+    job = make_job(nodes=3, nproc=2, script=f"""
+        import json, os
+        json.dump(dict(os.environ), open(r"{tmp_path}/" + os.environ["RANK"] + ".json", "w"))
+        print("hello from", os.environ["RANK"])
+        """)
+    job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "FROM_MANIFEST", "value": "yes"}]
+    result = run_local(job, tmp_path / "logs", restart_delay_s=0, grace_s=10)
+    envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(3)]
+    assert [e["PET_NODE_RANK"] for e in envs] == ["0", "1", "2"]
+    assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
+    assert len({e["MASTER_PORT"] for e in envs}) == 1
+    assert {e["WORLD_SIZE"] for e in envs} == {"6"} and {e["PET_NNODES"] for e in envs} == {"3"}
+    assert all("LOCAL_RANK" not in e and e["CUDA_VISIBLE_DEVICES"] == "" for e in envs)
+    assert "FROM_MANIFEST" not in envs[0] and envs[1]["FROM_MANIFEST"] == "yes"
+    out = capsys.readouterr().out
+    assert "[master-0] hello from 0" in out and "[worker-1] hello from 2" in out
+    assert (tmp_path / "logs" / "worker-0.log").read_text() == "hello from 1\n"
+    assert result.restarts == 0 and result.exit_codes["master-0"] == 0
+
+
+# The Master waits for the Worker; the Worker fails with the listed exit codes, then succeeds.
+FLAKY_WORKER = """
+    import os, pathlib, sys, time
+    d = pathlib.Path(r"{tmp}")
+    if os.environ["RANK"] == "0":
+        for _ in range(300):
+            if (d / "worker-done").exists():
+                sys.exit(0)
+            time.sleep(0.05)
+        sys.exit(9)
+    runs = d / "runs"
+    n = int(runs.read_text()) if runs.exists() else 0
+    runs.write_text(str(n + 1))
+    codes = {codes}
+    if n < len(codes):
+        print("failing with", codes[n])
+        sys.exit(codes[n])
+    (d / "worker-done").touch()
+"""
+
+
+@pytest.mark.parametrize("policy,codes,backoff,restarts,error", [
+    ("OnFailure", [1], 3, 1, None),
+    ("Always", [2], 3, 1, None),
+    ("ExitCode", [137, 143], 3, 2, None),  # killed / terminated: retried
+    ("ExitCode", [1], 3, 0, "restartPolicy ExitCode does not retry it"),  # permanent
+    ("Never", [137], 3, 0, "restartPolicy Never does not retry it"),
+    ("OnFailure", [1, 1, 1], 2, 2, "backoffLimit 2 reached after 2 restart"),
+    ("OnFailure", [1], 0, 0, "backoffLimit 0 reached"),
+])
+def test_a_failed_replica_is_restarted_or_fails_the_job_as_its_policy_says(
+        tmp_path, policy, codes, backoff, restarts, error):
+    job = make_job(policy=policy, backoff=backoff,
+                   script=FLAKY_WORKER.format(tmp=tmp_path, codes=codes))
+    if error is None:
+        result = run_local(job, tmp_path / "logs", quiet=True, restart_delay_s=0)
+        assert result.restarts == restarts
+    else:
+        with pytest.raises(JobFailedError, match=error) as info:
+            run_local(job, tmp_path / "logs", quiet=True, restart_delay_s=0)
+        assert f"worker-0 exited with code {codes[restarts]}" in str(info.value)
+        assert "failing with" in str(info.value)  # the replica's last log lines
+    log = (tmp_path / "logs" / "worker-0.log").read_text()
+    assert log.count("--- restart") == restarts
+
+
+def _pids(folder) -> list:
+    return [int(p.read_text()) for p in folder.glob("*.pid")]
+
+
+def _alive(pids) -> list:
+    table = proc_table()
+    return [p for p in pids if p in table]
+
+
+# Each replica starts a grandchild in a session of its own (as torchrun does), then waits.
+SPAWNER = """
+    import os, subprocess, sys, time
+    child = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    open(r"{tmp}/" + os.environ["RANK"] + ".pid", "w").write(str(child.pid))
+    if os.environ["RANK"] == "{failing}":
+        time.sleep(1.5)
+        sys.exit(1)
+    time.sleep(300)
+"""
+
+
+def test_a_failure_stops_every_process_it_started(tmp_path):
+    job = make_job(nodes=3, policy="Never", script=SPAWNER.format(tmp=tmp_path, failing="2"))
+    with pytest.raises(JobFailedError, match="worker-1 exited with code 1"):
+        run_local(job, tmp_path / "logs", quiet=True)
+    pids = _pids(tmp_path)
+    assert len(pids) == 3 and _alive(pids) == []
+
+
+def test_ctrl_c_stops_every_process_it_started(tmp_path):
+    job = make_job(nodes=2, script=SPAWNER.format(tmp=tmp_path, failing="none"))
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "job", "run-local",
+                             str(tmp_path / "job.yaml"), "--log-dir", str(tmp_path / "logs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        for _ in range(200):
+            if len(_pids(tmp_path)) == 2:
+                break
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out
+    assert "interrupted: stopped every process of job t" in out
+    pids = _pids(tmp_path)
+    assert len(pids) == 2 and _alive(pids) == []
+
+
+def test_active_deadline_fails_the_job(tmp_path):
+    job = make_job(nodes=1, script="import time; time.sleep(60)", active_deadline=1)
+    start = time.monotonic()
+    with pytest.raises(JobFailedError, match="DeadlineExceeded"):
+        run_local(job, tmp_path / "logs", quiet=True)
+    assert time.monotonic() - start < 15
+
+
+def test_job_succeeds_when_the_master_does_even_if_a_worker_still_runs(tmp_path):
+    job = make_job(nodes=2, script="""
+        import os, time
+        if os.environ["RANK"] != "0":
+            time.sleep(60)
+        """)
+    result = run_local(job, tmp_path / "logs", quiet=True, grace_s=0.5)
+    assert result.exit_codes == {"master-0": 0}
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda j: j["spec"].update(elasticPolicy={"minReplicas": 1}), "elasticPolicy"),
+    (lambda j: j["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+     .pop("command"), "has no command"),
+    (lambda j: j["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+     .update(env=[{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),
+     "valueFrom"),
+    (lambda j: j["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+     .update(command=["no-such-program-here"]), "not on PATH"),
+    (lambda j: j["spec"]["pytorchReplicaSpecs"]["Master"].update(replicas=2), "equal 1"),
+])
+def test_run_local_refuses_what_it_cannot_run_faithfully(tmp_path, change, message):
+    job = make_job(nodes=2, script="pass")
+    change(job)
+    with pytest.raises(InvalidJobError, match=message):
+        run_local(job, tmp_path / "logs", quiet=True)
+
+
+def test_gpu_jobs_need_the_gpus_here(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    job = build_pytorchjob(JobConfig(name="g", image="i", train=TRAIN, nodes=2, gpus_per_node=1))
+    with pytest.raises(InvalidJobError, match="this machine has 0 GPU"):
+        run_local(job, tmp_path / "logs", quiet=True)
+
+
+def _render_and_run(tmp_path, data, model, nodes, nproc) -> tuple:
+    """Render with `kfvision job render`, run with run-local; -> (error or None, metrics.json)."""
+    from pipelines.cli import main
+    from pipelines.jobs.rules import read_manifest
+
+    out, manifest = tmp_path / f"model-{nodes}x{nproc}", tmp_path / f"job-{nodes}x{nproc}.yaml"
+    assert main(["job", "render", "--name", f"digits-{nodes}x{nproc}", "--image", "local",
+                 "--nodes", str(nodes), "--procs-per-node", str(nproc), "--model", str(model),
+                 "--train", str(data["train"]), "--val", str(data["val"]), "--out", str(out),
+                 "--epochs", "2", "--image-size", "32", "--batch-size", "8", "--lr", "0.005",
+                 "--augment", "none", "--print-freq", "100", "--workers", "0",
+                 "-o", str(manifest)]) == 0
+    error = None
+    try:
+        run_local(read_manifest(manifest), tmp_path / f"logs-{nodes}x{nproc}", quiet=True)
+    except JobFailedError as e:
+        error = str(e)
+    return error, json.loads((out / "metrics.json").read_text())
+
+
+TIMING = ("train_images_per_sec", "train_seconds")
+
+
+@pytest.mark.distributed
+def test_two_nodes_of_two_train_like_one_node_of_four(tmp_path, tiny_digits, resnet18_dir):
+    """Same world size, per-process batch and seed: the same model, whatever the node split."""
+    error_2x2, m_2x2 = _render_and_run(tmp_path, tiny_digits, resnet18_dir, 2, 2)
+    error_1x4, m_1x4 = _render_and_run(tmp_path, tiny_digits, resnet18_dir, 1, 4)
+    assert len(m_2x2["history"]) == len(m_1x4["history"]) == 2
+    for a, b in zip(m_2x2["history"], m_1x4["history"], strict=True):
+        for key in set(a) - set(TIMING):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
+    if error_2x2 and "model replicas diverged across ranks" in error_2x2:
+        # Known trainer bug (reported to its owner): BatchNorm running stats differ across
+        # ranks after the last step, so the trainer's own equality check fails every run with
+        # more than one process. The rendezvous and ranks above are right either way.
+        assert error_1x4 is not None and "model replicas diverged" in error_1x4
+        pytest.xfail("trainer: state digest includes BatchNorm buffers that DDP leaves "
+                     "rank-local; every multi-process run ends with 'replicas diverged'")
+    assert error_2x2 is None and error_1x4 is None, error_2x2 or error_1x4
+    assert m_2x2["status"] == m_1x4["status"] == "completed"
+    assert m_2x2["world_size"] == m_1x4["world_size"] == 4
+    for key in ("val_loss", "val_top1", "val_top5"):
+        assert m_2x2["final"][key] == pytest.approx(m_1x4["final"][key], rel=1e-6), key
