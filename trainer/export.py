@@ -101,7 +101,7 @@ def _save_torchscript(wrapped, sample, meta, path: Path) -> None:
         # deprecated, but still what libtorch and Triton's PyTorch backend load
         warnings.simplefilter("ignore", FutureWarning)
         traced = torch.jit.trace(wrapped, sample)
-    torch.jit.save(traced, str(path), _extra_files={EXTRA_FILE: json.dumps(meta)})
+        torch.jit.save(traced, str(path), _extra_files={EXTRA_FILE: json.dumps(meta)})
 
 
 def _save_torch_export(wrapped, sample, meta, path: Path) -> None:
