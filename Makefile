@@ -37,3 +37,17 @@ bench: setup ## throughput: kfvision train vs a hand-written loop (ratios, same 
 
 clean: ## remove build outputs (keeps .venv)
 	rm -rf build .pytest_cache
+
+TRAINER_IMAGE ?= registry.example.com/kfvision-trainer:0.1.0
+.PHONY: golden-jobs manifests
+
+golden-jobs: setup ## regenerate tests/golden/job-*.yaml (rendered PyTorchJobs); review the diff
+	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_job_golden.py -k golden_render
+
+manifests: setup ## regenerate manifests/pytorchjob-example.yaml with `kfvision job render`
+	$(VENV)/bin/kfvision job render --name kfvision-digits --image $(TRAINER_IMAGE) \
+	  --nodes 2 --gpus-per-node 2 --pvc kfvision-data:/data \
+	  --model /data/models/resnet18 --train /data/digits/train --val /data/digits/val \
+	  --out /data/models/digits-resnet18 --epochs 15 --image-size 32 --batch-size 32 \
+	  --lr 0.05 --warmup-epochs 1 --augment light --patience 5 \
+	  -o manifests/pytorchjob-example.yaml
