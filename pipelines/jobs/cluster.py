@@ -41,6 +41,9 @@ def api_error(e: Exception, verb: str, kind: str, namespace: str, name: str) -> 
         with contextlib.suppress(ValueError, AttributeError):
             detail = json.loads(body).get("message", detail)
     hint = _HINTS.get(status, "check that the cluster is reachable (kubectl get nodes).")
+    if status == 404 and verb != "create":
+        hint = (f"there is no {kind} {name} in namespace {namespace}: check the name and "
+                "namespace (or that the Training Operator's CRD is installed).")
     code = f"HTTP {status}: " if status else ""
     return KubernetesError(f"{verb} {kind} {namespace}/{name} failed: {code}{detail}. {hint}")
 

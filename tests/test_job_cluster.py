@@ -1,0 +1,265 @@
+"""`kfvision job submit | logs | delete` against a FAKE Kubernetes API.
+
+Nothing here talks to a cluster: no Kubernetes can run on our machines. `FakeCluster` stands in
+for the two client objects kfvision uses (kubernetes' CustomObjectsApi and CoreV1Api), keeps
+PyTorchJobs in a dict, plays a scripted status sequence, raises the client's real ApiException,
+and records every (verb, resource) it serves so the Role in manifests/rbac.yaml can be checked
+against the calls actually made. What it cannot show: that a real API server and Training
+Operator behave as scripted (docs/jobs.md says what was and was not exercised).
+"""
+
+import io
+import json
+
+import pytest
+import yaml
+from conftest import REPO
+from kubernetes.client.exceptions import ApiException
+
+from pipelines.cli import main
+from pipelines.jobs import cluster
+from pipelines.jobs.cluster import JobClient, job_state, submit
+from pipelines.jobs.errors import JobFailedError, JobTimeoutError, KubernetesError
+from pipelines.jobs.manifest import JobConfig, build_pytorchjob
+from trainer.config import TrainConfig
+
+NS = "kubeflow"
+JOB = build_pytorchjob(JobConfig(name="digits", image="i", nodes=3,
+                                 train=TrainConfig(model="/m", train="/t", val="/v", out="/o")))
+
+
+def cond(kind, message=""):
+    return {"type": kind, "status": "True", "reason": f"PyTorchJob{kind}", "message": message}
+
+
+def pod(replica, phase="Running", state=None, last=None, restarts=0, conditions=()):
+    rtype, index = replica.split("-")
+    status = {"name": "pytorch", "restartCount": restarts,
+              "state": state or {"running": {"startedAt": "now"}}}
+    if last:
+        status["lastState"] = last
+    return {"metadata": {"name": f"digits-{replica}", "uid": f"uid-{replica}",
+                         "labels": {"training.kubeflow.org/job-name": "digits",
+                                    "training.kubeflow.org/replica-type": rtype,
+                                    "training.kubeflow.org/replica-index": index}},
+            "status": {"phase": phase, "containerStatuses": [status],
+                       "conditions": list(conditions)}}
+
+
+class FakeResponse:
+    """What the client returns with _preload_content=False: .data, .stream(), .release_conn()."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def stream(self, amt=None, decode_content=False):
+        for i in range(0, len(self.data), 7):  # odd-sized chunks: lines split across them
+            yield self.data[i:i + 7]
+
+    def release_conn(self):
+        pass
+
+
+class FakeCluster:
+    """A FAKE of CustomObjectsApi + CoreV1Api (not a cluster): see the module docstring.
+
+    `script` is a list of (conditions, pods); each get of the job moves one step on.
+    """
+
+    def __init__(self, script, logs=None, fail=None):
+        self.script, self.step, self.logs = script, 0, logs or {}
+        self.fail = fail or {}  # (verb, resource) -> ApiException to raise
+        self.jobs, self.calls = {}, []
+
+    def _serve(self, verb, resource):
+        self.calls.append((verb, resource))
+        if (verb, resource) in self.fail:
+            raise self.fail[(verb, resource)]
+
+    def create_namespaced_custom_object(self, group, version, namespace, plural, body):
+        assert (group, version, plural) == ("kubeflow.org", "v1", "pytorchjobs")
+        self._serve("create", "pytorchjobs")
+        name = body["metadata"]["name"]
+        if name in self.jobs:
+            raise ApiException(status=409, reason="Conflict")
+        self.jobs[name] = json.loads(json.dumps(body))
+        return self.jobs[name]
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        self._serve("get", "pytorchjobs")
+        if name not in self.jobs:
+            raise ApiException(status=404, reason="Not Found")
+        conditions, _ = self.script[min(self.step, len(self.script) - 1)]
+        self.step += 1
+        return {**self.jobs[name], "status": {"conditions": conditions}}
+
+    def delete_namespaced_custom_object(self, group, version, namespace, plural, name,
+                                        propagation_policy=None):
+        self._serve("delete", "pytorchjobs")
+        if self.jobs.pop(name, None) is None:
+            raise ApiException(status=404, reason="Not Found")
+
+    def list_namespaced_pod(self, namespace, label_selector=None, _preload_content=True):
+        assert label_selector == "training.kubeflow.org/job-name=digits"
+        self._serve("list", "pods")
+        _, pods = self.script[min(max(self.step - 1, 0), len(self.script) - 1)]
+        return FakeResponse(json.dumps({"items": pods}).encode())
+
+    def read_namespaced_pod_log(self, name, namespace, container=None, follow=False,
+                                previous=False, tail_lines=None, _preload_content=True):
+        assert container == "pytorch"
+        self._serve("get", "pods/log")
+        lines = self.logs.get(name, [])[-tail_lines:] if tail_lines else self.logs.get(name, [])
+        return FakeResponse("".join(line + "\n" for line in lines).encode())
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def client_for(fake, out=None) -> JobClient:
+    clock = FakeClock()
+    return JobClient(fake, fake, NS, out=out or io.StringIO(), sleep=clock.sleep, clock=clock)
+
+
+RUNNING = ([cond("Created"), cond("Running")], [pod("master-0"), pod("worker-0"),
+                                                  pod("worker-1")])
+SUCCEEDED = ([cond("Created"), cond("Running"), cond("Succeeded", "PyTorchJob digits is "
+                                                      "successfully completed.")],
+             [pod("master-0", "Succeeded", {"terminated": {"exitCode": 0}})])
+MASTER_LOG = {"digits-master-0": ["epoch 1 done: val top1 0.5", "epoch 2 done: val top1 0.9"]}
+
+
+def test_submit_wait_streams_the_master_log_and_returns_on_success():
+    fake = FakeCluster([([cond("Created")], []), RUNNING, RUNNING, SUCCEEDED], logs=MASTER_LOG)
+    out = io.StringIO()
+    job = submit(client_for(fake, out), JOB, wait=True, poll_s=5)
+    text = out.getvalue()
+    assert job_state(job)[0] == "Succeeded"
+    assert f"created PyTorchJob {NS}/digits" in text
+    assert "[master-0] epoch 1 done: val top1 0.5\n[master-0] epoch 2 done: val top1 0.9" in text
+    assert text.index("Running") < text.index("Succeeded")
+    assert fake.jobs["digits"]["metadata"]["namespace"] == NS
+
+
+def test_submitting_an_existing_job_re_attaches_instead_of_creating_a_second():
+    fake = FakeCluster([SUCCEEDED])
+    fake.jobs["digits"] = JOB
+    out = io.StringIO()
+    submit(client_for(fake, out), JOB, wait=True)
+    assert "already exists: re-attaching" in out.getvalue()
+    assert list(fake.jobs) == ["digits"] and fake.calls.count(("create", "pytorchjobs")) == 1
+
+
+def test_a_failed_job_is_an_error_naming_the_replica_its_reason_and_last_log_lines():
+    failed = ([cond("Created"), cond("Running"),
+               cond("Failed", "PyTorchJob digits is failed because 1 Worker replica(s) failed.")],
+              [pod("master-0"), pod("worker-0"),
+               pod("worker-1", "Failed", {"terminated": {"exitCode": 1, "reason": "Error"}})])
+    logs = {"digits-worker-1": [f"line {i}" for i in range(50)] + ["error: out of memory"]}
+    fake = FakeCluster([RUNNING, failed], logs=logs)
+    with pytest.raises(JobFailedError) as e:
+        submit(client_for(fake), JOB, wait=True, logs=False)
+    message = str(e.value)
+    assert "1 Worker replica(s) failed" in message
+    assert "worker-1 (pod digits-worker-1) exited with code 1, reason Error" in message
+    assert message.rstrip().endswith("error: out of memory") and "line 30" not in message
+    assert "worker-0" not in message
+
+
+def test_a_restarted_replica_reports_its_previous_container():
+    failed = ([cond("Failed", "backoff limit")],
+              [pod("master-0", last={"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+                   restarts=3)])
+    fake = FakeCluster([failed], logs={"digits-master-0": ["loading"]})
+    fake.jobs["digits"] = JOB
+    with pytest.raises(JobFailedError, match="master-0 .* exited with code 137, reason OOMKilled"):
+        client_for(fake).wait("digits", logs=False)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_timeout_is_honoured_and_deletes_the_job_unless_kept(keep):
+    pending = ([cond("Created")], [pod("master-0", "Pending", state={"waiting": {}}, conditions=[
+        {"type": "PodScheduled", "status": "False",
+         "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}])])
+    fake = FakeCluster([pending])
+    with pytest.raises(JobTimeoutError) as e:
+        submit(client_for(fake), JOB, wait=True, timeout_s=60, poll_s=10,
+               keep_on_timeout=keep)
+    assert "did not finish within 60 s" in str(e.value)
+    assert "master-0 is Pending (0/3 nodes are available" in str(e.value)
+    assert ("digits" in fake.jobs) == keep
+    assert fake.step == 7  # polled every 10 s for 60 s, then gave up
+
+
+@pytest.mark.parametrize("status,verb,words", [
+    (403, "create", ["create PyTorchJob kubeflow/digits failed: HTTP 403", "manifests/rbac.yaml"]),
+    (404, "create", ["HTTP 404", "Training Operator"]),
+    (401, "create", ["HTTP 401", "credentials"]),
+    (500, "get", ["get PyTorchJob kubeflow/digits failed: HTTP 500: etcd is down"]),
+])
+def test_kubernetes_errors_name_kind_namespace_and_name(status, verb, words):
+    error = ApiException(status=status, reason="Nope")
+    error.body = json.dumps({"message": "etcd is down"}) if status == 500 else None
+    fake = FakeCluster([RUNNING], fail={(verb, "pytorchjobs"): error})
+    with pytest.raises(KubernetesError) as e:
+        submit(client_for(fake), JOB, wait=True)
+    assert all(w in str(e.value) for w in words), str(e.value)
+    assert e.value.__cause__ is error
+
+
+@pytest.mark.parametrize("conditions,state", [
+    ([], "Pending"),
+    ([cond("Created"), cond("Running")], "Running"),
+    ([cond("Running"), cond("Restarting")], "Restarting"),
+    ([cond("Running"), {**cond("Running"), "status": "False"}, cond("Failed")], "Failed"),
+    ([cond("Succeeded"), cond("Running")], "Succeeded"),
+])
+def test_job_state_reads_the_conditions(conditions, state):
+    assert job_state({"status": {"conditions": conditions}})[0] == state
+
+
+def _rbac_rules() -> set:
+    role = next(yaml.safe_load_all((REPO / "manifests" / "rbac.yaml").read_text()))
+    return {(verb, resource) for rule in role["rules"] for resource in rule["resources"]
+            for verb in rule["verbs"]}
+
+
+def test_the_role_grants_exactly_the_calls_the_train_step_makes(tmp_path, monkeypatch, capsys):
+    fake = FakeCluster([RUNNING, SUCCEEDED], logs=MASTER_LOG)
+    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None: client_for(fake))
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump(JOB))
+    assert main(["job", "submit", str(manifest), "--wait", "--poll", "1"]) == 0
+    assert main(["job", "logs", "digits", "--tail", "1"]) == 0
+    assert capsys.readouterr().out.endswith("epoch 2 done: val top1 0.9\n")
+    assert main(["job", "logs", "digits", "--follow"]) == 0
+    assert main(["job", "delete", "digits"]) == 0
+    assert "deleted PyTorchJob kubeflow/digits" in capsys.readouterr().out
+    failed = ([cond("Failed")], [pod("worker-0", "Failed", {"terminated": {"exitCode": 1}})])
+    fake.script, fake.step = [failed], 0
+    assert main(["job", "submit", str(manifest), "--wait"]) == 1
+    assert "worker-0 (pod digits-worker-0) exited with code 1" in capsys.readouterr().err
+    fake.script, fake.step = [RUNNING], 0
+    assert main(["job", "submit", str(manifest), "--wait", "--timeout", "5"]) == 124
+    assert set(fake.calls) == _rbac_rules()
+
+
+def test_logs_of_a_replica_without_a_pod_and_namespace_conflicts_are_clear(tmp_path,
+                                                                           monkeypatch, capsys):
+    fake = FakeCluster([([cond("Created")], [])])
+    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None: client_for(fake))
+    assert main(["job", "logs", "digits", "--replica", "worker-7"]) == 2
+    assert "has no pod for replica worker-7" in capsys.readouterr().err
+    manifest = tmp_path / "job.yaml"
+    manifest.write_text(yaml.safe_dump({**JOB, "metadata": {**JOB["metadata"],
+                                                            "namespace": "team-a"}}))
+    assert main(["job", "submit", str(manifest), "-n", "team-b"]) == 2
+    assert "differs from the manifest's metadata.namespace team-a" in capsys.readouterr().err
