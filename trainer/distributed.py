@@ -113,6 +113,18 @@ def broadcast_object(obj, ctx: DistContext):
     return box[0]
 
 
+def broadcast_buffers(module: torch.nn.Module, ctx: DistContext) -> None:
+    """Copy rank 0's buffers (BatchNorm running statistics) to every process.
+
+    DDP syncs buffers at the start of each forward, so after the last training step every rank
+    holds statistics of its own last batch; syncing once per epoch makes all ranks evaluate and
+    save the same model.
+    """
+    if ctx.distributed:
+        for buf in module.buffers():
+            dist.broadcast(buf, src=0)
+
+
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier()

@@ -17,7 +17,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.config import TrainConfig
 from trainer.data import Normalizer
-from trainer.distributed import DistContext, all_gather_object, all_reduce_sum
+from trainer.distributed import (DistContext, all_gather_object, all_reduce_sum,
+                                 broadcast_buffers)
 from trainer.errors import NonFiniteLossError
 
 log = logging.getLogger("trainer")
@@ -148,6 +149,7 @@ class Trainer:
                     log.info("epoch %d [%*d/%d]  loss %.4f  top1 %.4f  top5 %.4f  %.1f img/s  "
                              "lr %.3g", epoch, len(str(steps)), step, steps, m["loss"], m["top1"],
                              m["top5"], rate, self.scheduler.get_last_lr()[0])
+        broadcast_buffers(self.raw_model, self.ctx)
         m = self._global(sums)
         m["seconds"] = time.perf_counter() - start
         m["images_per_sec"] = m["images"] / max(m["seconds"], 1e-9)

@@ -1,0 +1,69 @@
+"""Smoke tests of the `kfvision` command line, run as a user would (a new process each)."""
+
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+def kfvision(*args, check=True):
+    run = subprocess.run([sys.executable, "-m", "pipelines.cli", *map(str, args)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    if check:
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    return run
+
+
+@pytest.mark.parametrize("command", [[], ["convert"], ["model", "resnet"], ["model", "densenet"],
+                                     ["train"], ["score"], ["demo"]])
+def test_help_explains_every_command(command):
+    run = kfvision(*command, "--help")
+    assert "usage: kfvision" in run.stdout
+
+
+def test_train_help_shows_the_defaults():
+    out = kfvision("train", "--help").stdout
+    for text in ("--epochs", "(default: 5)", "--batch-size", "(default: 16)", "--lr",
+                 "(default: 0.001)", "--patience", "(default: 3)", "--nproc-per-node"):
+        assert text in out
+
+
+def test_convert_model_train_score_end_to_end(tmp_path, tiny_digits):
+    raw = tiny_digits["raw"]
+    run = kfvision("convert", raw / "train", tmp_path / "train")
+    assert "wrote 240 images" in run.stdout
+    kfvision("convert", raw / "val", tmp_path / "val")
+    run = kfvision("model", "resnet", tmp_path / "model", "--name", "resnet18")
+    assert "random initialisation" in run.stdout
+    run = kfvision("train", "--model", tmp_path / "model", "--train", tmp_path / "train",
+                   "--val", tmp_path / "val", "--out", tmp_path / "trained", "--epochs", 1,
+                   "--image-size", 32, "--lr", 0.05, "--print-freq", 5)
+    assert "epoch 1 [ 5/15]" in run.stdout and "done: best epoch 1 of 1" in run.stdout
+    run = kfvision("score", "--model", tmp_path / "trained", "--data", tmp_path / "val",
+                   "--out", tmp_path / "scored.csv", "--quiet")
+    assert "scored 60 images" in run.stdout
+    assert len(list(csv.reader((tmp_path / "scored.csv").open()))) == 61
+
+
+@pytest.mark.parametrize("args, message", [
+    (["convert", "/nonexistent/src", "/tmp/x"], "does not exist"),
+    (["train", "--model", "/nonexistent", "--train", "t", "--val", "v", "--out", "o"],
+     "not a model directory"),
+    (["train", "--model", "m", "--train", "t", "--val", "v", "--out", "o", "--epochs", "0"],
+     "1 <= epochs"),
+    (["score", "--model", "/nonexistent", "--data", "d", "--out", "o.csv"],
+     "not a trained model directory"),
+])
+def test_errors_are_one_message_and_a_nonzero_exit_without_a_traceback(args, message):
+    run = kfvision(*args, check=False)
+    assert run.returncode == 2
+    assert message in run.stderr and run.stderr.startswith("error: ")
+    assert "Traceback" not in run.stderr
+
+
+def test_a_bad_model_name_lists_the_choices():
+    run = kfvision("model", "densenet", "/tmp/x", "--name", "densenet999", check=False)
+    assert run.returncode == 2 and "densenet121" in run.stderr and "densenet201" in run.stderr

@@ -1,0 +1,53 @@
+"""The same trainer under torchrun: 2 CPU processes (gloo) on this machine."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, train_argv
+
+pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]
+
+OPTIONS = {"epochs": 2, "image_size": 32, "batch_size": 8, "lr": 0.02, "augment": "light",
+           "print_freq": 5, "seed": 3}
+
+
+def _torchrun(argv, nproc=2):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nproc}", "-m", "trainer.train", *argv]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280)
+
+
+def test_two_processes_keep_identical_weights_and_write_one_model(tmp_path, resnet18_dir,
+                                                                  tiny_digits):
+    out = tmp_path / "a"
+    run = _torchrun(train_argv(resnet18_dir, tiny_digits, out, **OPTIONS))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "weights identical on all 2 rank(s)" in run.stdout
+    # only rank 0 logs and writes: one set of files, no leftovers of a second writer
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.yaml", "metrics.json", "model.json", "spec.json", "weights.pt"]
+    assert run.stdout.count("done: best epoch") == 1
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["world_size"] == 2 and m["status"] == "completed"
+    assert m["history"][0]["lr"] == pytest.approx(OPTIONS["lr"] * 2)  # lr x world size
+    # each rank saw half of each epoch's images; the metrics cover all of them once
+    n_train = len(json.loads((tiny_digits["train"] / "kfvision-imagedir.json").read_text())
+                  ["images"])
+    assert m["history"][0]["train_images_per_sec"] * m["history"][0]["train_seconds"] == \
+        pytest.approx(n_train, rel=1e-6)
+
+
+def test_same_seed_and_world_size_give_the_same_model(tmp_path, resnet18_dir, tiny_digits):
+    runs = []
+    for name in ("a", "b"):
+        argv = ["train", "--nproc-per-node", "2",
+                *train_argv(resnet18_dir, tiny_digits, tmp_path / name, **OPTIONS)]
+        run = subprocess.run([sys.executable, "-m", "pipelines.cli", *argv], cwd=REPO,
+                             capture_output=True, text=True, timeout=280)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        runs.append(torch.load(tmp_path / name / "weights.pt", weights_only=True))
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
