@@ -51,8 +51,9 @@ class ConvertReport:
             lines.append(UNLABELLED_NOTE)
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)} file(s):")
-            for why, n in Counter(why for _, why in self.skipped).most_common():
-                lines.append(f"  {n:>7} x {why}")
+            reasons = Counter(why for _, why in self.skipped).most_common()
+            width = len(str(reasons[0][1]))
+            lines += [f"  {n:>{width}} x {why}" for why, n in reasons]
             lines += [f"  {p}: {why}" for p, why in self.skipped[:limit]]
             if len(self.skipped) > limit:
                 lines.append(f"  ... and {len(self.skipped) - limit} more")

@@ -29,6 +29,9 @@ FORMATS = ("onnx", "torchscript", "torch-export")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".pt", "torch-export": ".pt2"}
 META_KEY = "kfvision"
 EXTRA_FILE = "kfvision.json"
+# Fixed rather than the exporter's default (which moves with the torch version): opset 18 loads in
+# onnxruntime >= 1.14 and the TensorRT/OpenVINO releases serving stacks still run.
+ONNX_OPSET = 18
 TOLERANCE = 1e-3  # max |probability difference| accepted between the export and PyTorch
 
 
@@ -84,6 +87,7 @@ def _save_onnx(wrapped: nn.Module, sample: torch.Tensor, meta: dict, path: Path)
     try:
         program = torch.onnx.export(wrapped, (sample,), input_names=["image"],
                                     output_names=["probabilities"], dynamo=True, verbose=False,
+                                    opset_version=ONNX_OPSET,
                                     dynamic_shapes={"image": {0: batch}})
     except Exception as e:  # the exporter raises many types; keep the cause for the user
         raise ExportError(f"torch.onnx could not export the model ({type(e).__name__}: {e}). "
