@@ -427,3 +427,35 @@ def test_cli_convert_prints_a_summary_and_errors_without_traceback(tmp_path, cap
     assert main(["convert", str(archive), str(tmp_path / "out2"), "--strict", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "bad.jpg" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["p.zip", "p.tar.gz"])
+def test_an_archive_larger_than_the_free_disk_is_refused_before_filling_it(tmp_path, name,
+                                                                           monkeypatch):
+    import shutil as shutil_module
+    from collections import namedtuple
+
+    archive = make_archive(class_tree(tmp_path / "tree"), tmp_path / name)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil_module, "disk_usage", lambda p: usage(10**9, 10**9, 1000))
+    with pytest.raises(InvalidDatasetError, match="needs more than.*decompression bomb"):
+        convert(archive, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_an_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
+    import trainer.convert as convert_module
+
+    calls = []
+    real = convert_module.probe_image
+
+    def interrupted(data, where):
+        calls.append(where)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(data, where)
+
+    monkeypatch.setattr(convert_module, "probe_image", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert(class_tree(tmp_path / "src"), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
