@@ -38,8 +38,10 @@ def archive_kind(path) -> str | None:
     return None
 
 
-def extract_archive(src, dest) -> None:
+def extract_archive(src, dest, progress: bool | None = False) -> None:
     """Extract archive `src` into the existing empty folder `dest`, safely.
+
+    `progress`: a progress bar of extracted members (None: only when attached to a terminal).
 
     Raises:
         UnsafeArchiveError: a member escapes `dest`, is a link leaving it, or is a device file.
@@ -56,9 +58,9 @@ def extract_archive(src, dest) -> None:
         raise InvalidDatasetError(f"{src} does not exist or is not a file.")
     try:
         if kind == "zip":
-            _extract_zip(src, dest)
+            _extract_zip(src, dest, progress)
         else:
-            _extract_tar(src, dest, kind)
+            _extract_tar(src, dest, kind, progress)
     except (tarfile.ReadError, tarfile.CompressionError, zipfile.BadZipFile, zlib.error,
             EOFError) as e:
         raise InvalidDatasetError(
@@ -87,7 +89,14 @@ def _free_space_guard(src: Path, dest: Path):
     return add
 
 
-def _extract_tar(src: Path, dest: Path, mode: str) -> None:
+def _bar(items, progress, total=None):
+    from tqdm import tqdm
+
+    return tqdm(items, desc="extract", unit="file", total=total,
+                disable=None if progress is None else not progress)
+
+
+def _extract_tar(src: Path, dest: Path, mode: str, progress) -> None:
     if not hasattr(tarfile, "data_filter"):  # Python < 3.10.12 / 3.11.4
         raise InvalidDatasetError(
             f"{src}: this Python has no safe tar extraction (PEP 706). Use Python >= 3.11.4, or "
@@ -96,7 +105,7 @@ def _extract_tar(src: Path, dest: Path, mode: str) -> None:
     add = _free_space_guard(src, dest)
 
     def members(tar):
-        for m in tar:  # streams: a .tar.gz is decompressed once
+        for m in _bar(tar, progress):  # streams: a .tar.gz is decompressed once
             add(m.size if m.isfile() else 0, m.name)
             yield m
 
@@ -137,7 +146,7 @@ def _zip_link(src: Path, dest: Path, info: zipfile.ZipInfo, zf, target: Path) ->
     os.symlink(link, target)
 
 
-def _extract_zip(src: Path, dest: Path) -> None:
+def _extract_zip(src: Path, dest: Path, progress) -> None:
     dest = Path(os.path.realpath(dest))
     add = _free_space_guard(src, dest)
     with zipfile.ZipFile(src) as zf:
@@ -145,7 +154,7 @@ def _extract_zip(src: Path, dest: Path) -> None:
         for info in infos:  # check every member before writing anything
             _zip_member_target(src, dest, info)
             add(info.file_size, info.filename)
-        for info in infos:
+        for info in _bar(infos, progress):
             mode = info.external_attr >> 16  # unix st_mode when made on unix, else 0
             target = _zip_member_target(src, dest, info)  # again: earlier links may redirect
             kind = stat.S_IFMT(mode)

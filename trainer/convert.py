@@ -126,7 +126,7 @@ def convert(src, out, *, labels=None, strict: bool = False, overwrite: bool = Fa
         if src.is_file():
             root, owned = staging / "extracted", True
             root.mkdir()
-            extract_archive(src, root)
+            extract_archive(src, root, progress)
         plan = plan_source(root, shown=str(src), archive=owned, labels=labels)
         report = ConvertReport(out, list(plan.classes), {c: 0 for c in plan.classes})
         for where, why in plan.skipped:
