@@ -20,6 +20,7 @@ from pipelines.jobs.manifest import (
     Toleration,
     Volume,
     build_pytorchjob,
+    job_name,
     to_yaml,
     train_flags,
 )
@@ -243,3 +244,12 @@ def test_render_flag_syntax_errors_exit_2(flag, value, capsys):
         main(["job", "render", "--name", "d", "--image", "i", flag, value, "--model", "m",
               "--train", "t", "--val", "v", "--out", "o"])
     assert e.value.code == 2 and value in capsys.readouterr().err
+
+
+def test_job_names_from_run_ids_are_deterministic_and_valid():
+    a = job_name("kfvision-train", "run-8f2c/1")
+    assert a == job_name("kfvision-train", "run-8f2c/1") != job_name("kfvision-train", "other")
+    assert a.startswith("kfvision-train-") and len(a) == len("kfvision-train-") + 10
+    build_pytorchjob(JobConfig(name=a, image="i", train=TRAIN, nodes=16))
+    with pytest.raises(InvalidJobError, match="prefix"):
+        job_name("Train_Step", "run")

@@ -4,6 +4,7 @@ import argparse
 import shlex
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from pipelines.jobs.errors import InvalidJobError
@@ -157,7 +158,9 @@ def _run_local(args) -> int:
     log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
     print(f"running PyTorchJob {name} locally (image {_images(job)} stands in by this "
           f"machine's programs); logs in {log_dir}/", file=sys.stderr)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # Only the main thread may set handlers (a caller may run us from a worker thread).
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
     try:
         result = run_local(job, log_dir, source=args.manifest, quiet=args.quiet,
                            grace_s=args.grace)
@@ -165,7 +168,8 @@ def _run_local(args) -> int:
         print(f"interrupted: stopped every process of job {name}", file=sys.stderr)
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     print(f"job {name} succeeded in {result.seconds:.1f} s ({result.restarts} restart(s)); "
           f"logs in {log_dir}/", file=sys.stderr)
     return 0

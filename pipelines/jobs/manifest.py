@@ -165,6 +165,23 @@ class JobConfig:
             mounts.append(v.mount.rstrip("/"))
 
 
+def job_name(prefix: str, run_id: str) -> str:
+    """A deterministic job name for a run: `<prefix>-<10 hex digits of sha256(run_id)>`.
+
+    Derive it at run time (from the KFP run id), never at compile time, so a retried step
+    re-attaches to its own job and two runs never share one.
+    """
+    import hashlib
+
+    name = f"{prefix}-{hashlib.sha256(run_id.encode()).hexdigest()[:10]}"
+    problem = dns1035_problem("job name", name)
+    if problem or len(prefix) > 40:
+        raise InvalidJobError(f"{problem or f'prefix {prefix!r} is too long'}: use a prefix of "
+                              "at most 40 lower-case letters, digits and '-', starting with a "
+                              "letter.")
+    return name
+
+
 def train_flags(cfg: TrainConfig) -> list:
     """The trainer's flags for `cfg`: the four paths, then every option that is not the default."""
     flags = []
