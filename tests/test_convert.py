@@ -203,6 +203,15 @@ def test_symlinks_are_followed_inside_the_source_only(tmp_path):
     assert not any((tmp_path / "out" / e.path).is_symlink() for e in d.images)
 
 
+def test_a_linked_class_folder_is_not_followed(tmp_path):
+    src = class_tree(tmp_path / "src")
+    class_tree(tmp_path / "outside", classes=("secret",))
+    os.symlink(tmp_path / "outside" / "secret", src / "secret")
+    report = convert(src, tmp_path / "out", progress=False)
+    assert report.classes == ["cat", "dog"]
+    assert report.skipped == [(f"{src}/secret", "link to a folder (not followed)")]
+
+
 # --- hostile archives ----------------------------------------------------------------------------
 
 

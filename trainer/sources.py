@@ -76,7 +76,9 @@ def _show(shown: str, root: Path, f: Path) -> str:
 
 
 def _subdirs(d: Path) -> list[Path]:
-    return sorted(p for p in d.iterdir() if p.is_dir() and not _ignored(p.name))
+    # a linked folder could lead anywhere (even out of the source): never a class folder
+    return sorted(p for p in d.iterdir()
+                  if p.is_dir() and not p.is_symlink() and not _ignored(p.name))
 
 
 def _loose(d: Path) -> list[Path]:
@@ -118,6 +120,9 @@ def plan_source(root, *, shown: str, archive: bool = False, labels=None) -> Plan
         return Plan((), items, skipped)
     for f in _loose(top):
         skipped.append((_show(shown, root, f), "not inside a class folder"))
+    for d in sorted(top.iterdir()):
+        if d.is_symlink() and d.is_dir() and not _ignored(d.name):
+            skipped.append((_show(shown, root, d), "link to a folder (not followed)"))
     items = []
     for c in classes:
         items += [Item(f, f"{c}/{rel}", c, _show(shown, root, f))
@@ -144,7 +149,7 @@ def _plan_labelled(root: Path, shown: str, archive: bool, labels) -> Plan:
     skipped: list = []
     used, items = set(), []
     for rel, f in walk_files(root, root, shown, skipped):
-        if f == csv_path:
+        if f.resolve() == csv_path.resolve():
             continue
         # CSV paths may be relative to the source or to its wrapping folder
         rel_top = f.relative_to(top).as_posix() if top in f.parents else None
