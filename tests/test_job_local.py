@@ -123,6 +123,13 @@ def test_a_failed_replica_is_restarted_or_fails_the_job_as_its_policy_says(
     assert log.count("--- restart") == restarts
 
 
+def test_without_a_backoff_limit_run_local_stops_after_six_restarts(tmp_path):
+    job = make_job(script=FLAKY_WORKER.format(tmp=tmp_path, codes=[1] * 10))
+    del job["spec"]["runPolicy"]["backoffLimit"]
+    with pytest.raises(JobFailedError, match="backoffLimit 6 reached after 6 restart"):
+        run_local(job, tmp_path / "logs", quiet=True, restart_delay_s=0)
+
+
 def _pids(folder) -> list:
     return [int(p.read_text()) for p in folder.glob("*.pid")]
 

@@ -225,7 +225,8 @@ def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> t
     """
     name = job["metadata"]["name"]
     run_policy = job["spec"].get("runPolicy") or {}
-    limit = run_policy.get("backoffLimit", LOCAL_BACKOFF_LIMIT)
+    limit = run_policy.get("backoffLimit")
+    limit = LOCAL_BACKOFF_LIMIT if limit is None else limit
     deadline_s = run_policy.get("activeDeadlineSeconds")
     start, restarts, codes, last_scan = time.monotonic(), 0, {}, 0.0
     while True:
