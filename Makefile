@@ -30,7 +30,6 @@ test-fast: setup ## the suite without slow and distributed tests
 
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
 
 bench: setup ## throughput: kfvision train vs a hand-written loop (ratios, same run)
 	$(PY) -m bench.digits

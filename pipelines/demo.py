@@ -66,7 +66,8 @@ def run_demo(out, epochs: int = 15) -> int:
     cfg = TrainConfig(model=str(out / "models" / "resnet18"), train=str(out / "data" / "train"),
                       val=str(out / "data" / "val"), out=str(out / "models" / "trained"),
                       epochs=epochs, **DEMO_TRAIN).validate()
-    print(f"[4/5] training ({epochs} epochs, {', '.join(f'{k}={v}' for k, v in DEMO_TRAIN.items())})")
+    settings = ", ".join(f"{k}={v}" for k, v in DEMO_TRAIN.items())
+    print(f"[4/5] training ({epochs} epochs, {settings})")
     ctx = distributed.init("auto")
     setup_logging(ctx.is_main)
     summary = run(cfg, ctx)
@@ -76,7 +77,8 @@ def run_demo(out, epochs: int = 15) -> int:
     final = summary["final"]
     print(f"""
 demo finished in {time.perf_counter() - t0:.0f} s
-  validation top-1  {final['val_top1']:.4f}   (best epoch {summary['best_epoch']} of {summary['epochs_run']})
+  validation top-1  {final['val_top1']:.4f}   (best of {summary['epochs_run']} epochs: \
+{summary['best_epoch']})
   validation top-5  {final['val_top5']:.4f}
   scored top-1      {result['accuracy']:.4f}
   train images/s    {final['train_images_per_sec']:.0f}

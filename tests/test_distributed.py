@@ -6,7 +6,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO, train_argv
 
 pytestmark = [pytest.mark.distributed, pytest.mark.timeout(300)]

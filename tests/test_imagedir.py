@@ -151,7 +151,8 @@ def test_categories_that_differ_are_named(tiny_digits, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(tiny_digits["val"], other)
     _edit_manifest(other, lambda d: d.update(classes=d["classes"][:-1] + ["ten"]))
-    with pytest.raises(InvalidDatasetError, match="only in training .*: 9; only in validation .*ten"):
+    with pytest.raises(InvalidDatasetError,
+                       match="only in training .*: 9; only in validation .*ten"):
         check_same_classes(train, read_image_directory(other, verify="none"))
 
 

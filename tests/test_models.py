@@ -8,8 +8,14 @@ import torch
 import torchvision
 
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
-from trainer.models import (ARCHITECTURES, SPEC_FILE, ModelSpec, build_model, read_model_spec,
-                            write_untrained_model)
+from trainer.models import (
+    ARCHITECTURES,
+    SPEC_FILE,
+    ModelSpec,
+    build_model,
+    read_model_spec,
+    write_untrained_model,
+)
 
 ALL = [(family, arch) for family, names in ARCHITECTURES.items() for arch in names]
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 import torch
-
 from conftest import train_argv
+
 from trainer.config import TrainConfig
 from trainer.engine import EarlyStopping, lr_factor
 from trainer.errors import InvalidParameterError

@@ -17,8 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.config import TrainConfig
 from trainer.data import Normalizer
-from trainer.distributed import (DistContext, all_gather_object, all_reduce_sum,
-                                 broadcast_buffers)
+from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, broadcast_buffers
 from trainer.errors import NonFiniteLossError
 
 log = logging.getLogger("trainer")
@@ -68,12 +67,12 @@ class Trainer:
     """
 
     def __init__(self, cfg: TrainConfig, ctx: DistContext, model: nn.Module, train_loader,
-                 val_loader, train_sampler=None, normalizer: Normalizer = Normalizer(),
+                 val_loader, train_sampler=None, normalizer: Normalizer | None = None,
                  channels_last: bool = False):
         self.cfg, self.ctx = cfg, ctx
         self.train_loader, self.val_loader, self.train_sampler = (train_loader, val_loader,
                                                                   train_sampler)
-        self.normalize = normalizer
+        self.normalize = normalizer or Normalizer()
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         model = model.to(ctx.device, memory_format=self.memory_format)
         self.raw_model = model

@@ -51,7 +51,7 @@ def atomic_torch_save(obj, path) -> None:
 
 
 def write_model_files(out, spec: ModelSpec, info: dict, config: dict) -> None:
-    """Write spec.json, model.json and config.yaml (weights and metrics are written as they come)."""
+    """Write spec.json, model.json and config.yaml (weights and metrics follow as they come)."""
     out = Path(out)
     trained_spec = dataclasses.replace(spec, pretrained=False, weights=WEIGHTS_FILE)
     atomic_write_json(out / SPEC_FILE, trained_spec.to_json())

@@ -17,8 +17,16 @@ import torch
 
 from trainer import distributed
 from trainer.config import TrainConfig, add_train_arguments, config_from_args
-from trainer.data import (IMAGENET_MEAN, IMAGENET_STD, EvalShard, ImageDataset, Normalizer,
-                          eval_transform, make_loader, train_transform)
+from trainer.data import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    EvalShard,
+    ImageDataset,
+    Normalizer,
+    eval_transform,
+    make_loader,
+    train_transform,
+)
 from trainer.engine import Trainer
 from trainer.errors import InvalidDatasetError, KfvisionError
 from trainer.imagedir import check_same_classes, read_image_directory
@@ -64,7 +72,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     val_dir = read_image_directory(cfg.val).require_labelled("validation")
     check_same_classes(train_dir, val_dir)
     if len(train_dir.classes) < 2:
-        raise InvalidDatasetError(f"{cfg.train} has a single class; a classifier needs two or more.")
+        raise InvalidDatasetError(f"{cfg.train} has a single class; a classifier needs two or "
+                                  "more. Add a class folder and convert again.")
     cache, workers, channels_last = _resolve(
         cfg, ctx, train_dir.decoded_bytes() + val_dir.decoded_bytes())
     if ctx.device.type == "cpu":
