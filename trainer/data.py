@@ -51,9 +51,10 @@ def eval_transform(augment: str, size: int):
 def load_rgb(path) -> torch.Tensor:
     """Any image Pillow reads (grayscale, RGBA, palette, CMYK, 16-bit) as a uint8 RGB CHW tensor."""
     with Image.open(path) as im:
-        if im.mode == "I;16" or im.mode == "I":  # 16-bit grayscale: keep the high byte
-            arr = (np.asarray(im, dtype=np.float32) / 257.0).clip(0, 255).astype(np.uint8)
-            im = Image.fromarray(arr, "L")
+        if im.mode.startswith("I"):  # 16/32-bit integer grayscale: scale into 0..255
+            arr = np.asarray(im, dtype=np.float64)
+            top = 255.0 if arr.max() <= 255 else 65535.0 if arr.max() <= 65535 else arr.max()
+            im = Image.fromarray((arr * (255.0 / top)).clip(0, 255).astype(np.uint8), "L")
         rgb = im.convert("RGB")
         arr = np.asarray(rgb, dtype=np.uint8)
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()

@@ -43,6 +43,16 @@ def score(model_dir, data_dir, out_csv, *, batch_size: int = 64, workers: int = 
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_csv.with_name(f".{out_csv.name}.tmp")
+    try:
+        correct, rows = _write_rows(tmp, model, loader, normalize, dev, imdir, classes, progress)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never leave half a table behind
+        raise
+    tmp.replace(out_csv)
+    return {"rows": rows, "accuracy": correct / rows if imdir.labelled else None}
+
+
+def _write_rows(tmp, model, loader, normalize, dev, imdir, classes, progress) -> tuple[int, int]:
     correct = rows = 0
     with torch.inference_mode(), tmp.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
@@ -58,5 +68,4 @@ def score(model_dir, data_dir, out_csv, *, batch_size: int = 64, workers: int = 
                            + [classes[pred]] + [f"{v:.6g}" for v in p.tolist()])
                 correct += int(pred == y)
                 rows += 1
-    tmp.replace(out_csv)
-    return {"rows": rows, "accuracy": correct / rows if imdir.labelled else None}
+    return correct, rows
