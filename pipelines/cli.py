@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pipelines.jobs.commands import register as register_job_commands
 
     register_job_commands(sub)  # kfvision job render|run-local|submit|logs|delete
+    from pipelines.commands_pipeline import register as register_pipeline_commands
+
+    register_pipeline_commands(sub)  # kfvision pipeline compile|submit|run-local
     return p
 
 

@@ -1,0 +1,184 @@
+"""The KFP v2 components of kfvision: thin shells over pipelines.steps and pipelines.train_step.
+
+Each is a Lightweight Python Component whose body imports one ordinary function, calls it with the
+local paths of its artifacts and its parameters, and logs what the KFP UI shows. The image (the
+kfvision trainer image, `images/Dockerfile`) already has kfvision and kfp installed, so nothing is
+pip-installed at run time (`install_kfp_package=False`): steps work without network access.
+The pipeline sets every task's image from its `image` parameter; DEFAULT_IMAGE is the fallback.
+
+Components and their outputs:
+    check-parameters             -> the model family (every parameter validated, nothing else run)
+    convert-to-image-directory   -> image_directory (Dataset)
+    split-image-directory        -> train, validation (Dataset)
+    resnet / densenet            -> model (Model: the untrained model directory)
+    train-pytorch-model          -> trained_model (Model), metrics (Metrics), curves (HTML),
+                                    pytorchjob (Artifact: the rendered PyTorchJob YAML)
+    score-image-model            -> scored (Dataset: CSV, one row per image)
+    evaluate-model               -> metrics (Metrics), confusion_matrix (ClassificationMetrics),
+                                    report (Markdown), page (HTML), evaluation (Artifact: folder)
+"""
+
+from kfp import dsl
+from kfp.dsl import (
+    HTML,
+    Artifact,
+    ClassificationMetrics,
+    Dataset,
+    Input,
+    Markdown,
+    Metrics,
+    Model,
+    Output,
+)
+
+DEFAULT_IMAGE = "registry.example.com/kfvision-trainer:0.1.0"
+
+
+def component(func):
+    """A kfvision component: the trainer image, kfp taken from the image, not pip."""
+    return dsl.component(func, base_image=DEFAULT_IMAGE, install_kfp_package=False)
+
+
+@component
+def check_parameters(train_source: str, validation_source: str, test_source: str,
+                     fraction: float, model_name: str, epochs: int, batch_size: int,
+                     warmup_epochs: int, learning_rate: float, random_seed: int, patience: int,
+                     print_frequency: int, image_size: int, augment: str, nodes: int,
+                     procs_per_node: int, gpus_per_node: int, node_selector: str,
+                     tolerations: str, cpu_per_node: str, memory_per_node: str, shm_size: str,
+                     timeout_seconds: int, image: str, pvc_name: str,
+                     execution_mode: str) -> str:
+    """Validate every parameter of the pipeline (fail before any heavy work); returns the
+    model family ("resnet" or "densenet") of model_name."""
+    params = dict(locals())  # first statement: exactly the parameters
+    from pipelines.steps import check_parameters as check
+    from pipelines.steps import run
+
+    return run(check, **params)
+
+
+@component
+def convert_to_image_directory(source: str, image_directory: Output[Dataset],
+                               labels: str = ""):
+    """Convert to Image Directory: a folder, archive or http(s) URL of labelled images."""
+    from pipelines.steps import convert_step, run
+
+    result = run(convert_step, source, image_directory.path, labels=labels)
+    print(result.pop("summary"))
+    image_directory.metadata.update({"source": source, **result})
+
+
+@component
+def split_image_directory(image_directory: Input[Dataset], train: Output[Dataset],
+                          validation: Output[Dataset], fraction: float = 0.9,
+                          random_seed: int = 1):
+    """Split Image Directory: `fraction` of each class to train, the rest to validation."""
+    from pipelines.steps import run, split_step
+
+    counts = run(split_step, image_directory.path, train.path, validation.path, fraction,
+                 random_seed)
+    print(f"split into {counts['train_images']} training and {counts['validation_images']} "
+          "validation images")
+    train.metadata["images"] = counts["train_images"]
+    validation.metadata["images"] = counts["validation_images"]
+
+
+@component
+def resnet(model: Output[Model], model_name: str = "resnet18", pretrained: bool = False,
+           zero_init_residual: bool = False):
+    """ResNet: an untrained torchvision ResNet/ResNeXt/Wide ResNet model directory."""
+    from pipelines.steps import model_step, run
+
+    model.metadata.update(run(model_step, model.path, model_name, pretrained,
+                                     zero_init_residual=zero_init_residual))
+
+
+@component
+def densenet(model: Output[Model], model_name: str = "densenet121", pretrained: bool = False,
+             memory_efficient: bool = False):
+    """DenseNet: an untrained torchvision DenseNet model directory."""
+    from pipelines.steps import model_step, run
+
+    model.metadata.update(run(model_step, model.path, model_name, pretrained,
+                                     memory_efficient=memory_efficient))
+
+
+@component
+def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: Input[Dataset],
+                        trained_model: Output[Model], metrics: Output[Metrics],
+                        curves: Output[HTML], pytorchjob: Output[Artifact], image: str,
+                        run_id: str, task_name: str, epochs: int = 5, batch_size: int = 16,
+                        warmup_epochs: int = 0, learning_rate: float = 0.001,
+                        random_seed: int = 1, patience: int = 3, print_frequency: int = 10,
+                        image_size: int = 224, augment: str = "standard", nodes: int = 1,
+                        procs_per_node: int = 0, gpus_per_node: int = 0,
+                        node_selector: str = "", tolerations: str = "", cpu_per_node: str = "",
+                        memory_per_node: str = "", shm_size: str = "", timeout_seconds: int = 0,
+                        pvc_name: str = "kfvision-data", execution_mode: str = "auto"):
+    """Train PyTorch Model: a PyTorchJob (Master + Workers, torchrun, DDP), on the cluster inside
+    Kubernetes and as local processes elsewhere; the trained model, its metrics and curves."""
+    from pipelines.report import curves_html
+    from pipelines.steps import run, train_options, unique_run_key
+    from pipelines.train_step import job_summary, train_step
+
+    options = train_options(epochs=epochs, batch_size=batch_size, warmup_epochs=warmup_epochs,
+                            learning_rate=learning_rate, random_seed=random_seed,
+                            patience=patience, print_frequency=print_frequency,
+                            image_size=image_size, augment=augment)
+    settings = {"image": image, "nodes": nodes, "procs_per_node": procs_per_node,
+                "gpus_per_node": gpus_per_node, "node_selector": node_selector,
+                "tolerations": tolerations, "cpu_per_node": cpu_per_node,
+                "memory_per_node": memory_per_node, "shm_size": shm_size,
+                "timeout_seconds": timeout_seconds}
+    summary = run(train_step, model.path, train.path, validation.path, trained_model.path,
+                         pytorchjob.path, options=options, settings=settings,
+                         run_key=unique_run_key(run_id, task_name), mode=execution_mode,
+                         pvc_name=pvc_name)
+    final = summary["final"]
+    for key in ("val_top1", "val_top5", "val_loss", "train_images_per_sec"):
+        metrics.log_metric(key, round(float(final[key]), 6))
+    metrics.log_metric("best_epoch", summary["best_epoch"])
+    metrics.log_metric("epochs_run", summary["epochs_run"])
+    with open(curves.path, "w", encoding="utf-8") as f:
+        f.write(curves_html(summary))
+    pytorchjob.metadata.update(job_summary(pytorchjob.path))
+    trained_model.metadata.update({"framework": "pytorch", **final})
+
+
+@component
+def score_image_model(trained_model: Input[Model], image_directory: Input[Dataset],
+                      scored: Output[Dataset]):
+    """Score Image Model: one CSV row per image, predicted label and class probabilities."""
+    from pipelines.steps import run, score_step
+
+    result = run(score_step, trained_model.path, image_directory.path, scored.path)
+    print(f"scored {result['rows']} images" + ("" if result["accuracy"] is None else
+                                               f", top-1 {result['accuracy']:.4f}"))
+    scored.metadata.update({"rows": result["rows"], "format": "csv"})
+
+
+@component
+def evaluate_model(scored: Input[Dataset], metrics: Output[Metrics],
+                   confusion_matrix: Output[ClassificationMetrics], report: Output[Markdown],
+                   page: Output[HTML], evaluation: Output[Artifact]):
+    """Evaluate Model: accuracy, top-5, per-class precision/recall/F1, the confusion matrix."""
+    from pathlib import Path
+
+    from pipelines.report import evaluation_html
+    from pipelines.steps import evaluate_step, run
+
+    m = run(evaluate_step, scored.path, evaluation.path)
+    out = Path(evaluation.path)
+    metrics.log_metric("accuracy", round(m["accuracy"], 6))
+    metrics.log_metric(f"top{m['top_k']}_accuracy", round(m["top5_accuracy"], 6))
+    for avg in ("macro_avg", "weighted_avg"):
+        metrics.log_metric(f"{avg.replace('_avg', '')}_f1", round(m[avg]["f1"], 6))
+    confusion_matrix.log_confusion_matrix(m["classes"], m["confusion_matrix"])
+    text = (out / "report.md").read_text(encoding="utf-8")
+    Path(report.path).write_text(text.replace("![confusion matrix](confusion_matrix.png)",
+                                              "(the picture is in the HTML page)"),
+                                 encoding="utf-8")
+    Path(page.path).write_text(evaluation_html((out / "confusion_matrix.png").read_bytes(), m),
+                               encoding="utf-8")
+    print(f"evaluated {m['rows']} images: accuracy {m['accuracy']:.4f}, "
+          f"top-{m['top_k']} {m['top5_accuracy']:.4f}, macro F1 {m['macro_avg']['f1']:.4f}")

@@ -1,0 +1,156 @@
+"""The `image-classification` pipeline (KFP v2) and its compiler.
+
+    check-parameters -> convert(train_source)
+                     -> split                    (no validation_source)
+                      | convert(validation_source)
+                     -> resnet | densenet        (by model_name's family)
+                     -> train-pytorch-model      (a PyTorchJob: locally, or on the cluster)
+                     -> score-image-model        (validation data, or convert(test_source))
+                     -> evaluate-model
+
+The three choices are dsl.If/dsl.Else groups merged with dsl.OneOf, so the KFP UI shows the branch
+taken. `image` sets every task's container image at run time (KFP backend 2.4 or later) and the
+PyTorchJob's. On a cluster the tasks that read sources or stage data for the PyTorchJob mount the
+ReadWriteMany PVC `pvc_name` at /kfvision-data (see docs/pipeline.md, "Storage").
+
+Caching: on for the steps whose outputs are a function of their inputs (split, model, train,
+score, evaluate, check), off for convert, which reads a path or URL whose contents can change.
+"""
+
+from kfp import compiler, dsl, kubernetes
+
+from pipelines import components as c
+from pipelines.steps import DATA_MOUNT
+
+PIPELINE_NAME = "image-classification"
+# Requests/limits of the steps other than training (which runs in the PyTorchJob's pods).
+STEP_RESOURCES = {"cpu_request": "1", "cpu_limit": "4", "memory_request": "2G",
+                  "memory_limit": "8G"}
+
+
+def _step(task, image, *, cache: bool = True, pvc=None, name: str | None = None):
+    """Image, resources, caching (and the data PVC, where the step needs it) of a task."""
+    task.set_container_image(image)
+    task.set_cpu_request(STEP_RESOURCES["cpu_request"]).set_cpu_limit(STEP_RESOURCES["cpu_limit"])
+    task.set_memory_request(STEP_RESOURCES["memory_request"])
+    task.set_memory_limit(STEP_RESOURCES["memory_limit"])
+    task.set_caching_options(enable_caching=cache)
+    if pvc is not None:
+        kubernetes.mount_pvc(task, pvc_name=pvc, mount_path=DATA_MOUNT)
+    if name:
+        task.set_display_name(name)
+    return task
+
+
+@dsl.pipeline(name=PIPELINE_NAME, description="Convert labelled images to an image directory, "
+              "split it, train a ResNet/DenseNet with PyTorch DDP as a Kubeflow PyTorchJob, "
+              "score and evaluate it.")
+def image_classification(
+    train_source: str,
+    validation_source: str = "",
+    test_source: str = "",
+    fraction: float = 0.9,
+    model_name: str = "resnet18",
+    pretrained: bool = False,
+    zero_init_residual: bool = False,
+    memory_efficient: bool = False,
+    epochs: int = 5,
+    batch_size: int = 16,
+    warmup_epochs: int = 0,
+    learning_rate: float = 0.001,
+    random_seed: int = 1,
+    patience: int = 3,
+    print_frequency: int = 10,
+    image_size: int = 224,
+    augment: str = "standard",
+    nodes: int = 1,
+    procs_per_node: int = 0,
+    gpus_per_node: int = 0,
+    node_selector: str = "",
+    tolerations: str = "",
+    cpu_per_node: str = "",
+    memory_per_node: str = "",
+    shm_size: str = "",
+    timeout_seconds: int = 0,
+    image: str = c.DEFAULT_IMAGE,
+    pvc_name: str = "kfvision-data",
+    execution_mode: str = "auto",
+):
+    job = {"nodes": nodes, "procs_per_node": procs_per_node, "gpus_per_node": gpus_per_node,
+           "node_selector": node_selector, "tolerations": tolerations,
+           "cpu_per_node": cpu_per_node, "memory_per_node": memory_per_node,
+           "shm_size": shm_size, "timeout_seconds": timeout_seconds}
+    training = {"epochs": epochs, "batch_size": batch_size, "warmup_epochs": warmup_epochs,
+                "learning_rate": learning_rate, "random_seed": random_seed,
+                "patience": patience, "print_frequency": print_frequency,
+                "image_size": image_size, "augment": augment}
+    check = _step(c.check_parameters(
+        train_source=train_source, validation_source=validation_source, test_source=test_source,
+        fraction=fraction, model_name=model_name, image=image, pvc_name=pvc_name,
+        execution_mode=execution_mode, **training, **job), image, pvc=pvc_name)
+
+    with dsl.If(validation_source == "", name="split-train-source"):
+        whole = _step(c.convert_to_image_directory(source=train_source), image, cache=False,
+                      pvc=pvc_name, name="convert train source").after(check)
+        split = _step(c.split_image_directory(
+            image_directory=whole.outputs["image_directory"], fraction=fraction,
+            random_seed=random_seed), image)
+    with dsl.Else(name="validation-source-given"):
+        train_dir = _step(c.convert_to_image_directory(source=train_source), image, cache=False,
+                          pvc=pvc_name, name="convert train source").after(check)
+        val_dir = _step(c.convert_to_image_directory(source=validation_source), image,
+                        cache=False, pvc=pvc_name, name="convert validation source").after(check)
+    train_data = dsl.OneOf(split.outputs["train"], train_dir.outputs["image_directory"])
+    val_data = dsl.OneOf(split.outputs["validation"], val_dir.outputs["image_directory"])
+
+    with dsl.If(check.output == "resnet", name="resnet-family"):
+        res = _step(c.resnet(model_name=model_name, pretrained=pretrained,
+                             zero_init_residual=zero_init_residual), image)
+    with dsl.Else(name="densenet-family"):
+        dense = _step(c.densenet(model_name=model_name, pretrained=pretrained,
+                                 memory_efficient=memory_efficient), image)
+    untrained = dsl.OneOf(res.outputs["model"], dense.outputs["model"])
+
+    train = _step(c.train_pytorch_model(
+        model=untrained, train=train_data, validation=val_data, image=image,
+        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+        pvc_name=pvc_name, execution_mode=execution_mode, **training, **job), image,
+        pvc=pvc_name)
+    trained = train.outputs["trained_model"]
+
+    with dsl.If(test_source == "", name="score-validation-data"):
+        on_val = _step(c.score_image_model(trained_model=trained, image_directory=val_data),
+                       image)
+    with dsl.Else(name="score-test-source"):
+        test_dir = _step(c.convert_to_image_directory(source=test_source), image, cache=False,
+                         pvc=pvc_name, name="convert test source")
+        on_test = _step(c.score_image_model(trained_model=trained,
+                                            image_directory=test_dir.outputs["image_directory"]),
+                        image)
+    _step(c.evaluate_model(scored=dsl.OneOf(on_val.outputs["scored"],
+                                            on_test.outputs["scored"])), image)
+
+
+def compile_pipeline(path, image: str | None = None) -> None:
+    """Write the pipeline's IR YAML (what the KFP UI and `kfp run create` take) to `path`.
+
+    `image`: the default of the `image` parameter (else DEFAULT_IMAGE); a run can still set it.
+    """
+    args = {}
+    if image:
+        from trainer.errors import InvalidParameterError
+
+        if any(ch.isspace() for ch in image):
+            raise InvalidParameterError(f"--image {image!r} is not an image reference; give one "
+                                        "such as registry.example.com/kfvision-trainer:0.1.0.")
+        args["pipeline_parameters"] = {"image": image}
+    compiler.Compiler().compile(image_classification, str(path), **args)
+
+
+def parameter_defaults() -> dict:
+    """{name: default} of the pipeline's parameters (train_source has none: it is required)."""
+    import inspect
+
+    sig = inspect.signature(image_classification.pipeline_func)
+    return {n: (None if p.default is inspect.Parameter.empty else p.default)
+            for n, p in sig.parameters.items()}

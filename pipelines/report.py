@@ -1,0 +1,95 @@
+"""Pages for the KFP UI: training curves (HTML with inline SVG charts) and the evaluation page.
+
+The KFP UI shows an `HTML` artifact in a sandboxed frame that loads nothing from outside, so
+everything is inline: the charts are SVG drawn here (no plotting library), pictures are data URIs.
+"""
+
+import base64
+import html
+
+WIDTH, HEIGHT, PAD = 420, 260, 44
+COLOURS = {"train": "#1f77b4", "val": "#d62728"}
+
+
+def _scale(values, lo, hi, size, flip=False):
+    span = (hi - lo) or 1.0
+    out = [(v - lo) / span * size for v in values]
+    return [size - v for v in out] if flip else out
+
+
+def line_chart(title: str, epochs: list, series: dict, y_range=None) -> str:
+    """An SVG line chart: `series` maps a name ('train', 'val') to one value per epoch."""
+    values = [v for vs in series.values() for v in vs]
+    lo, hi = y_range or (min(values), max(values))
+    if hi == lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    w, h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
+    xs = [PAD + x for x in _scale(epochs, min(epochs), max(epochs), w)] if len(epochs) > 1 else [
+        PAD + w / 2]
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+             f'role="img" aria-label="{html.escape(title)}">',
+             f'<text x="{WIDTH / 2}" y="18" text-anchor="middle" font-size="14">'
+             f'{html.escape(title)}</text>',
+             f'<rect x="{PAD}" y="{PAD}" width="{w}" height="{h}" fill="none" stroke="#999"/>']
+    for frac in (0.0, 0.5, 1.0):  # y ticks: bottom, middle, top
+        y = PAD + h - frac * h
+        parts.append(f'<text x="{PAD - 4}" y="{y + 4:.1f}" text-anchor="end" font-size="10">'
+                     f'{lo + frac * (hi - lo):.3g}</text>')
+    for e, x in zip(epochs, xs):
+        parts.append(f'<text x="{x:.1f}" y="{PAD + h + 14}" text-anchor="middle" '
+                     f'font-size="10">{e}</text>')
+    parts.append(f'<text x="{WIDTH / 2}" y="{HEIGHT - 6}" text-anchor="middle" '
+                 'font-size="11">epoch</text>')
+    for i, (name, vs) in enumerate(series.items()):
+        ys = [PAD + y for y in _scale(vs, lo, hi, h, flip=True)]
+        colour = COLOURS.get(name, "#2ca02c")
+        points = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys))
+        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" '
+                     'stroke-width="2"/>')
+        parts += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>'
+                  for x, y in zip(xs, ys)]
+        parts.append(f'<text x="{PAD + w - 4}" y="{PAD + 14 + 14 * i}" text-anchor="end" '
+                     f'font-size="11" fill="{colour}">{html.escape(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def curves_html(metrics: dict, title: str = "Training curves") -> str:
+    """An HTML page with loss, top-1 and learning-rate charts of a trained model's history."""
+    history = metrics["history"]
+    epochs = [h["epoch"] for h in history]
+    final, best = metrics.get("final", {}), metrics.get("best_epoch")
+    charts = [
+        line_chart("loss", epochs, {"train": [h["train_loss"] for h in history],
+                                    "val": [h["val_loss"] for h in history]}),
+        line_chart("top-1 accuracy", epochs, {"train": [h["train_top1"] for h in history],
+                                              "val": [h["val_top1"] for h in history]},
+                   y_range=(0.0, 1.0)),
+        line_chart("learning rate", epochs, {"lr": [h["lr"] for h in history]}),
+    ]
+    facts = (f"best epoch {best} of {len(history)}: validation top-1 "
+             f"{final.get('val_top1', float('nan')):.4f}, top-5 "
+             f"{final.get('val_top5', float('nan')):.4f}, loss "
+             f"{final.get('val_loss', float('nan')):.4f}; "
+             f"{final.get('train_images_per_sec', float('nan')):.0f} training images/s")
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
+            f"{html.escape(title)}</title></head><body style='font-family:sans-serif'>"
+            f"<h3>{html.escape(title)}</h3><p>{html.escape(facts)}</p>"
+            f"<div>{''.join(charts)}</div></body></html>\n")
+
+
+def evaluation_html(confusion_png: bytes, metrics: dict) -> str:
+    """The evaluation as one page: headline figures, the confusion-matrix picture, per class."""
+    rows = "".join(
+        f"<tr><td>{html.escape(r['class'])}</td><td>{r['precision']:.4f}</td>"
+        f"<td>{r['recall']:.4f}</td><td>{r['f1']:.4f}</td><td>{r['support']}</td></tr>"
+        for r in metrics["per_class"])
+    picture = base64.b64encode(confusion_png).decode("ascii")
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>Evaluation</title></head>"
+            "<body style='font-family:sans-serif'>"
+            f"<h3>Evaluation: {metrics['rows']} images, accuracy {metrics['accuracy']:.4f}, "
+            f"top-{metrics['top_k']} {metrics['top5_accuracy']:.4f}</h3>"
+            f"<img alt='confusion matrix' src='data:image/png;base64,{picture}'/>"
+            "<table border='1' cellpadding='3' style='border-collapse:collapse'>"
+            "<tr><th>class</th><th>precision</th><th>recall</th><th>F1</th><th>support</th></tr>"
+            f"{rows}</table></body></html>\n")

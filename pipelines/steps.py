@@ -1,0 +1,232 @@
+"""What each step of the `image-classification` pipeline does, as ordinary functions.
+
+The KFP components in `pipelines/components.py` are thin shells over these: each component
+imports one function from here, calls it with its inputs' local paths and parameters, and logs
+what it returns. So everything here runs (and is tested) without KFP.
+
+Parameter names are those of the Azure ML designer modules kfvision stands in for (`epochs`,
+`batch_size`, `warmup_epochs`, `learning_rate`, `random_seed`, `patience`, `print_frequency`;
+`model_name`, `pretrained`, `zero_init_residual`, `memory_efficient`; `fraction`), mapped here onto
+the trainer's own names (`lr`, `seed`, `print_freq`).
+"""
+
+import re
+import shutil
+import tempfile
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from pipelines.jobs.errors import InvalidJobError
+from pipelines.jobs.manifest import JobConfig, Toleration, Volume, job_name
+from trainer.config import TrainConfig
+from trainer.errors import InvalidDatasetError, InvalidParameterError, check_choice
+
+# Where the train step (and the PyTorchJob's pods) mount the shared ReadWriteMany PVC on a cluster.
+DATA_MOUNT = "/kfvision-data"
+EXECUTION_MODES = ("auto", "local", "cluster")
+JOB_PREFIX = "kfvision-train"
+URL_SCHEMES = ("http", "https")
+
+
+def run(step, *args, **kwargs):
+    """Call `step`; a kfvision error ends the process with one line saying what to fix (and the
+    error's exit code) instead of a traceback, in the step's log and the pipeline's."""
+    import sys
+
+    from trainer.errors import KfvisionError
+
+    try:
+        return step(*args, **kwargs)
+    except KfvisionError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
+
+
+def train_options(*, epochs: int, batch_size: int, warmup_epochs: int, learning_rate: float,
+                  random_seed: int, patience: int, print_frequency: int, image_size: int,
+                  augment: str) -> dict:
+    """The TrainConfig fields (trainer names) for the pipeline's training parameters."""
+    return {"epochs": epochs, "batch_size": batch_size, "warmup_epochs": warmup_epochs,
+            "lr": learning_rate, "seed": random_seed, "patience": patience,
+            "print_freq": print_frequency, "image_size": image_size, "augment": augment}
+
+
+def parse_node_selector(text: str) -> tuple:
+    """'k=v,k2=v2' -> (('k', 'v'), ('k2', 'v2')); '' -> ()."""
+    pairs = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidParameterError(f"node_selector item {item!r} is not KEY=VALUE; give "
+                                        "e.g. 'cloud.google.com/gke-accelerator=nvidia-l4'.")
+        pairs.append((key, value))
+    return tuple(pairs)
+
+
+def parse_tolerations(text: str) -> tuple:
+    """'key[=value]:Effect,...' -> (Toleration, ...); '' -> ()."""
+    out = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        keyvalue, sep, effect = item.rpartition(":")
+        if not sep or not keyvalue:
+            raise InvalidParameterError(f"tolerations item {item!r} is not KEY[=VALUE]:EFFECT; "
+                                        "give e.g. 'nvidia.com/gpu:NoSchedule'.")
+        key, has_value, value = keyvalue.partition("=")
+        out.append(Toleration(key, value if has_value else None, effect))
+    return tuple(out)
+
+
+def job_config(cfg: TrainConfig, *, run_id: str, image: str, nodes: int, procs_per_node: int,
+               gpus_per_node: int, node_selector: str, tolerations: str, cpu_per_node: str,
+               memory_per_node: str, shm_size: str, timeout_seconds: int,
+               pvc_name: str | None) -> JobConfig:
+    """The PyTorchJob settings of a pipeline run (0 / '' mean "not set"); validated.
+
+    The job name derives from the run (see pipelines.jobs.manifest.job_name), so a retried step
+    finds its own job again. `pvc_name` None: no volume (a local run).
+    """
+    return JobConfig(
+        name=job_name(JOB_PREFIX, run_id), image=image, train=cfg, nodes=nodes,
+        procs_per_node=procs_per_node or None, gpus_per_node=gpus_per_node,
+        node_selector=parse_node_selector(node_selector),
+        tolerations=parse_tolerations(tolerations), cpu=cpu_per_node or None,
+        memory=memory_per_node or None, shm_size=shm_size or None,
+        active_deadline=timeout_seconds or None,
+        volumes=(Volume(pvc_name, DATA_MOUNT),) if pvc_name else ()).validate()
+
+
+def resolve_mode(mode: str, environ=None) -> str:
+    """'local' or 'cluster'. auto: cluster inside a Kubernetes pod (the KFP backend runs every
+    step in one, and Kubernetes sets KUBERNETES_SERVICE_HOST in each), local anywhere else."""
+    import os
+
+    check_choice("execution_mode", mode, EXECUTION_MODES)
+    if mode != "auto":
+        return mode
+    env = os.environ if environ is None else environ
+    return "cluster" if env.get("KUBERNETES_SERVICE_HOST") else "local"
+
+
+def _check_source(name: str, source: str, required: bool, exists: bool) -> None:
+    if not source:
+        if required:
+            raise InvalidParameterError(f"{name} is empty: give a folder or archive of labelled "
+                                        "images (a path this step can read, or an http(s) URL).")
+        return
+    if urllib.parse.urlparse(source).scheme in URL_SCHEMES or not exists:
+        return
+    if not Path(source).exists():
+        raise InvalidDatasetError(
+            f"{name} {source} does not exist as this step sees it. Locally give a path on this "
+            f"machine; on a cluster a path on the data PVC (mounted at {DATA_MOUNT}) or an "
+            "http(s) URL.")
+
+
+def check_parameters(*, train_source: str, validation_source: str, test_source: str,
+                     fraction: float, model_name: str, check_sources: bool = True,
+                     **settings) -> str:
+    """Validate every pipeline parameter before any heavy work; return the model family.
+
+    `settings`: the training parameters (see train_options) and the job settings (see
+    job_config, less run_id), plus `execution_mode`. check_sources: whether the sources must
+    exist here (not when checking a cluster run from outside the cluster).
+    Raises:
+        InvalidParameterError: a value out of range or not one of the choices (the message names
+            the parameter and the valid values). InvalidDatasetError: a source that is not there.
+    """
+    from trainer.models import family_of
+
+    family = family_of(model_name)
+    for name, source in (("train_source", train_source), ("validation_source", validation_source),
+                         ("test_source", test_source)):
+        _check_source(name, source, required=name == "train_source", exists=check_sources)
+    if not validation_source and not 0 < fraction < 1:
+        raise InvalidParameterError(f"fraction = {fraction} is out of range: it must be "
+                                    "0 < fraction < 1 (the share of each class kept for "
+                                    "training when no validation_source is given, e.g. 0.9).")
+    settings = dict(settings)
+    mode = resolve_mode(settings.pop("execution_mode", "auto"))
+    option_names = ("epochs", "batch_size", "warmup_epochs", "learning_rate", "random_seed",
+                    "patience", "print_frequency", "image_size", "augment")
+    options = train_options(**{k: settings.pop(k) for k in option_names})
+    cfg = TrainConfig(model="model", train="train", val="val", out="out", **options).validate()
+    pvc_name = settings.pop("pvc_name")
+    try:
+        job_config(cfg, run_id="check", pvc_name=pvc_name if mode == "cluster" else None,
+                   **settings)
+    except InvalidJobError as e:
+        # The job builder names its command-line flags; name the pipeline's parameters instead.
+        text = re.sub(r"--([a-z-]+)", lambda m: m.group(1).replace("-", "_"), str(e))
+        raise InvalidParameterError(f"{text} (a PyTorchJob setting of the pipeline)") from e
+    return family
+
+
+def _fetch(url: str, dest: Path) -> Path:
+    """Download an http(s) source into dest/, keeping its file name (the archive type)."""
+    name = Path(urllib.parse.urlparse(url).path).name or "download"
+    target = dest / name
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r, target.open("wb") as f:  # noqa: S310
+            shutil.copyfileobj(r, f, length=1 << 20)
+    except OSError as e:  # URLError and HTTPError are OSErrors
+        raise InvalidDatasetError(f"cannot download {url} ({e}); check the URL and that this "
+                                  "step can reach it.") from e
+    return target
+
+
+def convert_step(source: str, out, labels: str = "") -> dict:
+    """Convert a folder, archive or http(s) URL of images into an image directory at `out`.
+
+    Returns {"images", "classes", "skipped", "summary"} for the step's log and artifact metadata.
+    """
+    from trainer.convert import convert
+
+    with tempfile.TemporaryDirectory(prefix="kfvision-source-") as tmp:
+        src = source
+        if urllib.parse.urlparse(source).scheme in URL_SCHEMES:
+            print(f"downloading {source}")
+            src = _fetch(source, Path(tmp))
+        report = convert(src, out, labels=labels or None, progress=False)
+    return {"images": report.images, "classes": len(report.classes),
+            "skipped": len(report.skipped), "summary": report.summary()}
+
+
+def split_step(data, train_out, val_out, fraction: float, random_seed: int) -> dict:
+    """Split an image directory (stratified); returns the image counts of both sides."""
+    from trainer.split import split
+
+    counts = split(data, train_out, val_out, fraction=fraction, seed=random_seed)
+    return {"train_images": sum(counts["first"].values()),
+            "validation_images": sum(counts["second"].values())}
+
+
+def model_step(out, model_name: str, pretrained: bool, zero_init_residual: bool = False,
+               memory_efficient: bool = False) -> dict:
+    """Write an untrained model directory; returns its spec as a dict."""
+    from trainer.models import write_untrained_model
+
+    spec = write_untrained_model(out, model_name, pretrained=pretrained,
+                                 zero_init_residual=zero_init_residual,
+                                 memory_efficient=memory_efficient)
+    return {"arch": spec.arch, "family": spec.family, "pretrained": spec.pretrained}
+
+
+def score_step(model, data, out_csv) -> dict:
+    """Score an image directory with a trained model into a CSV; returns rows and top-1."""
+    from trainer.score import score
+
+    return score(model, data, out_csv, progress=False)
+
+
+def evaluate_step(scored_csv, out_dir) -> dict:
+    """metrics.json, report.md and confusion_matrix.png of a scored CSV; returns the metrics."""
+    from trainer.evaluate import evaluate
+
+    return evaluate(scored_csv, out_dir)
+
+
+def unique_run_key(run_id: str, task_name: str) -> str:
+    """What the PyTorchJob's name is derived from: stable across retries of one task of one run,
+    different for two runs (or two train tasks of one run)."""
+    return f"{run_id}/{task_name}"

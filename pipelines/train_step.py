@@ -1,0 +1,166 @@
+"""The train step: render the PyTorchJob, run it here or on the cluster, keep the trained model.
+
+    local   (kfvision pipeline run-local, or any run outside Kubernetes): the job runs as local
+            processes with the operator's exact environment (pipelines.jobs.local.run_local),
+            reading the step's input paths and writing straight into its Model output.
+    cluster (a KFP step in a Kubernetes pod): the job's pods cannot see the step's local artifact
+            paths, so the inputs are staged on the ReadWriteMany PVC the step and the job both
+            mount at DATA_MOUNT (`<mount>/kfvision-runs/<job>/{model,train,val}`), the job is
+            submitted through the Kubernetes API (pipelines.jobs.cluster.submit: create or
+            re-attach, wait, stream the Master's log), and the trained model is copied from
+            the PVC into the step's Model output, so lineage and the KFP UI keep working.
+
+The job name derives from the KFP run id and task name: a retried step finds its job again. A job
+that is still running or has succeeded is re-attached to; one that failed is deleted and created
+anew (a retry should train again, not report the old failure).
+"""
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from pipelines.jobs.manifest import build_pytorchjob, to_yaml
+from pipelines.steps import DATA_MOUNT, job_config, resolve_mode
+from trainer.config import TrainConfig
+from trainer.errors import InvalidModelDirectoryError
+
+STAGING = "kfvision-runs"
+STAGED_MARK = ".staged"
+
+
+def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dict,
+               settings: dict, run_key: str, mode: str = "auto", pvc_name: str = "",
+               out=None) -> dict:
+    """Train as a PyTorchJob and leave the trained model directory at `out_dir`.
+
+    Args:
+        model_dir, train_dir, val_dir: the untrained model and image directories (local paths).
+        out_dir: where the trained model directory goes (the step's Model output path).
+        job_yaml: where the rendered PyTorchJob is written (the step's job artifact).
+        options: training options (steps.train_options); settings: the job settings of
+            steps.job_config (image, nodes, ...); run_key: what the job name derives from.
+        mode: auto, local or cluster (steps.resolve_mode); pvc_name: the data PVC (cluster).
+    Returns:
+        the trained model's metrics.json (history, best_epoch, final figures).
+    Raises:
+        InvalidParameterError: bad options or settings. JobFailedError: the job failed.
+        KubernetesError: the cluster refused a request.
+    """
+    out = out or sys.stdout
+    mode = resolve_mode(mode)
+    if mode == "cluster":
+        return _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options,
+                                 settings, run_key, pvc_name, out)
+    cfg = TrainConfig(model=str(model_dir), train=str(train_dir), val=str(val_dir),
+                      out=str(out_dir), **options).validate()
+    job = _render(cfg, settings, run_key, None, job_yaml)
+    from pipelines.jobs.local import run_local
+
+    name = job["metadata"]["name"]
+    with tempfile.TemporaryDirectory(prefix=f"{name}-logs-") as logs:
+        print(f"running PyTorchJob {name} on this machine (kfvision job run-local)", file=out,
+              flush=True)
+        result = run_local(job, logs, source=f"PyTorchJob {name}", out=out)
+    print(f"PyTorchJob {name} succeeded in {result.seconds:.1f} s", file=out, flush=True)
+    return read_metrics(out_dir)
+
+
+def _render(cfg: TrainConfig, settings: dict, run_key: str, pvc_name, job_yaml) -> dict:
+    job = build_pytorchjob(job_config(cfg, run_id=run_key, pvc_name=pvc_name, **settings))
+    Path(job_yaml).parent.mkdir(parents=True, exist_ok=True)
+    Path(job_yaml).write_text(to_yaml(job, "Rendered by kfvision's train-pytorch-model step; "
+                                      "`kubectl apply -f` runs it again."), encoding="utf-8")
+    return job
+
+
+def stage_inputs(stage: Path, inputs: dict) -> None:
+    """Copy {"model": dir, ...} to stage/<key>, once: a retried step finds them already there
+    (and its job may be reading them), which the marker file tells."""
+    if (stage / STAGED_MARK).exists():
+        return
+    shutil.rmtree(stage, ignore_errors=True)  # a half-finished copy of an interrupted attempt
+    for key, src in inputs.items():
+        shutil.copytree(src, stage / key)
+    (stage / STAGED_MARK).write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"), encoding="utf-8")
+
+
+def _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options, settings,
+                      run_key, pvc_name, out) -> dict:
+    from pipelines.jobs.cluster import connect, submit
+
+    cfg = TrainConfig(model="model", train="train", val="val", out="trained", **options)
+    name = job_config(cfg.validate(), run_id=run_key, pvc_name=pvc_name, **settings).name
+    stage = Path(DATA_MOUNT) / STAGING / name
+    if not Path(DATA_MOUNT).is_dir():
+        raise InvalidModelDirectoryError(
+            f"{DATA_MOUNT} is not mounted in this step: on a cluster the train step needs the "
+            f"ReadWriteMany PVC {pvc_name!r} (pipeline parameter pvc_name) to share data with "
+            "the PyTorchJob. Create it (docs/pipeline.md, 'Storage') or run with "
+            "execution_mode=local.")
+    stage_inputs(stage, {"model": model_dir, "train": train_dir, "val": val_dir})
+    cfg = TrainConfig(model=str(stage / "model"), train=str(stage / "train"),
+                      val=str(stage / "val"), out=str(stage / "trained"), **options)
+    job = _render(cfg, settings, run_key, pvc_name, job_yaml)
+    client = connect(out=out)
+    replace_failed_job(client, name, stage / "trained")
+    submit(client, job, wait=True, poll_s=10.0, logs=True)
+    shutil.copytree(stage / "trained", out_dir, dirs_exist_ok=True)
+    shutil.rmtree(stage, ignore_errors=True)  # the model is in the step's output now
+    print(f"copied the trained model from the PVC into {out_dir}", file=out, flush=True)
+    return read_metrics(out_dir)
+
+
+def replace_failed_job(client, name: str, partial_out: Path, poll_s: float = 2.0,
+                       timeout_s: float = 120.0) -> None:
+    """Delete a Failed job of this name (and its partial output) so submit creates it anew."""
+    from pipelines.jobs.cluster import job_state
+    from pipelines.jobs.errors import KubernetesError
+
+    try:
+        job = client.get(name)
+    except KubernetesError as e:
+        if "HTTP 404" in str(e):
+            return  # no job yet: the usual case
+        raise
+    if job_state(job)[0] != "Failed":
+        return
+    client.say(f"PyTorchJob {client.namespace}/{name} failed in an earlier attempt of this "
+               "step: deleting it to train again")
+    client.delete(name)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            client.get(name)
+        except KubernetesError as e:
+            if "HTTP 404" in str(e):
+                shutil.rmtree(partial_out, ignore_errors=True)
+                return
+            raise
+        time.sleep(poll_s)
+    raise KubernetesError(f"PyTorchJob {client.namespace}/{name} was deleted but is still there "
+                          f"after {timeout_s:g} s; delete it by hand (kfvision job delete "
+                          f"{name}) and retry the step.")
+
+
+def read_metrics(model_dir) -> dict:
+    """The trained model directory's metrics.json."""
+    path = Path(model_dir) / "metrics.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InvalidModelDirectoryError(f"{path} cannot be read after training ({e}); the "
+                                         "job's log above says why.") from e
+
+
+def job_summary(job_yaml) -> dict:
+    """Name, nodes and processes of a rendered job (for the artifact's metadata)."""
+    job = yaml.safe_load(Path(job_yaml).read_text(encoding="utf-8"))
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    nodes = sum(s.get("replicas", 1) for s in specs.values())
+    return {"name": job["metadata"]["name"], "nodes": nodes,
+            "procs_per_node": job["spec"]["nprocPerNode"]}
