@@ -80,11 +80,12 @@ def parse_tolerations(text: str) -> tuple:
 def job_config(cfg: TrainConfig, *, run_id: str, image: str, nodes: int, procs_per_node: int,
                gpus_per_node: int, node_selector: str, tolerations: str, cpu_per_node: str,
                memory_per_node: str, shm_size: str, timeout_seconds: int,
-               pvc_name: str | None) -> JobConfig:
+               pvc_name: str | None, mount: str = DATA_MOUNT) -> JobConfig:
     """The PyTorchJob settings of a pipeline run (0 / '' mean "not set"); validated.
 
     The job name derives from the run (see pipelines.jobs.manifest.job_name), so a retried step
-    finds its own job again. `pvc_name` None: no volume (a local run).
+    finds its own job again. `pvc_name` None: no volume (a local run); else it is mounted at
+    `mount` in every pod.
     """
     return JobConfig(
         name=job_name(JOB_PREFIX, run_id), image=image, train=cfg, nodes=nodes,
@@ -93,7 +94,7 @@ def job_config(cfg: TrainConfig, *, run_id: str, image: str, nodes: int, procs_p
         tolerations=parse_tolerations(tolerations), cpu=cpu_per_node or None,
         memory=memory_per_node or None, shm_size=shm_size or None,
         active_deadline=timeout_seconds or None,
-        volumes=(Volume(pvc_name, DATA_MOUNT),) if pvc_name else ()).validate()
+        volumes=(Volume(pvc_name, mount),) if pvc_name else ()).validate()
 
 
 def resolve_mode(mode: str, environ=None) -> str:

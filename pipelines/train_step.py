@@ -71,7 +71,8 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
 
 
 def _render(cfg: TrainConfig, settings: dict, run_key: str, pvc_name, job_yaml) -> dict:
-    job = build_pytorchjob(job_config(cfg, run_id=run_key, pvc_name=pvc_name, **settings))
+    job = build_pytorchjob(job_config(cfg, run_id=run_key, pvc_name=pvc_name, mount=DATA_MOUNT,
+                                      **settings))
     Path(job_yaml).parent.mkdir(parents=True, exist_ok=True)
     Path(job_yaml).write_text(to_yaml(job, "Rendered by kfvision's train-pytorch-model step; "
                                       "`kubectl apply -f` runs it again."), encoding="utf-8")

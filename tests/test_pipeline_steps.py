@@ -1,0 +1,266 @@
+"""The pipeline's step functions without KFP: parameter checks, sources, the train step's cluster
+path against a fake Kubernetes API, and the pages the KFP UI shows."""
+
+import http.server
+import json
+import shutil
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines import steps, train_step
+from pipelines.jobs.errors import KubernetesError
+from pipelines.pipeline import parameter_defaults
+from pipelines.report import curves_html, evaluation_html
+from trainer.errors import InvalidDatasetError, InvalidParameterError
+
+
+def params(source, **over) -> dict:
+    """Every check_parameters argument: the pipeline's defaults, a real source, `over`."""
+    p = {**parameter_defaults(), "train_source": str(source), "execution_mode": "local", **over}
+    for key in ("pretrained", "zero_init_residual", "memory_efficient"):
+        p.pop(key)
+    return p
+
+
+def test_check_parameters_returns_the_model_family(tiny_digits):
+    raw = tiny_digits["raw"]
+    assert steps.check_parameters(**params(raw / "train")) == "resnet"
+    assert steps.check_parameters(**params(raw / "train", model_name="densenet169",
+                                           validation_source=str(raw / "val"))) == "densenet"
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"model_name": "resnet19"}, "choose one of: resnet18, resnet34"),
+    ({"epochs": 0}, "1 <= epochs"),
+    ({"learning_rate": -1.0}, "0 < lr"),
+    ({"warmup_epochs": 9}, "warmup-epochs = 9"),
+    ({"augment": "heavy"}, "choose one of: standard, light, none"),
+    ({"fraction": 1.0}, "0 < fraction < 1"),
+    ({"execution_mode": "cloud"}, "choose one of: auto, local, cluster"),
+    ({"gpus_per_node": 2, "procs_per_node": 4}, "procs_per_node 4 is more than gpus_per_node 2"),
+    ({"node_selector": "gpu"}, "is not KEY=VALUE"),
+    ({"tolerations": "nvidia.com/gpu:Sometimes"}, "is not one of NoSchedule"),
+    ({"cpu_per_node": "lots"}, "is not a Kubernetes quantity"),
+    ({"nodes": 0}, "1 <= nodes"),
+    ({"image": "has space"}, "is not an image reference"),
+    ({"execution_mode": "cluster", "pvc_name": "Bad_Name"}, "is not a DNS-1123 subdomain"),
+])
+def test_bad_parameters_are_refused_with_what_to_do(tiny_digits, over, message):
+    with pytest.raises(InvalidParameterError, match=message.replace("(", r"\(")):
+        steps.check_parameters(**params(tiny_digits["raw"] / "train", **over))
+
+
+def test_fraction_does_not_matter_with_a_validation_source(tiny_digits):
+    raw = tiny_digits["raw"]
+    steps.check_parameters(**params(raw / "train", validation_source=str(raw / "val"),
+                                    fraction=0.0))
+
+
+@pytest.mark.parametrize("field", ["train_source", "validation_source", "test_source"])
+def test_a_missing_source_is_refused_before_anything_runs(tiny_digits, tmp_path, field):
+    over = {field: str(tmp_path / "nowhere")}
+    with pytest.raises(InvalidDatasetError, match=f"{field} .*nowhere does not exist"):
+        steps.check_parameters(**params(tiny_digits["raw"] / "train", **over))
+    # From outside the cluster (kfvision pipeline submit) sources are paths on the PVC: not here.
+    steps.check_parameters(**params(tiny_digits["raw"] / "train", **over), check_sources=False)
+
+
+def test_an_empty_train_source_is_refused():
+    with pytest.raises(InvalidParameterError, match="train_source is empty"):
+        steps.check_parameters(**params(""))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("", ()), ("gpu=a100", (("gpu", "a100"),)),
+    (" a=1 , b/c=x ,", (("a", "1"), ("b/c", "x"))),
+])
+def test_parse_node_selector(text, expected):
+    assert steps.parse_node_selector(text) == expected
+
+
+def test_parse_tolerations():
+    got = steps.parse_tolerations("nvidia.com/gpu:NoSchedule, pool=gpu:NoExecute")
+    assert [(t.key, t.value, t.effect) for t in got] == [
+        ("nvidia.com/gpu", None, "NoSchedule"), ("pool", "gpu", "NoExecute")]
+
+
+@pytest.mark.parametrize("mode, env, expected", [
+    ("auto", {}, "local"), ("auto", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "cluster"),
+    ("local", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "local"), ("cluster", {}, "cluster"),
+])
+def test_resolve_mode(mode, env, expected):
+    assert steps.resolve_mode(mode, env) == expected
+
+
+def _job_settings(**over) -> dict:
+    keys = ("image", "nodes", "procs_per_node", "gpus_per_node", "node_selector", "tolerations",
+            "cpu_per_node", "memory_per_node", "shm_size", "timeout_seconds")
+    return {**{k: parameter_defaults()[k] for k in keys}, **over}
+
+
+def test_job_names_derive_from_the_run_and_task_not_from_chance():
+    from trainer.config import TrainConfig
+
+    cfg = TrainConfig(model="m", train="t", val="v", out="o")
+    a = steps.job_config(cfg, run_id=steps.unique_run_key("run-1", "train"), pvc_name=None,
+                         **_job_settings())
+    again = steps.job_config(cfg, run_id=steps.unique_run_key("run-1", "train"), pvc_name=None,
+                             **_job_settings())
+    other = steps.job_config(cfg, run_id=steps.unique_run_key("run-2", "train"), pvc_name=None,
+                             **_job_settings())
+    assert a.name == again.name != other.name and a.name.startswith("kfvision-train-")
+    assert a.volumes == ()
+
+
+def test_convert_step_reads_a_folder_and_an_http_url(tiny_digits, tmp_path):
+    got = steps.convert_step(str(tiny_digits["raw"] / "val"), tmp_path / "a")
+    assert (got["images"], got["classes"], got["skipped"]) == (60, 10, 0)
+    archive = tmp_path / "www" / "val.zip"
+    archive.parent.mkdir()
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in sorted((tiny_digits["raw"] / "val").rglob("*.png")):
+            z.write(f, f.relative_to(tiny_digits["raw"]))
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(  # noqa: E731
+        *a, directory=str(archive.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        got = steps.convert_step(f"{url}/val.zip", tmp_path / "b")
+        assert (got["images"], got["classes"]) == (60, 10)
+        with pytest.raises(InvalidDatasetError, match="cannot download .*missing.zip"):
+            steps.convert_step(f"{url}/missing.zip", tmp_path / "c")
+    finally:
+        server.shutdown()
+
+
+def test_staging_copies_once_so_a_retry_does_not_touch_a_running_jobs_inputs(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("1")
+    stage = tmp_path / "stage"
+    train_step.stage_inputs(stage, {"model": src})
+    (src / "a.txt").write_text("2")  # a second attempt sees the first copy, not this
+    train_step.stage_inputs(stage, {"model": src})
+    assert (stage / "model" / "a.txt").read_text() == "1"
+    shutil.rmtree(stage)
+    (stage / "model").mkdir(parents=True)  # an interrupted copy (no marker): copied again
+    train_step.stage_inputs(stage, {"model": src})
+    assert (stage / "model" / "a.txt").read_text() == "2"
+
+
+class FakeJobs:
+    """A JobClient stand-in: the job's state per get(), deletions recorded."""
+
+    def __init__(self, states):
+        self.states, self.deleted, self.namespace, self.said = list(states), [], "ns", []
+
+    def get(self, name):
+        state = self.states.pop(0) if self.states else None
+        if state is None:
+            raise KubernetesError(f"get PyTorchJob ns/{name} failed: HTTP 404: not found. ...")
+        return {"status": {"conditions": [{"type": state, "status": "True"}]}}
+
+    def delete(self, name):
+        self.deleted.append(name)
+
+    def say(self, line):
+        self.said.append(line)
+
+
+@pytest.mark.parametrize("states, deleted", [
+    ([None], []), (["Running"], []), (["Succeeded"], []), (["Failed", "Failed", None], ["j"]),
+])
+def test_a_failed_job_of_an_earlier_attempt_is_replaced_others_are_reattached(
+        tmp_path, states, deleted):
+    client = FakeJobs(states)
+    train_step.replace_failed_job(client, "j", tmp_path / "trained", poll_s=0)
+    assert client.deleted == deleted
+
+
+def fake_metrics(epochs=2) -> dict:
+    history = [{"epoch": e, "lr": 0.1 / e, "train_loss": 2.0 / e, "train_top1": 0.3 * e,
+                "train_top5": 0.9, "train_images_per_sec": 100.0, "train_seconds": 1.0,
+                "val_loss": 2.5 / e, "val_top1": 0.25 * e, "val_top5": 0.8}
+               for e in range(1, epochs + 1)]
+    return {"status": "completed", "history": history, "best_epoch": epochs,
+            "epochs_run": epochs, "final": {"val_loss": 1.25, "val_top1": 0.5, "val_top5": 0.8,
+                                            "train_images_per_sec": 100.0}}
+
+
+def test_the_cluster_path_stages_submits_and_copies_the_model_back(tmp_path, monkeypatch,
+                                                                   tiny_digits, resnet18_dir):
+    from pipelines.jobs import cluster
+
+    mount = tmp_path / "pvc"
+    mount.mkdir()
+    monkeypatch.setattr(train_step, "DATA_MOUNT", str(mount))
+    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None: FakeJobs([None]))
+    seen = {}
+
+    def submit(client, job, *, wait, poll_s, logs):  # the job "runs": writes its --out
+        args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+            "args"]
+        flags = dict(zip(args[::2], args[1:][::2]))
+        seen.update(flags, staged=sorted(p.name for p in (mount / "kfvision-runs").iterdir()))
+        out = Path(flags["--out"])
+        out.mkdir(parents=True)
+        (out / "metrics.json").write_text(json.dumps(fake_metrics()))
+        assert wait and logs
+        return job
+
+    monkeypatch.setattr(cluster, "submit", submit)
+    settings = _job_settings(gpus_per_node=2, node_selector="pool=gpu")
+    summary = train_step.train_step(
+        resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "trained",
+        tmp_path / "job.yaml", options=steps.train_options(
+            epochs=2, batch_size=8, warmup_epochs=0, learning_rate=0.01, random_seed=1,
+            patience=3, print_frequency=10, image_size=32, augment="none"),
+        settings=settings, run_key="run-1/train", mode="cluster", pvc_name="data")
+    assert summary["best_epoch"] == 2
+    assert (tmp_path / "trained" / "metrics.json").is_file()  # copied into the Model output
+    assert not list((mount / "kfvision-runs").iterdir())  # staging removed after the copy
+    job = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    name = job["metadata"]["name"]
+    assert seen["staged"] == [name]
+    for flag, sub in (("--model", "model"), ("--train", "train"), ("--val", "val")):
+        assert seen[flag] == str(mount / "kfvision-runs" / name / sub)
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert {"name": "pvc-0", "persistentVolumeClaim": {"claimName": "data"}} in pod["volumes"]
+    assert pod["nodeSelector"] == {"pool": "gpu"}
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 2}
+
+
+def test_the_cluster_path_needs_the_data_pvc(tmp_path, monkeypatch, tiny_digits, resnet18_dir):
+    from trainer.errors import KfvisionError
+
+    monkeypatch.setattr(train_step, "DATA_MOUNT", str(tmp_path / "not-mounted"))
+    with pytest.raises(KfvisionError, match="is not mounted in this step.*pvc_name"):
+        train_step.train_step(resnet18_dir, tiny_digits["train"], tiny_digits["val"],
+                              tmp_path / "o", tmp_path / "job.yaml",
+                              options=steps.train_options(
+                                  epochs=1, batch_size=8, warmup_epochs=0, learning_rate=0.01,
+                                  random_seed=1, patience=3, print_frequency=10, image_size=32,
+                                  augment="none"),
+                              settings=_job_settings(), run_key="r/t", mode="cluster",
+                              pvc_name="data")
+
+
+def test_curves_page_has_three_charts_and_the_final_figures():
+    page = curves_html(fake_metrics(3))
+    assert page.count("<svg") == 3 and page.count("<polyline") == 5
+    assert "best epoch 3 of 3: validation top-1 0.5000" in page
+    assert "http" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")  # all inline
+    assert curves_html(fake_metrics(1)).count("<circle") == 5  # one epoch still draws
+
+
+def test_evaluation_page_embeds_the_picture():
+    metrics = {"rows": 2, "accuracy": 0.5, "top_k": 2, "top5_accuracy": 1.0,
+               "per_class": [{"class": "a<b", "precision": 1.0, "recall": 0.5, "f1": 0.667,
+                              "support": 2}]}
+    page = evaluation_html(b"\x89PNG", metrics)
+    assert "data:image/png;base64,iVBORw==" in page and "a&lt;b" in page
