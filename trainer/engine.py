@@ -164,11 +164,19 @@ class Trainer:
             sums += self._counts(logits, labels, self.criterion(logits, labels))
         return self._global(sums)
 
-    def fit(self, on_epoch=None) -> dict:
-        """Train until the last epoch or early stop; returns the summary (best epoch etc.)."""
+    def fit(self, on_epoch=None, checkpointer=None) -> dict:
+        """Train until the last epoch or early stop; returns the summary (best epoch etc.).
+
+        With a `checkpointer` (trainer.checkpoint), a run first resumes from the newest readable
+        checkpoint, and saves one after every epoch."""
         cfg = self.cfg
         stopper, best_state, history = EarlyStopping(cfg.patience), None, []
-        for epoch in range(1, cfg.epochs + 1):
+        start, resumed = 1, []
+        if checkpointer is not None:  # a restarted run goes on from its last checkpoint
+            start, history, best_state, resumed = checkpointer.resume(self, stopper)
+            if resumed and self.ctx.is_main and on_epoch:
+                on_epoch(history, best_state)  # weights.pt and metrics.json as of that epoch
+        for epoch in range(start, cfg.epochs + 1):
             lr = self.scheduler.get_last_lr()[0]
             tr = self.train_one_epoch(epoch)
             va = self.evaluate()
@@ -181,6 +189,8 @@ class Trainer:
             if improved:
                 best_state = {k: v.detach().to("cpu", copy=True)
                               for k, v in self.raw_model.state_dict().items()}
+            if checkpointer is not None:  # first: weights.pt is rewritten from it on resume
+                checkpointer.save(self, epoch, stopper, history, resumed)
             if self.ctx.is_main:
                 log.info("epoch %d done: train loss %.4f top1 %.4f | val loss %.4f top1 %.4f "
                          "top5 %.4f | %.1f img/s%s", epoch, tr["loss"], tr["top1"], va["loss"],
@@ -205,6 +215,7 @@ class Trainer:
         images = sum(h["train_images_per_sec"] * h["train_seconds"] for h in history)
         return {"history": history, "best_epoch": best_epoch, "epochs_run": len(history),
                 "stopped_early": len(history) < cfg.epochs, "world_size": self.ctx.world_size,
+                "resumed_from": resumed,
                 "final": {"val_loss": best["val_loss"], "val_top1": best["val_top1"],
                           "val_top5": best["val_top5"],
                           "train_images_per_sec": images / max(seconds, 1e-9)},

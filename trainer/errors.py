@@ -2,7 +2,8 @@
 
 The command line prints the message (no traceback) and exits with `exit_code`. All of these are
 permanent failures: retrying the same input gives the same error, so the exit code stays in 1-127
-(a Kubeflow `ExitCode` restart policy treats 1-127 as permanent).
+(a Kubeflow `ExitCode` restart policy treats 1-127 as permanent; the whole table of exit codes is
+in trainer/exitcodes.py).
 """
 
 
@@ -75,3 +76,14 @@ class InvalidScoredTableError(KfvisionError):
 
 class ExportError(KfvisionError):
     """A trained model could not be exported, or the export does not match the model."""
+
+
+class OutputError(KfvisionError):
+    """The output location cannot be written: read-only, not ours, or full. Nothing is left
+    half-written (every file is written to a temporary name and renamed)."""
+
+    exit_code = 4
+
+
+class CheckpointMismatchError(KfvisionError):
+    """The checkpoint in the output folder is from a run with other settings."""

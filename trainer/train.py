@@ -7,6 +7,7 @@ Kubeflow PyTorchJob: the same torchrun command; torchrun reads the operator's PE
 """
 
 import argparse
+import json
 import logging
 import random
 import sys
@@ -15,7 +16,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer import distributed
+from trainer import distributed, exitcodes
+from trainer.checkpoint import (
+    FOLDER,
+    KEEP,
+    MUST_MATCH,
+    Checkpointer,
+    check_writable,
+    on_main,
+    output_error,
+)
 from trainer.config import TrainConfig, add_train_arguments, config_from_args
 from trainer.data import (
     IMAGENET_MEAN,
@@ -90,6 +100,7 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
                                 batch_size=2 * cfg.batch_size, workers=min(workers, 2),
                                 shuffle=False, seed=cfg.seed, pin_memory=pin)
     out = Path(cfg.out)
+    checkpointer = _checkpointer(cfg, ctx, out, spec.arch, train_dir.classes, model)
     info = {"arch": spec.arch, "classes": list(train_dir.classes), "image_size": cfg.image_size,
             "eval_preset": cfg.augment, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
     if ctx.is_main:
@@ -106,27 +117,57 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
                       Normalizer(IMAGENET_MEAN, IMAGENET_STD), channels_last)
 
     def on_epoch(history, best_state):  # rank 0 only: keep what we have if a later epoch fails
-        if best_state is not None:
-            atomic_torch_save(best_state, out / WEIGHTS_FILE)
-        atomic_write_json(out / "metrics.json", {"status": "running", "history": history})
+        try:
+            if best_state is not None:
+                atomic_torch_save(best_state, out / WEIGHTS_FILE)
+            atomic_write_json(out / "metrics.json", {"status": "running", "history": history})
+        except OSError as e:
+            raise output_error(e, out) from e
 
     try:
-        summary = trainer.fit(on_epoch)
+        summary = trainer.fit(on_epoch, checkpointer)
     except BaseException as e:
-        if ctx.is_main and (out / "metrics.json").exists():
-            import json
-
-            doc = json.loads((out / "metrics.json").read_text())
-            atomic_write_json(out / "metrics.json", {**doc, "status": "failed", "error": str(e)})
+        if ctx.is_main:
+            _mark_failed(out, e)
         raise
     summary.pop("best_state")
     if ctx.is_main:
         atomic_write_json(out / "metrics.json", {"status": "completed", **summary})
+        checkpointer.finish()  # the model directory is the result now
         f = summary["final"]
         log.info("done: best epoch %d of %d, val top1 %.4f top5 %.4f loss %.4f, %.1f train img/s; "
                  "model in %s", summary["best_epoch"], summary["epochs_run"], f["val_top1"],
                  f["val_top5"], f["val_loss"], f["train_images_per_sec"], out)
     return summary
+
+
+def _checkpointer(cfg: TrainConfig, ctx, out: Path, arch: str, classes, model) -> Checkpointer:
+    """Fail fast (every rank) when `out` cannot take the run's files; then a Checkpointer."""
+    model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    # at worst KEEP + 1 checkpoints of model + momentum, one more being written, weights.pt twice
+    on_main(ctx, lambda: check_writable(out, (2 * (KEEP + 2) + 2) * model_bytes))
+    settings = {**{k: getattr(cfg, k) for k in MUST_MATCH}, "world_size": ctx.world_size,
+                "arch": arch, "classes": list(classes)}
+    return Checkpointer(out / FOLDER, ctx, settings)
+
+
+def _mark_failed(out: Path, e: BaseException) -> None:
+    """metrics.json says the run failed and why (best effort: the disk may be what failed)."""
+    path = out / "metrics.json"
+    try:
+        if path.exists():
+            doc = json.loads(path.read_text())
+            atomic_write_json(path, {**doc, "status": "failed", "error": str(e)})
+    except (OSError, ValueError) as write_error:
+        log.warning("could not mark %s as failed: %s", path, write_error)
+
+
+def _message(e: BaseException, code: int) -> str:
+    if isinstance(e, KfvisionError):
+        return str(e)
+    first = str(e).splitlines()[0] if str(e) else ""
+    return (f"{type(e).__name__}: {first} -- exiting with {code} ({exitcodes.describe(code)}); "
+            "a restarted job resumes from the last checkpoint.")
 
 
 def setup_logging(is_main: bool) -> None:
@@ -142,9 +183,12 @@ def main(argv=None) -> int:
         ctx = distributed.init(cfg.device)
         setup_logging(ctx.is_main)
         run(cfg, ctx)
-    except KfvisionError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+    except BaseException as e:
+        code = exitcodes.for_exception(e)  # see trainer/exitcodes.py for the whole table
+        if code is None:
+            raise  # unexpected: a bug; the traceback and exit code 1 (permanent) say so
+        print(f"error: {_message(e, code)}", file=sys.stderr)
+        return code
     finally:
         distributed.cleanup()
     return 0
