@@ -36,6 +36,8 @@ class TrainConfig:
     lr_decay_power: float = 1.0
     cache: str = "auto"
     channels_last: str = "auto"
+    amp: str = "auto"
+    compile: str = "off"
 
     def validate(self) -> "TrainConfig":
         check_range("epochs", self.epochs, 1, 100_000)
@@ -54,6 +56,8 @@ class TrainConfig:
         check_choice("device", self.device, ("auto", "cpu", "cuda"))
         check_choice("cache", self.cache, ("auto", "on", "off"))
         check_choice("channels-last", self.channels_last, ("auto", "on", "off"))
+        check_choice("amp", self.amp, ("auto", "bf16", "off"))
+        check_choice("compile", self.compile, ("on", "off"))
         return self
 
     def to_dict(self) -> dict:
@@ -77,8 +81,12 @@ _HELP = {
     "momentum": "SGD momentum",
     "weight_decay": "SGD weight decay (L2)",
     "lr_decay_power": "power of the polynomial decay of the learning rate to 0 at the last epoch",
-    "cache": "keep decoded images in memory: on, off, or auto (when they fit in 1 GiB)",
-    "channels_last": "NHWC memory layout: on, off, or auto (on for CUDA)",
+    "cache": "keep decoded images in memory: on, off, or auto (when they fit in a quarter of the "
+             "free memory)",
+    "channels_last": "NHWC memory layout: on, off, or auto (on for CUDA and for bf16 on CPU)",
+    "amp": "mixed precision: bf16 autocast, off (fp32), or auto (bf16 where the hardware has "
+           "native bf16: CUDA, CPUs with AMX)",
+    "compile": "torch.compile the model: on or off",
 }
 
 

@@ -19,6 +19,7 @@ from trainer.config import TrainConfig
 from trainer.data import Normalizer
 from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, broadcast_buffers
 from trainer.errors import NonFiniteLossError
+from trainer.runtime import Runtime
 
 log = logging.getLogger("trainer")
 
@@ -68,17 +69,22 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, ctx: DistContext, model: nn.Module, train_loader,
                  val_loader, train_sampler=None, normalizer: Normalizer | None = None,
-                 channels_last: bool = False):
+                 runtime: Runtime | None = None):
         self.cfg, self.ctx = cfg, ctx
         self.train_loader, self.val_loader, self.train_sampler = (train_loader, val_loader,
                                                                   train_sampler)
         self.normalize = normalizer or Normalizer()
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        rt = runtime or Runtime(cache=False, workers=0, amp=False, channels_last=False,
+                                compile=False)
+        self.memory_format = torch.channels_last if rt.channels_last else torch.contiguous_format
+        self.amp = rt.amp
         model = model.to(ctx.device, memory_format=self.memory_format)
         self.raw_model = model
-        self.model = (DistributedDataParallel(model, device_ids=[ctx.device] if
-                                              ctx.device.type == "cuda" else None)
-                      if ctx.distributed else model)
+        ddp = (DistributedDataParallel(model, device_ids=[ctx.device] if
+                                       ctx.device.type == "cuda" else None)
+               if ctx.distributed else model)
+        self.model = torch.compile(ddp) if rt.compile else ddp
+        self.eval_model = torch.compile(model) if rt.compile else model
         self.criterion = nn.CrossEntropyLoss()
         self.lr = cfg.lr * ctx.world_size  # linear scaling rule: lr x number of processes
         self.optimizer = torch.optim.SGD(model.parameters(), lr=self.lr, momentum=cfg.momentum,
@@ -93,6 +99,10 @@ class Trainer:
     def _num_classes(self) -> int:
         head = getattr(self.raw_model, "fc", None) or self.raw_model.classifier
         return head.out_features
+
+    def _autocast(self):
+        """bf16 autocast when the runtime says so; weights and optimiser stay float32."""
+        return torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self.amp)
 
     def _to_device(self, images, labels):
         nb = self.ctx.device.type == "cuda"
@@ -131,8 +141,9 @@ class Trainer:
         last_images = 0
         for step, (images, labels) in enumerate(self.train_loader, 1):
             images, labels = self._to_device(images, labels)
-            logits = self.model(images)
-            loss = self.criterion(logits, labels)
+            with self._autocast():
+                logits = self.model(images)
+                loss = self.criterion(logits.float(), labels)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
@@ -160,7 +171,8 @@ class Trainer:
         sums = torch.zeros(4, dtype=torch.float64, device=self.ctx.device)
         for images, labels in self.val_loader:
             images, labels = self._to_device(images, labels)
-            logits = self.raw_model(images)  # no DDP in eval: no collective per batch
+            with self._autocast():
+                logits = self.eval_model(images).float()  # no DDP in eval: no collectives
             sums += self._counts(logits, labels, self.criterion(logits, labels))
         return self._global(sums)
 

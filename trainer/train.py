@@ -42,9 +42,9 @@ from trainer.errors import InvalidDatasetError, KfvisionError
 from trainer.imagedir import check_same_classes, read_image_directory
 from trainer.modeldir import atomic_torch_save, atomic_write_json, write_model_files
 from trainer.models import WEIGHTS_FILE, build_model, read_model_spec
+from trainer.runtime import describe, resolve_runtime
 
 log = logging.getLogger("trainer")
-CACHE_LIMIT_BYTES = 1 << 30
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
@@ -60,21 +60,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _resolve(cfg: TrainConfig, ctx, decoded_bytes: int) -> tuple[bool, int, bool]:
-    """(cache, workers, channels_last) from the config's auto values and this machine."""
-    cache = cfg.cache == "on" or (cfg.cache == "auto" and decoded_bytes <= CACHE_LIMIT_BYTES)
-    cpus = distributed.cpus_per_process(ctx)
-    if cfg.workers >= 0:
-        workers = cfg.workers
-    elif cache and ctx.device.type == "cpu":
-        workers = 0  # augmenting cached tensors is cheap; workers would steal the compute cores
-    else:
-        workers = max(1, min(8, cpus - 1))
-    channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto"
-                                                   and ctx.device.type == "cuda")
-    return cache, workers, channels_last
-
-
 def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     """Read inputs, train, and (rank 0) write the trained model directory. Returns the summary."""
     spec = read_model_spec(cfg.model)
@@ -84,20 +69,21 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     if len(train_dir.classes) < 2:
         raise InvalidDatasetError(f"{cfg.train} has a single class; a classifier needs two or "
                                   "more. Add a class folder and convert again.")
-    cache, workers, channels_last = _resolve(
-        cfg, ctx, train_dir.decoded_bytes() + val_dir.decoded_bytes())
+    rt = resolve_runtime(cfg, ctx, train_dir.decoded_bytes() + val_dir.decoded_bytes())
     if ctx.device.type == "cpu":
         torch.set_num_threads(distributed.cpus_per_process(ctx))
     seed_everything(cfg.seed)
     model = build_model(spec, len(train_dir.classes), cfg.model)
-    train_ds = ImageDataset(train_dir, train_transform(cfg.augment, cfg.image_size), cache=cache)
-    val_ds = ImageDataset(val_dir, eval_transform(cfg.augment, cfg.image_size), precompute=cache)
+    train_ds = ImageDataset(train_dir, train_transform(cfg.augment, cfg.image_size),
+                            cache=rt.cache)
+    val_ds = ImageDataset(val_dir, eval_transform(cfg.augment, cfg.image_size),
+                          precompute=rt.cache)
     pin = ctx.device.type == "cuda"
-    train_loader, sampler = make_loader(train_ds, batch_size=cfg.batch_size, workers=workers,
+    train_loader, sampler = make_loader(train_ds, batch_size=cfg.batch_size, workers=rt.workers,
                                         shuffle=True, seed=cfg.seed, rank=ctx.rank,
                                         world_size=ctx.world_size, pin_memory=pin)
     val_loader, _ = make_loader(EvalShard(val_ds, ctx.rank, ctx.world_size),
-                                batch_size=2 * cfg.batch_size, workers=min(workers, 2),
+                                batch_size=2 * cfg.batch_size, workers=min(rt.workers, 2),
                                 shuffle=False, seed=cfg.seed, pin_memory=pin)
     out = Path(cfg.out)
     checkpointer = _checkpointer(cfg, ctx, out, spec.arch, train_dir.classes, model)
@@ -106,15 +92,13 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         write_model_files(out, spec, info, {**cfg.to_dict(), "world_size": ctx.world_size,
-                                            "cache": cache, "workers": workers,
-                                            "channels_last": channels_last})
+                                            "runtime": rt.to_dict()})
         log.info("training %s on %d images (%d classes), validating on %d; %d process(es) on %s, "
-                 "batch %d/process, lr %g x %d; cache %s, workers %d", spec.arch,
-                 len(train_ds), len(train_dir.classes), len(val_ds), ctx.world_size,
-                 ctx.device.type, cfg.batch_size, cfg.lr, ctx.world_size,
-                 "on" if cache else "off", workers)
+                 "batch %d/process, lr %g x %d; %s", spec.arch, len(train_ds),
+                 len(train_dir.classes), len(val_ds), ctx.world_size, ctx.device.type,
+                 cfg.batch_size, cfg.lr, ctx.world_size, describe(rt))
     trainer = Trainer(cfg, ctx, model, train_loader, val_loader, sampler,
-                      Normalizer(IMAGENET_MEAN, IMAGENET_STD), channels_last)
+                      Normalizer(IMAGENET_MEAN, IMAGENET_STD), rt)
 
     def on_epoch(history, best_state):  # rank 0 only: keep what we have if a later epoch fails
         try:

@@ -1,0 +1,99 @@
+"""Each fast-path switch gives the same results as the plain path (within a tolerance)."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import train_argv
+from PIL import Image
+
+from trainer.data import load_rgb
+from trainer.distributed import DistContext
+from trainer.runtime import resolve_runtime
+from trainer.train import main
+
+BASE = {"epochs": 2, "image_size": 32, "batch_size": 16, "lr": 0.05, "augment": "light",
+        "print_freq": 1000, "workers": 0}
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "CMYK"])
+def test_the_jpeg_decoder_gives_pillows_pixels(tmp_path, mode):
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 255, (37, 53, 3), dtype=np.uint8)).convert(mode)
+    img.save(tmp_path / "x.jpg", quality=90)
+    ours = load_rgb(tmp_path / "x.jpg")
+    pillow = torch.from_numpy(np.asarray(Image.open(tmp_path / "x.jpg").convert("RGB")).copy())
+    assert torch.equal(ours, pillow.permute(2, 0, 1))
+
+
+def test_a_png_named_jpg_still_loads(tmp_path):
+    buf = io.BytesIO()
+    Image.new("RGB", (5, 4), (1, 2, 3)).save(buf, "PNG")
+    (tmp_path / "x.jpg").write_bytes(buf.getvalue())
+    assert load_rgb(tmp_path / "x.jpg")[:, 0, 0].tolist() == [1, 2, 3]
+
+
+def _train(tmp_path, name, model, data, **options):
+    out = tmp_path / name
+    assert main(train_argv(model, data, out, **{**BASE, **options})) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    return torch.load(out / "weights.pt", weights_only=True), metrics["final"]
+
+
+def test_cache_on_and_off_train_the_identical_model(tmp_path, resnet18_dir, tiny_digits):
+    on, _ = _train(tmp_path, "on", resnet18_dir, tiny_digits, cache="on")
+    off, _ = _train(tmp_path, "off", resnet18_dir, tiny_digits, cache="off")
+    assert all(torch.equal(on[k], off[k]) for k in on)
+
+
+def test_channels_last_gives_the_same_outputs_and_gradients():
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    x, y = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
+    results = []
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        m = model.to(memory_format=fmt)
+        m.zero_grad()
+        out = m(x.contiguous(memory_format=fmt))
+        torch.nn.functional.cross_entropy(out, y).backward()
+        results.append((out.detach().clone(), [p.grad.clone() for p in m.parameters()]))
+    (o1, g1), (o2, g2) = results
+    torch.testing.assert_close(o1, o2, rtol=1e-4, atol=1e-4)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_whole_fast_path_reaches_the_accuracy_of_the_plain_path_on_the_digits(
+        tmp_path, resnet18_dir, digits):
+    common = {"epochs": 3, "batch_size": 32, "warmup_epochs": 1}
+    _, plain = _train(tmp_path, "plain", resnet18_dir, digits, amp="off", channels_last="off",
+                      cache="off", **common)
+    _, fast = _train(tmp_path, "fast", resnet18_dir, digits, amp="bf16", channels_last="on",
+                     cache="on", **common)
+    assert plain["val_top1"] > 0.9
+    assert abs(fast["val_top1"] - plain["val_top1"]) <= 0.03, (plain, fast)
+
+
+class _Cfg:
+    cache, workers, amp, channels_last, compile, image_size = ("auto", -1, "auto", "auto",
+                                                               "off", 224)
+
+
+@pytest.mark.parametrize("amx, size, decoded, expect", [
+    (True, 224, 10 << 20, {"cache": True, "workers": 0, "amp": True, "channels_last": True}),
+    (True, 32, 10 << 20, {"cache": True, "workers": 0, "amp": False, "channels_last": False}),
+    (False, 224, 10 << 20, {"cache": True, "workers": 0, "amp": False, "channels_last": False}),
+    (True, 224, 1 << 50, {"cache": False, "workers": 1, "amp": True, "channels_last": True}),
+])
+def test_auto_picks_per_machine_on_cpu(monkeypatch, amx, size, decoded, expect):
+    monkeypatch.setattr("trainer.runtime.cpu_has_amx", lambda: amx)
+    monkeypatch.setattr("trainer.runtime.cpus_per_process", lambda ctx: 2)
+    cfg = _Cfg()
+    cfg.image_size = size
+    rt = resolve_runtime(cfg, DistContext(0, 0, 1, 1, torch.device("cpu")), decoded)
+    assert {k: getattr(rt, k) for k in expect} == expect and not rt.compile
