@@ -97,3 +97,12 @@ def test_auto_picks_per_machine_on_cpu(monkeypatch, amx, size, decoded, expect):
     cfg.image_size = size
     rt = resolve_runtime(cfg, DistContext(0, 0, 1, 1, torch.device("cpu")), decoded)
     assert {k: getattr(rt, k) for k in expect} == expect and not rt.compile
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("max 100000\n", None), ("150000 100000\n", 1.5), ("400000 100000\n", 4.0), ("garbage", None)])
+def test_a_container_cpu_quota_is_read_from_cgroup_v2(tmp_path, content, expected):
+    from trainer.distributed import _cgroup_cpu_limit
+
+    (tmp_path / "cpu.max").write_text(content)
+    assert _cgroup_cpu_limit(str(tmp_path / "cpu.max")) == expected

@@ -9,6 +9,7 @@ which turns `PET_*` into per-process `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -130,10 +131,27 @@ def barrier(ctx: DistContext) -> None:
         dist.barrier()
 
 
+def _cgroup_cpu_limit(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
+    """The container's CPU quota in cores (cgroup v2 `cpu.max`), or None when unlimited/unknown.
+
+    A Kubernetes CPU limit shows up only here: the affinity mask still lists every core of the
+    node, and sizing threads and workers from it would oversubscribe the pod's quota.
+    """
+    try:
+        quota, period = Path(path).read_text(encoding="ascii").split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else int(quota) / int(period)
+
+
 def cpus_per_process(ctx: DistContext) -> int:
-    """CPU cores this process may use: the cores we are allowed on, shared by the local ranks."""
+    """CPU cores this process may use: the cores we may run on (and the container's CPU quota),
+    shared by the local ranks."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
+    limit = _cgroup_cpu_limit()
+    if limit is not None:
+        cores = min(cores, max(1, int(limit)))
     return max(1, cores // ctx.local_world_size)
