@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@
 
-demo: setup ## digits data -> convert -> model -> train -> score on this machine, prints val top-1
+demo: setup ## the whole KFP pipeline on the digits, locally (KFP local runner); prints the evaluation
 	$(VENV)/bin/kfvision demo --out $(DEMO_DIR)
 
 test: setup ## run the whole test suite (what CI runs)
@@ -50,3 +50,11 @@ manifests: setup ## regenerate manifests/pytorchjob-example.yaml with `kfvision 
 	  --out /data/models/digits-resnet18 --epochs 15 --image-size 32 --batch-size 32 \
 	  --lr 0.05 --warmup-epochs 1 --augment light --patience 5 \
 	  -o manifests/pytorchjob-example.yaml
+
+.PHONY: golden-pipeline pipeline
+
+golden-pipeline: setup ## regenerate tests/golden/pipeline-image-classification.yaml; review the diff
+	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_pipeline_compile.py -k golden
+
+pipeline: setup ## compile the KFP pipeline to build/pipeline.yaml (TRAINER_IMAGE as its image)
+	$(VENV)/bin/kfvision pipeline compile -o build/pipeline.yaml --image $(TRAINER_IMAGE)

@@ -1,0 +1,80 @@
+"""`kfvision pipeline submit` against a fake kfp.Client, and the flags every command shares."""
+
+import types
+
+import pytest
+import yaml
+
+from pipelines import cli
+from pipelines.pipeline import parameter_defaults
+
+
+class FakeClient:
+    """Records what `kfvision pipeline submit` asks of kfp.Client."""
+
+    made = []
+
+    def __init__(self, host=None, namespace=None):
+        self.host, self.namespace, self.calls = host, namespace, []
+        FakeClient.made.append(self)
+
+    def create_run_from_pipeline_package(self, path, arguments, run_name, experiment_name,
+                                         namespace):
+        with open(path, encoding="utf-8") as f:
+            spec = next(yaml.safe_load_all(f))
+        self.calls.append({"pipeline": spec["pipelineInfo"]["name"], "arguments": arguments,
+                           "run_name": run_name, "experiment": experiment_name,
+                           "namespace": namespace})
+        return types.SimpleNamespace(run_id="run-123")
+
+
+@pytest.fixture
+def fake_kfp(monkeypatch):
+    import kfp
+
+    FakeClient.made = []
+    monkeypatch.setattr(kfp, "Client", FakeClient)
+    return FakeClient
+
+
+def test_submit_compiles_and_starts_a_run_with_the_given_parameters(fake_kfp, capsys):
+    rc = cli.main(["pipeline", "submit", "--endpoint", "http://kfp.example:8080",
+                   "--experiment", "digits", "--namespace", "team-a",
+                   "--train-source", "/kfvision-data/digits/train.tar.gz", "--epochs", "15",
+                   "--gpus-per-node", "2", "--node-selector", "pool=gpu", "--pretrained"])
+    assert rc == 0
+    (client,) = fake_kfp.made
+    assert (client.host, client.namespace) == ("http://kfp.example:8080", "team-a")
+    (call,) = client.calls
+    assert call["pipeline"] == "image-classification" and call["experiment"] == "digits"
+    args = call["arguments"]
+    assert set(args) == set(parameter_defaults())  # every parameter, defaults included
+    assert args["epochs"] == 15 and args["gpus_per_node"] == 2 and args["pretrained"] is True
+    assert args["train_source"] == "/kfvision-data/digits/train.tar.gz"
+    assert "http://kfp.example:8080/#/runs/details/run-123" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model-name", "vgg16"], "choose one of: resnet18"),
+    (["--gpus-per-node", "1", "--procs-per-node", "2"], "procs_per_node 2 is more than"),
+    (["--pvc-name", "Data_PVC"], "not a DNS-1123 subdomain"),
+])
+def test_submit_refuses_bad_parameters_before_contacting_the_endpoint(fake_kfp, capsys, flags,
+                                                                      message):
+    rc = cli.main(["pipeline", "submit", "--endpoint", "http://kfp.example:8080",
+                   "--train-source", "/kfvision-data/x.tar.gz", *flags])
+    assert rc == 2 and fake_kfp.made == []
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("action", ["compile", "submit", "run-local"])
+def test_pipeline_help(action, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["pipeline", action, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: kfvision pipeline " + action in out
+    if action != "compile":
+        for flag in ("--train-source", "--learning-rate", "--gpus-per-node", "--pvc-name",
+                     "(default: 0.001)"):
+            assert flag in out
