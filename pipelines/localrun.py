@@ -77,6 +77,15 @@ def task_artifacts(run_dir: Path) -> dict:
     return out
 
 
+def local_arguments(arguments: dict) -> dict:
+    """`arguments` with execution_mode auto made local: a local run trains locally, even inside
+    a pod (a Kubeflow notebook) where auto would pick the cluster."""
+    arguments = dict(arguments)
+    if arguments.get("execution_mode", "auto") == "auto":
+        arguments["execution_mode"] = "local"
+    return arguments
+
+
 def run_local_pipeline(arguments: dict, out) -> LocalPipelineRun:
     """Validate `arguments`, then run the whole pipeline locally; artifacts go under `out`.
 
@@ -89,7 +98,7 @@ def run_local_pipeline(arguments: dict, out) -> LocalPipelineRun:
     from pipelines.pipeline import PIPELINE_NAME, image_classification, parameter_defaults
     from pipelines.steps import check_parameters
 
-    arguments = {"execution_mode": "local", **arguments}
+    arguments = local_arguments(arguments)
     params = {**parameter_defaults(), **arguments}
     check_parameters(**{k: v for k, v in params.items()
                         if k not in ("pretrained", "zero_init_residual", "memory_efficient")})

@@ -86,6 +86,14 @@ def test_local_pipeline_reaches_the_same_accuracy_as_the_library_path(tiny_digit
     assert f"accuracy {evaluation['accuracy']:.4f}" in text and str(run.root) in text
 
 
+@pytest.mark.parametrize("given, expected", [({}, "local"), ({"execution_mode": "auto"}, "local"),
+                                             ({"execution_mode": "cluster"}, "cluster")])
+def test_a_local_run_trains_locally_unless_told_otherwise(given, expected):
+    from pipelines.localrun import local_arguments
+
+    assert local_arguments({"train_source": "x", **given})["execution_mode"] == expected
+
+
 def test_bad_parameters_fail_before_the_runner_starts(tiny_digits, tmp_path):
     with pytest.raises(InvalidParameterError, match="0 < lr"):
         run_local_pipeline({"train_source": str(tiny_digits["raw"] / "train"),
