@@ -7,7 +7,7 @@ DEMO_DIR ?= build/demo
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-fast lint bench clean
+.PHONY: help setup demo test test-fast lint bench bench-gpu clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -31,8 +31,15 @@ test-fast: setup ## the suite without slow and distributed tests
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
-bench: setup ## throughput: kfvision train vs a hand-written loop (ratios, same run)
-	$(PY) -m bench.digits
+bench: setup ## throughput vs the usual way (input pipeline, training on digits and JPEGs), CPU
+	$(PY) -m bench.inputs --images 1000 --rounds 3
+	$(PY) -m bench.train --dataset digits --rounds 2 --epochs 3
+	$(PY) -m bench.train --dataset jpeg --images 256 --archs resnet18 resnet50 \
+		--image-size 224 --batch-size 16 --epochs 2 --rounds 1
+
+bench-gpu: setup ## the GPU benchmark (run on a machine with a CUDA GPU)
+	$(PY) -m bench.train --dataset jpeg --device cuda --images 5000 --archs resnet50 \
+		--image-size 224 --batch-size 256 --epochs 3 --rounds 1 --plain-workers 8
 
 clean: ## remove build outputs (keeps .venv)
 	rm -rf build .pytest_cache

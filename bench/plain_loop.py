@@ -29,6 +29,7 @@ def main(argv=None):
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--augment", choices=("standard", "light"), default="standard")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -43,7 +44,8 @@ def main(argv=None):
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=True,
                                          num_workers=args.workers,
                                          persistent_workers=args.workers > 0)
-    model = torchvision.models.get_model(args.arch, num_classes=len(ds.classes))
+    dev = torch.device(args.device)
+    model = torchvision.models.get_model(args.arch, num_classes=len(ds.classes)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
     rates = []
@@ -51,11 +53,14 @@ def main(argv=None):
         model.train()
         start, n = time.perf_counter(), 0
         for x, y in loader:
+            x, y = x.to(dev), y.to(dev)
             loss = loss_fn(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             n += len(y)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         rates.append(n / (time.perf_counter() - start))
     print(json.dumps({"images_per_sec": rates}))
 
