@@ -123,7 +123,7 @@ def image_classification(
                        image)
     with dsl.Else(name="score-test-source"):
         test_dir = _step(c.convert_to_image_directory(source=test_source), image, cache=False,
-                         pvc=pvc_name, name="convert test source")
+                         pvc=pvc_name, name="convert test source").after(check)
         on_test = _step(c.score_image_model(trained_model=trained,
                                             image_directory=test_dir.outputs["image_directory"]),
                         image)

@@ -132,3 +132,16 @@ def test_compile_command_writes_a_loadable_pipeline_with_the_image_default(tmp_p
 
     loaded = components.load_component_from_file(str(out))
     assert loaded.component_spec.inputs["image"].default == "registry.local/kfvision:1.2.3"
+
+
+def test_nothing_runs_before_the_parameters_are_checked(compiled):
+    # On the backend, tasks without a dependency start at once: every one must wait for check.
+    tasks = compiled[1][0]["root"]["dag"]["tasks"]
+
+    def upstream(name: str) -> set:
+        direct = set(tasks[name].get("dependentTasks", []))
+        return direct.union(*(upstream(d) for d in direct)) if direct else set()
+
+    for name in tasks:
+        if name != "check-parameters":
+            assert "check-parameters" in upstream(name), name
