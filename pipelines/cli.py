@@ -89,8 +89,9 @@ def _train(args, rest) -> int:
     nproc = args.nproc_per_node
     if nproc == 1:
         return train.main(rest)
-    # Several processes on this machine: hand over to torchrun, exactly as a PyTorchJob would.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    # Several processes on this machine: hand over to torchrun, exactly as a PyTorchJob would
+    # (through trainer.launch, which keeps the training processes' exit codes).
+    cmd = [sys.executable, "-m", "trainer.launch", "--standalone",
            f"--nproc-per-node={nproc}", "-m", "trainer.train", *rest]
     return subprocess.call(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 

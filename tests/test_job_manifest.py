@@ -106,8 +106,11 @@ def test_replicas_devices_and_the_operator_conventions(nodes, gpus, procs, nproc
         assert c["name"] == "pytorch"
         assert c["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456,
                                "protocol": "TCP"}]
-        # torchrun takes its rendezvous from the operator's PET_* variables: no flags of its own
-        assert c["command"] == ["torchrun", "-m", "trainer.train"]
+        # torchrun (through trainer.launch, for its exit codes) takes its rendezvous from the
+        # operator's PET_* variables: no flags of its own
+        assert c["command"] == ["python", "-m", "trainer.launch", "-m", "trainer.train"]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
         assert not any(a.startswith(("--standalone", "--nnodes", "--nproc", "--rdzv",
                                      "--master", "--node-rank")) for a in c["args"])
         assert c.get("resources", {}).get("limits") == (

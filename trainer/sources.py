@@ -39,6 +39,19 @@ def _ignored(name: str) -> bool:
     return name.startswith(".") or name in IGNORED
 
 
+def _undecodable(name: str) -> bool:
+    """A name that is not valid UTF-8 on disk (Python keeps its bytes as lone surrogates): it
+    would break every file written later (manifest, scored CSV, metrics), so it is not used."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+_NOT_UTF8 = "name is not valid UTF-8 (rename it to use it)"
+
+
 def walk_files(base: Path, root: Path, shown: str, skipped: list) -> list[tuple[str, Path]]:
     """(path relative to `base`, file) for every usable file under base, sorted.
 
@@ -52,11 +65,17 @@ def walk_files(base: Path, root: Path, shown: str, skipped: list) -> list[tuple[
         for name in list(dirs):
             if _ignored(name):
                 dirs.remove(name)
+            elif _undecodable(name):
+                dirs.remove(name)
+                skipped.append((_show(shown, root, d / name), "folder " + _NOT_UTF8))
             elif (d / name).is_symlink():
                 skipped.append((_show(shown, root, d / name), "link to a folder (not followed)"))
         for name in files:
             f = d / name
             if _ignored(name):
+                continue
+            if _undecodable(name):
+                skipped.append((_show(shown, root, f), "file " + _NOT_UTF8))
                 continue
             if f.is_symlink():
                 target = os.path.realpath(f)
@@ -72,7 +91,9 @@ def walk_files(base: Path, root: Path, shown: str, skipped: list) -> list[tuple[
 
 
 def _show(shown: str, root: Path, f: Path) -> str:
-    return f"{shown}/{f.relative_to(root).as_posix()}"
+    # undecodable bytes shown as \xNN: the report must print on any terminal
+    rel = os.fsencode(f.relative_to(root).as_posix()).decode("utf-8", "backslashreplace")
+    return f"{shown}/{rel}"
 
 
 def _subdirs(d: Path) -> list[Path]:
@@ -113,8 +134,11 @@ def plan_source(root, *, shown: str, archive: bool = False, labels=None) -> Plan
         return _plan_labelled(root, shown, archive, labels)
     top = unwrap(root, archive)
     skipped: list = []
-    classes = [d.name for d in _subdirs(top)]
-    if not classes:  # loose images only: unlabelled
+    classes = [d.name for d in _subdirs(top) if not _undecodable(d.name)]
+    for d in _subdirs(top):
+        if _undecodable(d.name):
+            skipped.append((_show(shown, root, d), "class folder " + _NOT_UTF8))
+    if not classes and not _subdirs(top):  # loose images only: unlabelled
         items = [Item(f, rel, None, _show(shown, root, f))
                  for rel, f in walk_files(top, root, shown, skipped)]
         return Plan((), items, skipped)

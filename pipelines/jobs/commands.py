@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 from pipelines.jobs.errors import InvalidJobError
+from pipelines.jobs.faults import Fault
 from pipelines.jobs.manifest import JobConfig, Toleration, Volume, build_pytorchjob, to_yaml
 from pipelines.jobs.rules import RESTART_POLICIES
 
@@ -149,6 +150,13 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM (e.g. a cancelled pipeline step) cleans up like Ctrl-C
 
 
+def _fault(text: str) -> Fault:
+    try:
+        return Fault.parse(text)
+    except InvalidJobError as e:  # argparse shows this message, not "invalid value"
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def _run_local(args) -> int:
     from pipelines.jobs.local import run_local
     from pipelines.jobs.rules import read_manifest
@@ -163,7 +171,7 @@ def _run_local(args) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
     try:
         result = run_local(job, log_dir, source=args.manifest, quiet=args.quiet,
-                           grace_s=args.grace)
+                           grace_s=args.grace, faults=args.fault)
     except KeyboardInterrupt:
         print(f"interrupted: stopped every process of job {name}", file=sys.stderr)
         return 130
@@ -248,6 +256,11 @@ def register(subparsers) -> None:
     r.add_argument("--quiet", action="store_true", help="logs to files only, not the terminal")
     r.add_argument("--grace", type=float, default=30.0,
                    help="seconds Workers may take to finish after the Master succeeded")
+    r.add_argument("--fault", type=_fault, action="append", default=[],
+                   metavar="TARGET:SIGNAL:PATTERN",
+                   help="fault drill (repeatable): once a log line matches PATTERN, send SIGNAL "
+                   "to TARGET, a replica (worker-0: the whole pod) or one training process "
+                   "(worker-0/0: local rank 0), e.g. 'worker-0/0:KILL:epoch 2 \\['")
     r.set_defaults(func=_run_local)
     s = sub.add_parser("submit", formatter_class=fmt,
                        help="create the job on the cluster (re-attach if it exists)")

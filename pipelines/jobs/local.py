@@ -8,7 +8,9 @@ kfvision runs in stand in for the image's (its bin folder goes first on PATH).
 
 The job succeeds when the Master succeeds. A replica that fails is restarted or fails the job as
 its `restartPolicy` says, with every restart counted against `runPolicy.backoffLimit`; a failure,
-a passed `activeDeadlineSeconds`, Ctrl-C or SIGTERM stop every process the run started.
+a passed `activeDeadlineSeconds`, Ctrl-C or SIGTERM stop every process the run started. `faults`
+(pipelines/jobs/faults.py) kill a pod or a training process when a log line matches, to show that
+the job survives it.
 """
 
 import os
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
+from pipelines.jobs.faults import FaultInjector
 from pipelines.jobs.procs import ReplicaProcess, proc_table, stop_all
 from pipelines.jobs.rules import CONTAINER_NAME, validate_pytorchjob
 
@@ -189,6 +192,7 @@ class LocalResult:
     restarts: int
     log_dir: Path
     exit_codes: dict = field(default_factory=dict)
+    faults: list = field(default_factory=list)  # what each injected fault did
 
 
 class _Printer:
@@ -264,7 +268,7 @@ def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> t
 
 
 def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, quiet: bool = False,
-              grace_s: float = 30.0, restart_delay_s: float = 1.0) -> LocalResult:
+              grace_s: float = 30.0, restart_delay_s: float = 1.0, faults=()) -> LocalResult:
     """Run the PyTorchJob `job` (a dict) on this machine, the way the Training Operator would.
 
     Args:
@@ -273,6 +277,7 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
         out: where prefixed log lines go (default sys.stdout); quiet: files only.
         grace_s: once the Master succeeded, how long Workers may take to finish by themselves.
         restart_delay_s: pause before restarting a failed replica (kubelet backs off 10 s+).
+        faults: Fault(target, after, signal) to inject, each once (pipelines/jobs/faults.py).
     Returns:
         LocalResult (seconds, restarts, exit codes of the replicas that ended by themselves).
     Raises:
@@ -283,7 +288,7 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
     port = free_port()
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    printer = _Printer(out or sys.stdout, quiet)
+    printer = FaultInjector(faults, _Printer(out or sys.stdout, quiet))
     commands = [replica_command(job, p, plans, port, source) for p in plans]
     procs = []
     for plan, (argv, env) in zip(plans, commands, strict=True):
@@ -291,6 +296,7 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
         path.write_text("")
         procs.append(ReplicaProcess(plan.name, argv, env, path, printer,
                                     cwd=plan.container.get("workingDir")))
+    printer.attach(procs)
     start = time.monotonic()
     try:
         for r in procs:  # Master first: it hosts the rendezvous store
@@ -306,4 +312,4 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
     finally:
         stop_all(procs)
     return LocalResult(job["metadata"]["name"], time.monotonic() - start, restarts, log_dir,
-                       codes)
+                       codes, printer.fired)

@@ -4,11 +4,18 @@
                                      procs_per_node=4, gpus_per_node=4))
     print(to_yaml(job))
 
-The container runs `torchrun -m trainer.train <training flags>`. torchrun takes --nnodes,
---nproc-per-node, --node-rank, --master-addr and --master-port from the operator's `PET_*`
-variables, and sets per-process RANK/LOCAL_RANK/WORLD_SIZE itself: the operator's own RANK and
-WORLD_SIZE are node-level and wrong with more than one process per pod (see
+The container runs `python -m trainer.launch -m trainer.train <training flags>`: torchrun (its own
+code, see trainer/launch.py) with exit codes that keep their meaning, so that the default
+`restartPolicy: ExitCode` retries a lost peer or a killed process (128-255; the run resumes from
+its last checkpoint) and fails bad input at once (1-127): see docs/faults.md. torchrun takes
+--nnodes, --nproc-per-node, --node-rank, --master-addr and --master-port from the operator's
+`PET_*` variables, and sets per-process RANK/LOCAL_RANK/WORLD_SIZE itself: the operator's own RANK
+and WORLD_SIZE are node-level and wrong with more than one process per pod (see
 ../shared/reference/README.md). So no `--standalone` and no rendezvous flags here.
+
+Pods meet the Kubernetes "restricted" Pod Security Standard: non-root, no privilege escalation,
+all capabilities dropped, RuntimeDefault seccomp, only emptyDir and PVC volumes; the root
+filesystem is read-only (an emptyDir at /tmp takes what torchrun and Python write there).
 """
 
 import re
@@ -34,7 +41,8 @@ PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT from the port wi
 DEFAULT_PORT = 23456  # the operator's default; written out so the manifest says what it uses
 GPU_RESOURCE = "nvidia.com/gpu"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-TRAIN_COMMAND = ("torchrun", "-m", "trainer.train")
+TRAIN_COMMAND = ("python", "-m", "trainer.launch", "-m", "trainer.train")
+TMP_MOUNT = "/tmp"  # writable scratch on a read-only root filesystem (torchrun's log folder)
 LABELS = {"app.kubernetes.io/name": "kfvision", "app.kubernetes.io/component": "train"}
 # The regex Kubernetes (and the CRD schema) uses for resource quantities such as 500m or 16Gi.
 _QUANTITY = re.compile(r"[+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
@@ -154,14 +162,14 @@ class JobConfig:
                 raise InvalidJobError(f"--toleration key {t.key!r} is not a valid taint key.")
 
     def _check_volumes(self) -> None:
-        mounts = ["/dev/shm"]
+        mounts = ["/dev/shm", TMP_MOUNT]
         for v in self.volumes:
             problem = dns1123_problem("--pvc claim", v.claim, subdomain=True)
             if problem:
                 raise InvalidJobError(problem + ".")
             if not v.mount.startswith("/") or v.mount.rstrip("/") in mounts:
                 raise InvalidJobError(f"--pvc {v.claim}:{v.mount}: the mount path must be "
-                                      "absolute and used once (and not /dev/shm).")
+                                      "absolute and used once (and not /dev/shm or /tmp).")
             mounts.append(v.mount.rstrip("/"))
 
 
@@ -199,6 +207,7 @@ def _container(cfg: JobConfig) -> dict:
         resources["requests"] = requests
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     mounts += [{"name": f"pvc-{i}", "mountPath": v.mount} for i, v in enumerate(cfg.volumes)]
+    mounts.append({"name": "tmp", "mountPath": TMP_MOUNT})
     return {
         "name": CONTAINER_NAME,
         "image": cfg.image,
@@ -207,7 +216,8 @@ def _container(cfg: JobConfig) -> dict:
         "ports": [{"name": PORT_NAME, "containerPort": DEFAULT_PORT, "protocol": "TCP"}],
         **({"resources": resources} if resources else {}),
         "securityContext": {"allowPrivilegeEscalation": False,
-                            "capabilities": {"drop": ["ALL"]}},
+                            "capabilities": {"drop": ["ALL"]},
+                            "readOnlyRootFilesystem": True},
         "volumeMounts": mounts,
     }
 
@@ -225,6 +235,7 @@ def _pod_spec(cfg: JobConfig) -> dict:
     volumes = [{"name": "dshm", "emptyDir": shm}]
     volumes += [{"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": v.claim}}
                 for i, v in enumerate(cfg.volumes)]
+    volumes.append({"name": "tmp", "emptyDir": {}})
     spec = {
         "automountServiceAccountToken": False,  # training pods never call the API
         "securityContext": {"runAsNonRoot": True, "runAsUser": cfg.run_as_user,
