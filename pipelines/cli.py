@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--check-limit", type=int, default=256, help="images of DATA to compare")
     x.set_defaults(func=_export)
 
-    d = sub.add_parser("demo", help="the whole flow on scikit-learn's handwritten digits",
+    d = sub.add_parser("demo", help="the whole KFP pipeline, run locally, on scikit-learn's digits",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     d.add_argument("--out", default="build/demo", help="working folder (replaced)")
     d.add_argument("--epochs", type=int, default=15, help="training epochs")
