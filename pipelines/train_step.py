@@ -16,6 +16,7 @@ anew (a retry should train again, not report the old failure).
 """
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from trainer.errors import InvalidModelDirectoryError
 
 STAGING = "kfvision-runs"
 STAGED_MARK = ".staged"
+is_mount = os.path.ismount  # a PVC is a mount point; a folder of the image is not
 
 
 def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dict,
@@ -97,7 +99,7 @@ def _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options,
     cfg = TrainConfig(model="model", train="train", val="val", out="trained", **options)
     name = job_config(cfg.validate(), run_id=run_key, pvc_name=pvc_name, **settings).name
     stage = Path(DATA_MOUNT) / STAGING / name
-    if not Path(DATA_MOUNT).is_dir():
+    if not is_mount(DATA_MOUNT):
         raise InvalidModelDirectoryError(
             f"{DATA_MOUNT} is not mounted in this step: on a cluster the train step needs the "
             f"ReadWriteMany PVC {pvc_name!r} (pipeline parameter pvc_name) to share data with "

@@ -199,6 +199,7 @@ def test_the_cluster_path_stages_submits_and_copies_the_model_back(tmp_path, mon
     mount = tmp_path / "pvc"
     mount.mkdir()
     monkeypatch.setattr(train_step, "DATA_MOUNT", str(mount))
+    monkeypatch.setattr(train_step, "is_mount", lambda path: path == str(mount))
     monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None: FakeJobs([None]))
     seen = {}
 
@@ -238,7 +239,7 @@ def test_the_cluster_path_stages_submits_and_copies_the_model_back(tmp_path, mon
 def test_the_cluster_path_needs_the_data_pvc(tmp_path, monkeypatch, tiny_digits, resnet18_dir):
     from trainer.errors import KfvisionError
 
-    monkeypatch.setattr(train_step, "DATA_MOUNT", str(tmp_path / "not-mounted"))
+    monkeypatch.setattr(train_step, "DATA_MOUNT", str(tmp_path))  # a folder, not a mount
     with pytest.raises(KfvisionError, match="is not mounted in this step.*pvc_name"):
         train_step.train_step(resnet18_dir, tiny_digits["train"], tiny_digits["val"],
                               tmp_path / "o", tmp_path / "job.yaml",
