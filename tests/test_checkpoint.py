@@ -36,7 +36,7 @@ from trainer.train import main
 
 CPU = torch.device("cpu")
 ALONE = DistContext(0, 0, 1, 1, CPU)
-# 3 short epochs on 80 images; "light" augmentation draws from the torch RNG every image, and
+# 3 short epochs on 40 images; "light" augmentation draws from the torch RNG every image, and
 # workers 0 keeps every RNG in this process, so a resumed run can match bit for bit.
 OPTIONS = {"epochs": 3, "image_size": 32, "batch_size": 16, "lr": 0.02, "augment": "light",
            "print_freq": 100, "workers": 0, "seed": 5}
@@ -179,8 +179,8 @@ def test_an_output_location_without_room_is_refused_before_training(tmp_path, mo
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory) -> dict:
-    """8 training and 2 validation digits per class: a few seconds an epoch."""
-    return _converted(tmp_path_factory.mktemp("micro"), limit=10)
+    """4 training digits and 1 validation digit per class: 3 steps an epoch."""
+    return _converted(tmp_path_factory.mktemp("micro"), limit=5)
 
 
 @pytest.fixture(scope="module")
