@@ -90,7 +90,7 @@ def resnet(model: Output[Model], model_name: str = "resnet18", pretrained: bool 
     from pipelines.steps import model_step, run
 
     model.metadata.update(run(model_step, model.path, model_name, pretrained,
-                                     zero_init_residual=zero_init_residual))
+                              zero_init_residual=zero_init_residual))
 
 
 @component
@@ -100,7 +100,7 @@ def densenet(model: Output[Model], model_name: str = "densenet121", pretrained: 
     from pipelines.steps import model_step, run
 
     model.metadata.update(run(model_step, model.path, model_name, pretrained,
-                                     memory_efficient=memory_efficient))
+                              memory_efficient=memory_efficient))
 
 
 @component
@@ -131,9 +131,9 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
                 "memory_per_node": memory_per_node, "shm_size": shm_size,
                 "timeout_seconds": timeout_seconds}
     summary = run(train_step, model.path, train.path, validation.path, trained_model.path,
-                         pytorchjob.path, options=options, settings=settings,
-                         run_key=unique_run_key(run_id, task_name), mode=execution_mode,
-                         pvc_name=pvc_name)
+                  pytorchjob.path, options=options, settings=settings,
+                  run_key=unique_run_key(run_id, task_name), mode=execution_mode,
+                  pvc_name=pvc_name)
     final = summary["final"]
     for key in ("val_top1", "val_top5", "val_loss", "train_images_per_sec"):
         metrics.log_metric(key, round(float(final[key]), 6))

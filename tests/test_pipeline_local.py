@@ -5,6 +5,7 @@ import csv
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 import yaml
@@ -101,8 +102,6 @@ def test_bad_parameters_fail_before_the_runner_starts(tiny_digits, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.filterwarnings("ignore:You may be attemping",
-                            "ignore:.*no effect in the current local")
 def test_the_pipelines_first_step_refuses_bad_parameters_before_any_other_runs(tiny_digits,
                                                                                tmp_path):
     # The KFP UI and `kfp run create` skip kfvision's own check: check-parameters does it.
@@ -113,7 +112,8 @@ def test_the_pipelines_first_step_refuses_bad_parameters_before_any_other_runs(t
 
     support_oneof_artifacts()
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path))
-    with pytest.raises(RuntimeError, match="check-parameters"):
+    with warnings.catch_warnings(), pytest.raises(RuntimeError, match="check-parameters"):
+        warnings.simplefilter("ignore")  # kfp.local's notes on the image and resources
         image_classification(train_source=str(tiny_digits["raw"] / "train"),
                              model_name="resnet19")
     ran = {p.name for p in tmp_path.glob("*/*") if p.is_dir()}
