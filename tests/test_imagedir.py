@@ -182,3 +182,12 @@ def test_dataset_yields_uint8_crops_of_the_image_size(tiny_digits, augment):
     ev = ImageDataset(d, eval_transform(augment, 48), precompute=True)
     plain = ImageDataset(d, eval_transform(augment, 48))
     assert torch.equal(ev[3][0], plain[3][0])  # precomputed eval crops are the same crops
+
+
+def test_an_image_damaged_after_conversion_is_a_named_error(imdir):
+    entry = json.loads((imdir / MANIFEST).read_text())["images"][0]
+    f = imdir / entry["path"]
+    f.write_bytes(b"\0" * f.stat().st_size)  # same size: the cheap manifest check passes
+    ds = ImageDataset(read_image_directory(imdir), eval_transform("none", 32))
+    with pytest.raises(InvalidDatasetError, match="can no longer be decoded.*kfvision convert"):
+        ds[0]

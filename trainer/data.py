@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms import v2
 
-from trainer.errors import check_choice
+from trainer.errors import InvalidDatasetError, check_choice
 from trainer.imagedir import ImageDirectory
 
 # torchvision 0.29 marks its image decoders deprecated in favour of TorchCodec; they remain the
@@ -103,15 +103,25 @@ class ImageDataset(Dataset):
             if precompute:
                 self.transform = None
 
+    def _load(self, i) -> torch.Tensor:
+        try:
+            return load_rgb(self.paths[i])
+        except (OSError, ValueError, SyntaxError) as e:  # Pillow's ways of saying "broken"
+            raise InvalidDatasetError(
+                f"{self.paths[i]} can no longer be decoded ({type(e).__name__}: {e}); it changed "
+                "after its image directory was made. Re-create the directory with "
+                "`kfvision convert`."
+            ) from e
+
     def _decode(self, i, transform=None):
-        img = load_rgb(self.paths[i])
+        img = self._load(i)
         return transform(img) if transform is not None else img
 
     def __len__(self):
         return len(self.paths)
 
     def __getitem__(self, i):
-        img = self.images[i] if self.images is not None else load_rgb(self.paths[i])
+        img = self.images[i] if self.images is not None else self._load(i)
         if self.transform is not None:
             img = self.transform(img)
         return img, self.labels[i]
