@@ -33,6 +33,7 @@ import torch
 
 from trainer.distributed import DistContext, all_gather_object, broadcast_object
 from trainer.errors import CheckpointMismatchError, KfvisionError, OutputError
+from trainer.modeldir import atomic_torch_save
 
 log = logging.getLogger("trainer")
 
@@ -118,30 +119,6 @@ def output_error(e: OSError, where) -> OutputError:
                            "PyTorchJob: a PVC mounted read-write, writable by the pods' uid).")
     return OutputError(f"cannot write to {where}: {e}. Check the volume, then run again: the "
                        "run resumes from the last checkpoint.")
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives a crash of the node only once the folder is
-    finally:
-        os.close(fd)
-
-
-def atomic_torch_save(obj, path: Path) -> None:
-    """torch.save straight into a temporary file beside `path`, fsync, rename (no copy in memory:
-    checkpoints of big models are big)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 class CheckpointStore:

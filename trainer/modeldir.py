@@ -9,7 +9,6 @@
 """
 
 import dataclasses
-import io
 import json
 import os
 import tempfile
@@ -25,19 +24,34 @@ MODEL_FILE = "model.json"
 MODEL_FORMAT = "kfvision.trained-model"
 
 
-def atomic_write_bytes(path, data: bytes) -> None:
-    """Write via a temporary file in the same folder and rename: readers never see half a file."""
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the rename itself survives a crash of the node only once the folder is
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path, write) -> None:
+    """Call write(file) on a temporary file in the same folder, fsync, rename, fsync the folder:
+    readers see the old file or the whole new one, whenever the process dies."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path, data: bytes) -> None:
+    """Write bytes atomically (see _atomic_write)."""
+    _atomic_write(path, lambda f: f.write(data))
 
 
 def atomic_write_json(path, obj) -> None:
@@ -45,9 +59,8 @@ def atomic_write_json(path, obj) -> None:
 
 
 def atomic_torch_save(obj, path) -> None:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    atomic_write_bytes(path, buf.getvalue())
+    """torch.save atomically, streamed to the file (no copy in memory: checkpoints are big)."""
+    _atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def write_model_files(out, spec: ModelSpec, info: dict, config: dict) -> None:
