@@ -166,9 +166,9 @@ def _seed_worker(worker_id: int) -> None:
 
 def make_loader(dataset: Dataset, *, batch_size: int, workers: int, shuffle: bool, seed: int,
                 rank: int = 0, world_size: int = 1, pin_memory: bool = False,
-                drop_last: bool = False):
+                drop_last: bool = False, collate_fn=None):
     """A DataLoader; with world_size > 1 and shuffle, a seeded DistributedSampler (returned too,
-    so the caller can `set_epoch`)."""
+    so the caller can `set_epoch`). `collate_fn`: None for the default (stacked tensors)."""
     sampler = None
     if shuffle and world_size > 1:
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
@@ -177,7 +177,7 @@ def make_loader(dataset: Dataset, *, batch_size: int, workers: int, shuffle: boo
     loader = DataLoader(
         dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler,
         num_workers=workers, pin_memory=pin_memory, drop_last=drop_last, generator=generator,
-        worker_init_fn=_seed_worker if workers else None,
+        worker_init_fn=_seed_worker if workers else None, collate_fn=collate_fn,
         persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
     )
     return loader, sampler
