@@ -67,6 +67,29 @@ def test_channels_last_gives_the_same_outputs_and_gradients():
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
+def test_the_fused_sgd_step_is_the_textbook_sgd_step():
+    import torchvision
+
+    from trainer.engine import make_sgd
+
+    torch.manual_seed(0)
+    fused_model = torchvision.models.resnet18(num_classes=4)
+    plain_model = torchvision.models.resnet18(num_classes=4)
+    plain_model.load_state_dict(fused_model.state_dict())
+    fused = make_sgd(fused_model, 0.1, 0.9, 1e-4)
+    plain = torch.optim.SGD(plain_model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4,
+                            foreach=False)
+    assert fused.defaults["fused"]  # this torch has the fused kernel on CPU: the fast path is on
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 4, (4,))
+    for _ in range(3):  # the second and later steps use the momentum buffer
+        for model, opt in ((fused_model, fused), (plain_model, plain)):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    for a, b in zip(fused_model.parameters(), plain_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.slow
 def test_the_whole_fast_path_reaches_the_accuracy_of_the_plain_path_on_the_digits(
         tmp_path, resnet18_dir, digits):
@@ -82,6 +105,7 @@ def test_the_whole_fast_path_reaches_the_accuracy_of_the_plain_path_on_the_digit
 class _Cfg:
     cache, workers, amp, channels_last, compile, image_size = ("auto", -1, "auto", "auto",
                                                                "off", 224)
+    gpu_decode = "auto"
 
 
 @pytest.mark.parametrize("amx, size, decoded, expect", [
