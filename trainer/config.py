@@ -8,8 +8,6 @@ import argparse
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-import yaml
-
 from trainer.data import AUGMENTATIONS
 from trainer.errors import InvalidParameterError, check_choice, check_range
 
@@ -38,6 +36,7 @@ class TrainConfig:
     channels_last: str = "auto"
     amp: str = "auto"
     compile: str = "off"
+    gpu_decode: str = "auto"
 
     def validate(self) -> "TrainConfig":
         check_range("epochs", self.epochs, 1, 100_000)
@@ -58,6 +57,12 @@ class TrainConfig:
         check_choice("channels-last", self.channels_last, ("auto", "on", "off"))
         check_choice("amp", self.amp, ("auto", "bf16", "off"))
         check_choice("compile", self.compile, ("on", "off"))
+        check_choice("gpu-decode", self.gpu_decode, ("auto", "on", "off"))
+        if self.gpu_decode == "on" and self.cache == "on":
+            raise InvalidParameterError(
+                "--gpu-decode on and --cache on exclude each other: the first decodes the training "
+                "JPEGs on the device every epoch, the second keeps them decoded in memory. Pick "
+                "one (or leave either at auto).")
         return self
 
     def to_dict(self) -> dict:
@@ -87,6 +92,9 @@ _HELP = {
     "amp": "mixed precision: bf16 autocast, off (fp32), or auto (bf16 where the hardware has "
            "native bf16: CUDA, CPUs with AMX)",
     "compile": "torch.compile the model: on or off",
+    "gpu_decode": "decode and augment the training JPEGs in batches on the device, workers only "
+                  "read files: on, off, or auto (on for CUDA when most training images are JPEGs "
+                  "and they are not cached)",
 }
 
 
@@ -113,6 +121,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     values = {}
     if getattr(args, "config", None):
         path = Path(args.config)
+        try:
+            import yaml  # only for --config: the GPU images have torch but not PyYAML
+        except ImportError as e:
+            raise InvalidParameterError(
+                f"--config {path} needs PyYAML (pip install pyyaml); or give the options as "
+                "flags.") from e
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except (OSError, yaml.YAMLError) as e:

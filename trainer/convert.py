@@ -171,7 +171,12 @@ def _skip(report: ConvertReport, where: str, why: str, strict: bool) -> None:
 
 def _copy_images(plan, dest: Path, report: ConvertReport, *, strict: bool, move: bool,
                  progress) -> list[ImageEntry]:
-    from tqdm import tqdm
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is optional: the GPU images have torch but not tqdm
+
+        def tqdm(items, **_):
+            return items
 
     entries = []
     dest.mkdir()

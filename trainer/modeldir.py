@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 import torch
-import yaml
 
 from trainer.errors import InvalidModelDirectoryError
 from trainer.models import SPEC_FILE, WEIGHTS_FILE, ModelSpec, build_model, read_model_spec
@@ -69,7 +68,15 @@ def write_model_files(out, spec: ModelSpec, info: dict, config: dict) -> None:
     trained_spec = dataclasses.replace(spec, pretrained=False, weights=WEIGHTS_FILE)
     atomic_write_json(out / SPEC_FILE, trained_spec.to_json())
     atomic_write_json(out / MODEL_FILE, {"format": MODEL_FORMAT, "version": 1, **info})
-    atomic_write_bytes(out / "config.yaml", yaml.safe_dump(config, sort_keys=False).encode())
+    atomic_write_bytes(out / "config.yaml", _yaml_text(config).encode())
+
+
+def _yaml_text(config: dict) -> str:
+    try:
+        import yaml
+    except ImportError:  # the GPU images have torch but not PyYAML; JSON is valid YAML too
+        return json.dumps(config, indent=2) + "\n"
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 def load_trained_model(model_dir) -> tuple[torch.nn.Module, dict]:

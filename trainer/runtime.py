@@ -10,7 +10,10 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
   with AMX for images of 128 px and up); weights, optimiser state and the loss stay float32;
 - channels_last: on where the convolutions are faster in NHWC (CUDA, and CPU oneDNN with bf16);
 - compile: torch.compile of the model (off by default: on 2 CPU cores it costs more than it saves
-  on short runs; see docs/benchmarks.md).
+  on short runs; see docs/benchmarks.md);
+- gpu_decode: the training JPEGs decoded and augmented in batches on the device, workers only read
+  files (trainer/devicedata.py); auto: on for CUDA when most training images are JPEGs and they
+  are not cached (decoding every epoch on the CPU is then what a GPU step waits for).
 """
 
 import os
@@ -31,6 +34,7 @@ class Runtime:
     amp: bool
     channels_last: bool
     compile: bool
+    gpu_decode: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,8 +59,12 @@ def available_memory() -> int:
     return 4 << 30
 
 
-def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int) -> Runtime:
-    """The concrete fast-path settings from the config's auto/on/off values and this machine."""
+def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float = 0.0) -> Runtime:
+    """The concrete fast-path settings from the config's auto/on/off values and this machine.
+
+    `decoded_bytes`: of the training and validation images decoded; `jpeg_share`: the fraction
+    of the training images that are JPEG files.
+    """
     cuda = ctx.device.type == "cuda"
     fits = decoded_bytes <= available_memory() // (4 * ctx.local_world_size)
     cache = cfg.cache == "on" or (cfg.cache == "auto" and fits)
@@ -73,11 +81,16 @@ def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int) -> Runtime:
                    cpu_has_amx() and cfg.image_size >= CPU_BF16_MIN_IMAGE_SIZE)
     amp = cfg.amp == "bf16" or (cfg.amp == "auto" and native_bf16)
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and (cuda or amp))
-    return Runtime(cache, workers, amp, channels_last, cfg.compile == "on")
+    gpu_decode = cfg.gpu_decode == "on" or (cfg.gpu_decode == "auto" and cuda and not cache
+                                            and jpeg_share > 0.5)
+    return Runtime(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode)
 
 
 def describe(rt: Runtime) -> str:
-    return (f"cache {'on' if rt.cache else 'off'}, workers {rt.workers}, "
+    cache = ("on (validation only)" if rt.gpu_decode else "on") if rt.cache else "off"
+    return (f"cache {cache}, workers {rt.workers}, "
             f"{'bf16 autocast' if rt.amp else 'fp32'}, "
             f"{'channels_last' if rt.channels_last else 'NCHW'}"
-            f"{', torch.compile' if rt.compile else ''}; {os.cpu_count()} cores")
+            f"{', torch.compile' if rt.compile else ''}"
+            f"{', training JPEGs decoded on the device' if rt.gpu_decode else ''}; "
+            f"{os.cpu_count()} cores")

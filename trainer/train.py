@@ -30,6 +30,7 @@ from trainer.config import TrainConfig, add_train_arguments, config_from_args
 from trainer.data import (
     IMAGENET_MEAN,
     IMAGENET_STD,
+    JPEG_SUFFIXES,
     EvalShard,
     ImageDataset,
     Normalizer,
@@ -37,6 +38,7 @@ from trainer.data import (
     make_loader,
     train_transform,
 )
+from trainer.devicedata import EncodedImages, make_device_loader
 from trainer.engine import Trainer
 from trainer.errors import InvalidDatasetError, KfvisionError
 from trainer.imagedir import check_same_classes, read_image_directory
@@ -69,19 +71,27 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     if len(train_dir.classes) < 2:
         raise InvalidDatasetError(f"{cfg.train} has a single class; a classifier needs two or "
                                   "more. Add a class folder and convert again.")
-    rt = resolve_runtime(cfg, ctx, train_dir.decoded_bytes() + val_dir.decoded_bytes())
+    jpegs = sum(e.path.lower().endswith(JPEG_SUFFIXES) for e in train_dir.images)
+    rt = resolve_runtime(cfg, ctx, train_dir.decoded_bytes() + val_dir.decoded_bytes(),
+                         jpegs / len(train_dir.images))
     if ctx.device.type == "cpu":
         torch.set_num_threads(distributed.cpus_per_process(ctx))
     seed_everything(cfg.seed)
     model = build_model(spec, len(train_dir.classes), cfg.model)
-    train_ds = ImageDataset(train_dir, train_transform(cfg.augment, cfg.image_size),
-                            cache=rt.cache)
     val_ds = ImageDataset(val_dir, eval_transform(cfg.augment, cfg.image_size),
                           precompute=rt.cache)
     pin = ctx.device.type == "cuda"
-    train_loader, sampler = make_loader(train_ds, batch_size=cfg.batch_size, workers=rt.workers,
-                                        shuffle=True, seed=cfg.seed, rank=ctx.rank,
-                                        world_size=ctx.world_size, pin_memory=pin)
+    options = {"batch_size": cfg.batch_size, "workers": rt.workers, "shuffle": True,
+               "seed": cfg.seed, "rank": ctx.rank, "world_size": ctx.world_size, "pin_memory": pin}
+    if rt.gpu_decode:  # workers only read files; batches are decoded + augmented on the device
+        train_ds = EncodedImages(train_dir)
+        train_loader, sampler = make_device_loader(train_ds, augment=cfg.augment,
+                                                   image_size=cfg.image_size, device=ctx.device,
+                                                   **options)
+    else:
+        train_ds = ImageDataset(train_dir, train_transform(cfg.augment, cfg.image_size),
+                                cache=rt.cache)
+        train_loader, sampler = make_loader(train_ds, **options)
     val_loader, _ = make_loader(EvalShard(val_ds, ctx.rank, ctx.world_size),
                                 batch_size=2 * cfg.batch_size, workers=min(rt.workers, 2),
                                 shuffle=False, seed=cfg.seed, pin_memory=pin)

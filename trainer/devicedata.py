@@ -1,0 +1,225 @@
+"""Device decoding of the training set (`--gpu-decode`): JPEGs decoded and augmented in batches on
+the training device, so DataLoader workers only read files.
+
+On a GPU the CPU-side JPEG decode is what limits a ResNet-50 step (about 2 ms per ImageNet-sized
+image per core, docs/benchmarks.md). Here workers hand over the encoded bytes; the training process
+decodes the whole batch with one `torchvision.io.decode_jpeg(list, device=...)` call (nvJPEG, the
+hardware decoder on A100/H100), crops, resizes and flips each image on the device exactly as the
+`train_transform` presets of trainer/data.py do, and stacks a uint8 NCHW batch for `Normalizer`.
+
+What the device cannot decode goes to the CPU, per image, never failing the batch:
+- files that are not 8-bit grey or colour JPEGs (PNG, CMYK/YCCK or 12-bit JPEG, ...) are decoded
+  by `load_rgb` in the worker, as on the CPU path;
+- a JPEG the device decoder refuses is decoded by `load_rgb` in the training process.
+
+The same code runs with device "cpu" (libjpeg-turbo), which is how the tests exercise it.
+Augmentation is drawn from a torch.Generator seeded at each epoch from the state of the
+DataLoader's generator: runs are reproducible, a resumed run (trainer/checkpoint.py restores that
+generator) draws the same crops as one that never stopped, and the data order is the CPU path's.
+"""
+
+import hashlib
+import logging
+import math
+
+import torch
+from torchvision.io import ImageReadMode, decode_jpeg, read_file
+from torchvision.transforms.v2 import functional as F
+
+from trainer.data import AUGMENTATIONS, ImageDataset, make_loader
+from trainer.errors import check_choice
+from trainer.imagedir import ImageDirectory
+
+log = logging.getLogger("trainer")
+
+# preset -> (scale, ratio) of its RandomResizedCrop, None for a plain resize, and whether it flips;
+# the same numbers as trainer.data.train_transform (torchvision's RandomResizedCrop defaults).
+CROPS = {
+    "standard": ((0.08, 1.0), (3 / 4, 4 / 3), True),
+    "light": ((0.7, 1.0), (0.85, 1.18), False),
+    "none": (None, None, False),
+}
+assert set(CROPS) == set(AUGMENTATIONS), "a preset of trainer.data has no device version"
+
+# Start-of-frame markers (all JPEG processes; not DHT C4, JPG C8, DAC CC).
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def device_decodable(data: torch.Tensor) -> bool:
+    """True for an 8-bit JPEG with 1 (grey) or 3 (colour) components: what nvJPEG decodes to RGB.
+
+    Reads the marker segments up to the frame header; anything else (not a JPEG, CMYK/YCCK,
+    12-bit, a truncated header) is False and goes to the CPU decoder.
+    """
+    b = memoryview(data.numpy())
+    if len(b) < 4 or b[0] != 0xFF or b[1] != 0xD8:
+        return False
+    pos = 2
+    while pos + 4 <= len(b):
+        if b[pos] != 0xFF:
+            return False
+        marker = b[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # segments without a length
+            pos += 2
+            continue
+        if marker in _SOF:
+            return pos + 10 <= len(b) and b[pos + 4] == 8 and b[pos + 9] in (1, 3)
+        if marker == 0xDA:  # image data before any frame header
+            return False
+        pos += 2 + (b[pos + 2] << 8 | b[pos + 3])
+    return False
+
+
+class EncodedImages(ImageDataset):
+    """(encoded JPEG bytes or decoded uint8 CHW image, label, index) of an ImageDirectory.
+
+    A 1-D uint8 tensor is a JPEG for the device decoder; anything it cannot take arrives decoded
+    on the CPU (3-D), with the errors of `ImageDataset` for files that changed on disk.
+    """
+
+    def __init__(self, imdir: ImageDirectory):
+        super().__init__(imdir, transform=None)
+
+    def __getitem__(self, i):
+        try:
+            data = read_file(str(self.paths[i]))
+        except RuntimeError:  # gone or unreadable: _load raises the dataset error that says so
+            data = None
+        if data is None or not device_decodable(data):
+            data = self.load(i)
+        return data, self.labels[i], i
+
+    def load(self, i) -> torch.Tensor:
+        """Image i decoded on the CPU (`load_rgb`), as the CPU path does."""
+        return self._load(i)
+
+
+def collate_encoded(items):
+    """Batch of EncodedImages items -> (list of tensors, labels, dataset indices)."""
+    data, labels, indices = zip(*items)
+    return list(data), torch.tensor(labels), list(indices)
+
+
+class DeviceDecodeLoader:
+    """Wraps a DataLoader over EncodedImages: yields (uint8 NCHW batch on `device`, labels).
+
+    Args:
+        loader: a DataLoader with `collate_encoded` (see `make_device_loader`).
+        augment: a trainer.data preset name (standard, light, none).
+        size: side of the square output images.
+        device: where to decode and augment.
+    """
+
+    def __init__(self, loader, augment: str, size: int, device):
+        check_choice("augment", augment, AUGMENTATIONS)
+        self.loader, self.size, self.device = loader, size, torch.device(device)
+        self.scale, self.ratio, self.flip = CROPS[augment]
+        self.cpu_fallbacks = 0  # JPEGs the device decoder refused, decoded by load_rgb instead
+
+    def __len__(self):
+        return len(self.loader)
+
+    @property
+    def generator(self) -> torch.Generator:
+        """The DataLoader's generator: checkpoints save and restore it (augmentation included)."""
+        return self.loader.generator
+
+    @property
+    def dataset(self) -> EncodedImages:
+        return self.loader.dataset
+
+    def __iter__(self):
+        # derived from the loader generator's state, not drawn from it: drawing would change the
+        # shuffle order, which then would no longer match the CPU path's for the same seed
+        state = self.loader.generator.get_state().numpy().tobytes()
+        gen = torch.Generator().manual_seed(
+            int.from_bytes(hashlib.sha256(state).digest()[:8], "little"))
+        for data, labels, indices in self.loader:
+            yield self.transform(self.decode(data, indices), gen), labels
+
+    def decode(self, data: list, indices: list) -> list:
+        """Every image of a batch as a uint8 RGB CHW tensor on the device."""
+        out = [d.to(self.device, non_blocking=True) if d.dim() == 3 else None for d in data]
+        todo = [k for k, d in enumerate(out) if d is None]
+        if not todo:
+            return out
+        try:
+            decoded = decode_jpeg([data[k] for k in todo], mode=ImageReadMode.RGB,
+                                  device=self.device)
+        except RuntimeError:  # one image spoils the batched call: find it, decode the rest
+            decoded = [self._decode_one(data[k], indices[k]) for k in todo]
+        for k, img in zip(todo, decoded):
+            out[k] = img
+        return out
+
+    def _decode_one(self, data: torch.Tensor, index: int) -> torch.Tensor:
+        try:
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError as e:
+            self.cpu_fallbacks += 1
+            if self.cpu_fallbacks == 1:
+                log.warning("the %s JPEG decoder refused %s (%s); decoding such images on the "
+                            "CPU", self.device.type, self.dataset.paths[index], e)
+            return self.dataset.load(index).to(self.device, non_blocking=True)
+
+    def transform(self, images: list, gen: torch.Generator) -> torch.Tensor:
+        """The preset's crop + resize (+ flip) of every image, stacked.
+
+        Every random number is drawn on the CPU and used as a Python number: a random tensor
+        copied to the GPU from pageable memory would make the CPU wait for the queued steps.
+        """
+        size = [self.size, self.size]
+        if self.scale is None:
+            out = [F.resize(img, size, antialias=True) for img in images]
+        else:
+            boxes = crop_boxes([img.shape[-2:] for img in images], self.scale, self.ratio, gen)
+            out = [F.resized_crop(img, *box, size, antialias=True)
+                   for img, box in zip(images, boxes)]
+        if self.flip:
+            flips = (torch.rand(len(out), generator=gen) < 0.5).tolist()
+            out = [img.flip(-1) if f else img for img, f in zip(out, flips)]
+        return torch.stack(out)
+
+
+def crop_boxes(shapes, scale, ratio, gen: torch.Generator, attempts: int = 10) -> list:
+    """(top, left, height, width) of a RandomResizedCrop for each (height, width) in `shapes`.
+
+    torchvision's sampling (RandomResizedCrop.get_params): up to `attempts` draws of an area
+    fraction in `scale` and a log-uniform aspect ratio in `ratio`, else the centre crop clamped to
+    `ratio`; all the batch's random numbers come from `gen` in one call.
+    """
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    draws = torch.rand(len(shapes), attempts, 4, generator=gen, dtype=torch.float64).tolist()
+    boxes = []
+    for (height, width), tries in zip(shapes, draws):
+        height, width = int(height), int(width)
+        for u_area, u_ratio, u_top, u_left in tries:
+            area = height * width * (scale[0] + u_area * (scale[1] - scale[0]))
+            aspect = math.exp(log_lo + u_ratio * (log_hi - log_lo))
+            w, h = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                boxes.append((int(u_top * (height - h + 1)), int(u_left * (width - w + 1)), h, w))
+                break
+        else:
+            in_ratio = width / height
+            if in_ratio < min(ratio):
+                w, h = width, round(width / min(ratio))
+            elif in_ratio > max(ratio):
+                w, h = round(height * max(ratio)), height
+            else:
+                w, h = width, height
+            boxes.append(((height - h) // 2, (width - w) // 2, h, w))
+    return boxes
+
+
+def make_device_loader(dataset: EncodedImages, *, augment: str, image_size: int, device,
+                       **loader_options):
+    """`make_loader` over encoded images, wrapped to decode and augment on `device`.
+
+    Returns (DeviceDecodeLoader, sampler or None) like `make_loader`.
+    """
+    loader, sampler = make_loader(dataset, collate_fn=collate_encoded, **loader_options)
+    return DeviceDecodeLoader(loader, augment, image_size, device), sampler
