@@ -37,9 +37,9 @@ bench: setup ## throughput vs the usual way (input pipeline, training on digits 
 	$(PY) -m bench.train --dataset jpeg --images 256 --archs resnet18 resnet50 \
 		--image-size 224 --batch-size 16 --epochs 2 --rounds 1
 
-bench-gpu: setup ## the GPU benchmark (run on a machine with a CUDA GPU)
-	$(PY) -m bench.train --dataset jpeg --device cuda --images 5000 --archs resnet50 \
-		--image-size 224 --batch-size 256 --epochs 3 --rounds 1 --plain-workers 8
+# No `setup`: the GPU machines have torch/torchvision but no network; .venv's python if there is one
+bench-gpu: ## the GPU benchmark, ResNet-50 on JPEGs (bench/gpu.sh; needs only torch, torchvision)
+	PYTHON=$(if $(wildcard $(PY)),$(PY),$(PYTHON)) bash bench/gpu.sh
 
 clean: ## remove build outputs (keeps .venv)
 	rm -rf build .pytest_cache

@@ -8,31 +8,42 @@ worker start-up, caching and allocator warm-up in both), median over rounds.
     python -m bench.train --dataset digits                      # 32 px digits, resnet18
     python -m bench.train --dataset jpeg --archs resnet18 resnet50 --image-size 224 \
         --batch-size 16 --images 256 --epochs 2                  # the generated JPEG set
-    python -m bench.train --dataset jpeg --device cuda --archs resnet50 --images 5000 \
-        --batch-size 256 --image-size 224 --epochs 3             # on a GPU machine
+    bash bench/gpu.sh                                            # on a GPU machine (see there)
+
+For the JPEG set on CUDA, kfvision runs twice: with its defaults, and with `--gpu-decode on`
+(JPEGs decoded and augmented on the GPU, trainer/devicedata.py); `--variants` picks. The JPEG set
+needs only torch, torchvision, pillow and numpy (the digits need scikit-learn).
 
 Prints a Markdown table of ratios (kfvision / plain loop) and writes it to build/bench/.
 """
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import torch
+import torchvision
+
 from bench.jpegset import make_jpeg_set
-from pipelines.demo import write_digits
 from trainer.imagedir import convert_class_folders
 from trainer.models import write_untrained_model
 from trainer.split import split
 
 BENCH = Path("build/bench")
+# kfvision runs compared with the plain loop: name -> extra `trainer.train` flags
+VARIANTS = {"default": (), "gpu-decode": ("--gpu-decode", "on")}
 
 
 def prepare(args) -> tuple[Path, Path, Path]:
     """(raw class folders for the plain loop, train image dir, val image dir)."""
     if args.dataset == "digits":
+        from pipelines.demo import write_digits  # needs scikit-learn, which GPU images lack
+
         out = BENCH / "digits"
         if not (out / "data" / "val").exists():
             write_digits(out / "raw")
@@ -60,19 +71,22 @@ def run_plain(arch, args, raw, workers) -> float:
     cmd = [sys.executable, "-m", "bench.plain_loop", "--data", str(raw), "--arch", arch,
            "--workers", str(workers), "--augment", args.augment, "--device", args.device,
            *_common(args)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return _steady(json.loads(out.strip().splitlines()[-1])["images_per_sec"])
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode:
+        raise SystemExit(f"the plain loop failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
+    return _steady(json.loads(run.stdout.strip().splitlines()[-1])["images_per_sec"])
 
 
-def run_kfvision(arch, args, train, val, extra=()) -> float:
+def run_kfvision(arch, args, train, val, variant="default") -> float:
     model = BENCH / "models" / arch
     if not model.exists():
         write_untrained_model(model, arch)
-    out = BENCH / "trained" / arch
+    out = BENCH / "trained" / f"{arch}-{variant}"
+    shutil.rmtree(out, ignore_errors=True)  # a crashed run's checkpoints would be resumed
     cmd = [sys.executable, "-m", "trainer.train", "--model", str(model), "--train", str(train),
            "--val", str(val), "--out", str(out), "--augment", args.augment, "--lr", "0.05",
            "--print-freq", "100000", "--patience", str(args.epochs), "--device", args.device,
-           *_common(args), *extra]
+           *_common(args), *VARIANTS[variant]]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode:
         raise SystemExit(f"kfvision train failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
@@ -95,30 +109,51 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--plain-workers", type=int, nargs="+", default=[0, 2],
                    help="DataLoader workers tried for the plain loop; its best counts")
+    p.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=None,
+                   help="kfvision runs to compare (default: default, plus gpu-decode for the "
+                   "JPEG set on cuda)")
     args = p.parse_args(argv)
     args.augment = args.augment or ("light" if args.dataset == "digits" else "standard")
+    gpu_jpeg = args.device == "cuda" and args.dataset == "jpeg"
+    args.variants = args.variants or (["default", "gpu-decode"] if gpu_jpeg else ["default"])
+    machine = describe_machine(args.device)
     raw, train, val = prepare(args)
+    head = "".join(f" kfvision {v} img/s | ratio |" for v in args.variants)
     rows = [f"| {args.dataset} {args.image_size}px, batch {args.batch_size}, {args.device} "
-            "| plain loop img/s (workers) | kfvision img/s | ratio |", "|---|---|---|---|"]
+            f"| plain loop img/s (workers) |{head}", "|---|---|" + "---|---|" * len(args.variants)]
     for arch in args.archs:
         plain = {w: [] for w in args.plain_workers}
-        ours = []
+        ours = {v: [] for v in args.variants}
         for r in range(args.rounds):
             for w in args.plain_workers:
                 plain[w].append(run_plain(arch, args, raw, w))
-            ours.append(run_kfvision(arch, args, train, val))
-            print(f"{arch} round {r + 1}: plain {({w: round(v[-1], 1) for w, v in plain.items()})}"
-                  f" kfvision {ours[-1]:.1f} img/s", flush=True)
+            for v in args.variants:
+                ours[v].append(run_kfvision(arch, args, train, val, v))
+            print(f"{arch} round {r + 1}: plain {({w: round(x[-1], 1) for w, x in plain.items()})}"
+                  f" kfvision {({v: round(x[-1], 1) for v, x in ours.items()})} img/s", flush=True)
         best_w = max(plain, key=lambda w: statistics.median(plain[w]))
-        base, mine = statistics.median(plain[best_w]), statistics.median(ours)
-        rows.append(f"| {arch} | {base:.1f} ({best_w}) | {mine:.1f} | {mine / base:.2f}x |")
+        base = statistics.median(plain[best_w])
+        cells = "".join(f" {statistics.median(x):.1f} | {statistics.median(x) / base:.2f}x |"
+                        for x in ours.values())
+        rows.append(f"| {arch} | {base:.1f} ({best_w}) |{cells}")
     table = "\n".join(rows)
     note = (f"\n{args.epochs} epochs x {args.rounds} rounds, medians; the plain loop's best of "
-            f"{args.plain_workers} DataLoader workers counts.")
+            f"{args.plain_workers} DataLoader workers counts. {machine}")
     print("\n" + table + note)
     BENCH.mkdir(parents=True, exist_ok=True)
     (BENCH / f"train-{args.dataset}-{args.device}.md").write_text(table + "\n" + note + "\n")
     return 0
+
+
+def describe_machine(device: str) -> str:
+    """Versions and the GPU, for the result file; fails early when CUDA is asked for but absent."""
+    versions = f"torch {torch.__version__}, torchvision {torchvision.__version__}"
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"--device cuda, but this torch ({versions}) sees no CUDA device. "
+                             "Run the GPU benchmark on a machine with one, or use --device cpu.")
+        return f"{torch.cuda.get_device_name()}, {versions}, {os.cpu_count()} cores."
+    return f"{versions}, {os.cpu_count()} cores."
 
 
 if __name__ == "__main__":
