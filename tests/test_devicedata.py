@@ -70,9 +70,9 @@ def mixed_dir(tmp_path_factory):
     return read_image_directory(root / "data")
 
 
-def _loader(imdir, augment, batch_size=8, shuffle=False, seed=1, size=32):
+def _loader(imdir, augment, batch_size=8, shuffle=False, seed=1, size=32, workers=0):
     loader, _ = make_device_loader(EncodedImages(imdir), augment=augment, image_size=size,
-                                   device="cpu", batch_size=batch_size, workers=0,
+                                   device="cpu", batch_size=batch_size, workers=workers,
                                    shuffle=shuffle, seed=seed)
     return loader
 
@@ -103,6 +103,15 @@ def test_without_augmentation_the_pixels_are_the_cpu_paths(mixed_dir):
     expected = torch.stack([cpu[i][0] for i in range(len(cpu))])
     assert (batch.int() - expected.int()).abs().max() <= 1
     assert labels.tolist() == cpu.labels
+
+
+def test_worker_processes_give_the_same_batches(mixed_dir):
+    """Workers hand over one tensor of JPEG bytes per batch, plus what they decoded themselves."""
+    inline, workers = (list(_loader(mixed_dir, "light", batch_size=3, shuffle=True, workers=w))
+                       for w in (0, 2))
+    assert len(inline) == len(workers) == 3
+    for (a, la), (b, lb) in zip(inline, workers):
+        assert torch.equal(a, b) and torch.equal(la, lb)
 
 
 def test_a_jpeg_the_decoder_refuses_is_decoded_from_its_file_on_the_cpu(mixed_dir):

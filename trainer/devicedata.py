@@ -98,9 +98,25 @@ class EncodedImages(ImageDataset):
 
 
 def collate_encoded(items):
-    """Batch of EncodedImages items -> (list of tensors, labels, dataset indices)."""
+    """Batch of EncodedImages items -> (all JPEG bytes in one tensor, their lengths (0 for an
+    image decoded in the worker), the images decoded in the worker, labels, dataset indices).
+
+    One tensor rather than one per image: a worker hands each tensor over through its own shared
+    memory file, and hundreds per batch can run out of file descriptors.
+    """
     data, labels, indices = zip(*items)
-    return list(data), torch.tensor(labels), list(indices)
+    jpegs = [d for d in data if d.dim() == 1]
+    flat = torch.cat(jpegs) if jpegs else torch.empty(0, dtype=torch.uint8)
+    lengths = [d.numel() if d.dim() == 1 else 0 for d in data]
+    decoded = [d for d in data if d.dim() != 1]
+    return flat, lengths, decoded, torch.tensor(labels), list(indices)
+
+
+def split_encoded(flat: torch.Tensor, lengths: list, decoded: list) -> list:
+    """The batch's images in order: views of `flat` (JPEG bytes) or decoded CHW tensors."""
+    jpegs = iter(torch.split(flat, [n for n in lengths if n]))
+    others = iter(decoded)
+    return [next(jpegs) if n else next(others) for n in lengths]
 
 
 class DeviceDecodeLoader:
@@ -137,8 +153,9 @@ class DeviceDecodeLoader:
         state = self.loader.generator.get_state().numpy().tobytes()
         gen = torch.Generator().manual_seed(
             int.from_bytes(hashlib.sha256(state).digest()[:8], "little"))
-        for data, labels, indices in self.loader:
-            yield self.transform(self.decode(data, indices), gen), labels
+        for flat, lengths, decoded, labels, indices in self.loader:
+            images = self.decode(split_encoded(flat, lengths, decoded), indices)
+            yield self.transform(images, gen), labels
 
     def decode(self, data: list, indices: list) -> list:
         """Every image of a batch as a uint8 RGB CHW tensor on the device."""
