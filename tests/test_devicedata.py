@@ -17,6 +17,7 @@ from torchvision.transforms import RandomResizedCrop
 from trainer.config import TrainConfig
 from trainer.data import ImageDataset, train_transform
 from trainer.devicedata import (
+    CROPS,
     DeviceDecodeLoader,
     EncodedImages,
     crop_boxes,
@@ -138,6 +139,18 @@ def test_a_jpeg_the_decoder_refuses_is_decoded_from_its_file_on_the_cpu(mixed_di
 ])
 def test_only_8_bit_grey_or_colour_jpegs_go_to_the_device(make, expected):
     assert device_decodable(make(_image(np.random.default_rng(2), 0))) is expected
+
+
+@pytest.mark.parametrize("augment", ["standard", "light", "none"])
+def test_the_device_presets_are_the_cpu_presets(augment):
+    from torchvision.transforms import v2
+
+    cpu = train_transform(augment, 32)
+    steps = cpu.transforms if isinstance(cpu, v2.Compose) else [cpu]
+    crop = next((t for t in steps if isinstance(t, v2.RandomResizedCrop)), None)
+    scale, ratio, flip = CROPS[augment]
+    assert (scale, ratio) == ((tuple(crop.scale), tuple(crop.ratio)) if crop else (None, None))
+    assert flip == any(isinstance(t, v2.RandomHorizontalFlip) for t in steps)
 
 
 def test_crops_are_drawn_like_torchvisions_random_resized_crop():
