@@ -20,6 +20,7 @@ from torchvision.transforms import v2
 
 from trainer.errors import InvalidDatasetError, check_choice
 from trainer.imagedir import ImageDirectory
+from trainer.pack import open_pack
 
 # torchvision 0.29 marks its image decoders deprecated in favour of TorchCodec; they remain the
 # fastest JPEG path that works on every torchvision we support (0.19+, incl. the GPU images' 0.26).
@@ -89,13 +90,16 @@ class ImageDataset(Dataset):
         transform: applied to each uint8 CHW tensor.
         cache: decode every image once up front and keep it in memory.
         precompute: also apply the (deterministic) transform once up front; for evaluation.
+        pack: read the directory's pack (raw pixels, `kfvision pack`) when it has an up-to-date
+            one, instead of decoding the image files.
     """
 
     def __init__(self, imdir: ImageDirectory, transform, *, cache: bool = False,
-                 precompute: bool = False):
+                 precompute: bool = False, pack: bool = True):
         self.paths = [imdir.root / e.path for e in imdir.images]
         self.labels = [(-1 if e.label is None else e.label) for e in imdir.images]
         self.transform = transform
+        self.pack = open_pack(imdir) if pack else None
         self.images = None
         if cache or precompute:
             self.images = [self._decode(i, transform if precompute else None)
@@ -104,6 +108,8 @@ class ImageDataset(Dataset):
                 self.transform = None
 
     def _load(self, i) -> torch.Tensor:
+        if self.pack is not None:
+            return self.pack[i]  # a view of the memory-mapped pixels
         try:
             return load_rgb(self.paths[i])
         except (OSError, ValueError, SyntaxError) as e:  # Pillow's ways of saying "broken"
@@ -115,7 +121,8 @@ class ImageDataset(Dataset):
 
     def _decode(self, i, transform=None):
         img = self._load(i)
-        return transform(img) if transform is not None else img
+        img = transform(img) if transform is not None else img
+        return img.clone() if self.pack is not None else img  # kept: own memory, not the file
 
     def __len__(self):
         return len(self.paths)
