@@ -3,12 +3,15 @@
 kfvision's training dataset (uint8 crops; normalisation on whole batches, counted here) against
 torchvision's usual `ImageFolder` + PIL `RandomResizedCrop` / flip / `ToTensor` / `Normalize`, on
 the generated JPEG set, alternating, `--rounds` times. No DataLoader workers: this is the work one
-worker process does.
+worker process does. The packed row reads a copy of the set with a pack (`kfvision pack`: raw
+pixels, no decoding), served from the page cache here.
 
     python -m bench.inputs [--images 1000 --size 224 --rounds 3]
 """
 
 import argparse
+import os
+import shutil
 import statistics
 import sys
 import time
@@ -20,6 +23,7 @@ from torchvision import transforms
 from bench.jpegset import make_jpeg_set
 from trainer.data import ImageDataset, Normalizer, train_transform
 from trainer.imagedir import read_image_directory
+from trainer.pack import write_pack
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -51,11 +55,19 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)  # one data-loading process = one core
     data = make_jpeg_set(a.out, images=a.images)
     imdir = read_image_directory(data)
+    packed = data.parent / "packed"  # a copy: other benchmarks read `data` without a pack
+    if not packed.exists():
+        shutil.rmtree(packed.with_name("packed.tmp"), ignore_errors=True)
+        os.replace(shutil.copytree(data, packed.with_name("packed.tmp")), packed)
+    write_pack(packed, progress=False)  # nothing written when it is up to date
     datasets = {
         "torchvision ImageFolder + PIL transforms": (baseline_dataset(f"{a.out}/raw", a.size),
                                                      None),
         "kfvision, streaming (decode every epoch)": (
-            ImageDataset(imdir, train_transform("standard", a.size)), Normalizer()),
+            ImageDataset(imdir, train_transform("standard", a.size), pack=False), Normalizer()),
+        "kfvision, packed (convert --pack)": (
+            ImageDataset(read_image_directory(packed), train_transform("standard", a.size)),
+            Normalizer()),
         "kfvision, cached (data fits in memory: epochs after the first)": (
             ImageDataset(imdir, train_transform("standard", a.size), cache=True), Normalizer()),
     }
