@@ -85,30 +85,30 @@ class Pack:
         return {**self.__dict__, "_pixels": None, "_pid": None}
 
 
-def _stale_reason(imdir: ImageDirectory, index: Path) -> str | None:
-    """Why the pack at `index` cannot be used for `imdir`, or None when it can."""
+def _read_index(imdir: ImageDirectory, index: Path) -> tuple[np.ndarray | None, str | None]:
+    """(entries [n, 3], None) of the pack at `index` when it fits `imdir`, else (None, why not)."""
     try:
         doc = json.loads(index.read_text(encoding="utf-8"))
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            return f"is not a kfvision pack index (format must be {FORMAT!r})"
+            return None, f"is not a kfvision pack index (format must be {FORMAT!r})"
         if doc.get("version") != VERSION:
-            return f"has version {doc.get('version')!r}, this kfvision reads {VERSION}"
+            return None, f"has version {doc.get('version')!r}, this kfvision reads {VERSION}"
         if doc.get("images_sha256") != images_digest(imdir):
-            return "was made for other images (the manifest changed since it was packed)"
+            return None, "was made for other images (the manifest changed since it was packed)"
         entries = np.asarray(doc["images"], dtype=np.int64).reshape(-1, 3)
         total = int(doc["bytes"])
     except (OSError, ValueError, TypeError, KeyError) as e:
-        return f"cannot be read ({type(e).__name__}: {e})"
+        return None, f"cannot be read ({type(e).__name__}: {e})"
     if len(entries) != len(imdir.images):
-        return f"lists {len(entries)} images, the manifest {len(imdir.images)}"
+        return None, f"lists {len(entries)} images, the manifest {len(imdir.images)}"
     ends = entries[:, 0] + entries[:, 1] * entries[:, 2] * 3
     if (entries < 0).any() or entries[0, 0] != 0 or (ends[:-1] != entries[1:, 0]).any():
-        return "has offsets that do not follow one another"
+        return None, "has offsets that do not follow one another"
     pixels = index.parent / PIXELS
     size = pixels.stat().st_size if pixels.is_file() else None
     if size != total or ends[-1] != total:
-        return f"needs {PIXELS} of {total} bytes, found {'none' if size is None else size}"
-    return None
+        return None, f"needs {PIXELS} of {total} bytes, found {'none' if size is None else size}"
+    return entries, None
 
 
 def open_pack(imdir: ImageDirectory) -> Pack | None:
@@ -120,15 +120,14 @@ def open_pack(imdir: ImageDirectory) -> Pack | None:
     index = imdir.root / INDEX
     if not index.is_file():
         return None
-    why = _stale_reason(imdir, index)
+    entries, why = _read_index(imdir, index)
     if why is not None:
         warnings.warn(
             f"{index} {why}; ignoring the pack and decoding the image files instead (slower). "
             f"Rebuild it with `kfvision pack {imdir.root}`, or delete {INDEX} and {PIXELS}.",
             StalePackWarning, stacklevel=2)
         return None
-    entries = np.asarray(json.loads(index.read_text(encoding="utf-8"))["images"], np.int64)
-    return Pack(imdir.root / PIXELS, entries.reshape(-1, 3))
+    return Pack(imdir.root / PIXELS, entries)
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,7 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
     root, index = imdir.root, imdir.root / INDEX
     need = imdir.decoded_bytes()
     files = sum(e.bytes for e in imdir.images)
-    if not force and index.is_file() and _stale_reason(imdir, index) is None:
+    if not force and index.is_file() and _read_index(imdir, index)[1] is None:
         return PackReport(root, len(imdir.images), need, files, written=False)
     free = shutil.disk_usage(root).free
     if need > free:
