@@ -191,7 +191,7 @@ def test_augmentation_is_seeded_and_changes_every_epoch(jpeg_dirs):
 class _Cfg:
     cache, workers, amp, channels_last, compile, image_size = ("auto", -1, "auto", "auto",
                                                                "off", 224)
-    gpu_decode = "auto"
+    gpu_decode, conv_gemm = "auto", "auto"
 
 
 @pytest.mark.parametrize("device, setting, decoded, jpeg_share, expected", [
@@ -209,6 +209,7 @@ def test_gpu_decode_auto_is_on_for_cuda_with_uncached_jpegs(monkeypatch, device,
     cfg.gpu_decode = setting
     rt = resolve_runtime(cfg, DistContext(0, 0, 1, 1, torch.device(device)), decoded, jpeg_share)
     assert rt.gpu_decode is expected
+    assert rt.conv_gemm is (device == "cpu")  # cuDNN has no per-call weight re-layout to avoid
 
 
 def test_gpu_decode_on_with_cache_on_is_refused():

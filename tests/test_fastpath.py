@@ -95,7 +95,7 @@ def test_the_whole_fast_path_reaches_the_accuracy_of_the_plain_path_on_the_digit
         tmp_path, resnet18_dir, digits):
     common = {"epochs": 3, "batch_size": 32, "warmup_epochs": 1}
     _, plain = _train(tmp_path, "plain", resnet18_dir, digits, amp="off", channels_last="off",
-                      cache="off", **common)
+                      cache="off", conv_gemm="off", **common)
     _, fast = _train(tmp_path, "fast", resnet18_dir, digits, amp="bf16", channels_last="on",
                      cache="on", **common)
     assert plain["val_top1"] > 0.9
@@ -105,7 +105,7 @@ def test_the_whole_fast_path_reaches_the_accuracy_of_the_plain_path_on_the_digit
 class _Cfg:
     cache, workers, amp, channels_last, compile, image_size = ("auto", -1, "auto", "auto",
                                                                "off", 224)
-    gpu_decode = "auto"
+    gpu_decode, conv_gemm = "auto", "auto"
 
 
 @pytest.mark.parametrize("amx, size, decoded, expect", [
@@ -121,6 +121,7 @@ def test_auto_picks_per_machine_on_cpu(monkeypatch, amx, size, decoded, expect):
     cfg.image_size = size
     rt = resolve_runtime(cfg, DistContext(0, 0, 1, 1, torch.device("cpu")), decoded)
     assert {k: getattr(rt, k) for k in expect} == expect and not rt.compile
+    assert rt.conv_gemm  # on CPU; CUDA: see test_devicedata's table
 
 
 @pytest.mark.parametrize("content, expected", [

@@ -37,6 +37,7 @@ class TrainConfig:
     amp: str = "auto"
     compile: str = "off"
     gpu_decode: str = "auto"
+    conv_gemm: str = "auto"
 
     def validate(self) -> "TrainConfig":
         check_range("epochs", self.epochs, 1, 100_000)
@@ -58,6 +59,7 @@ class TrainConfig:
         check_choice("amp", self.amp, ("auto", "bf16", "off"))
         check_choice("compile", self.compile, ("on", "off"))
         check_choice("gpu-decode", self.gpu_decode, ("auto", "on", "off"))
+        check_choice("conv-gemm", self.conv_gemm, ("auto", "on", "off"))
         if self.gpu_decode == "on" and self.cache == "on":
             raise InvalidParameterError(
                 "--gpu-decode on and --cache on exclude each other: the first decodes the training "
@@ -95,6 +97,8 @@ _HELP = {
     "gpu_decode": "decode and augment the training JPEGs in batches on the device, workers only "
                   "read files: on, off, or auto (on for CUDA when most training images are JPEGs "
                   "and they are not cached)",
+    "conv_gemm": "convolutions whose output is a single pixel (e.g. resnet's last stage on 32 px "
+                 "images) run as one matrix multiply: on, off, or auto (on for CPU)",
 }
 
 

@@ -13,7 +13,10 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
   on short runs; see docs/benchmarks.md);
 - gpu_decode: the training JPEGs decoded and augmented in batches on the device, workers only read
   files (trainer/devicedata.py); auto: on for CUDA when most training images are JPEGs and they
-  are not cached (decoding every epoch on the CPU is then what a GPU step waits for).
+  are not cached (decoding every epoch on the CPU is then what a GPU step waits for);
+- conv_gemm: convolutions with a one-pixel output run as one matrix multiply instead of through
+  oneDNN, whose per-call weight re-layouts dominate such tiny convolutions (trainer/convgemm.py);
+  auto: on for CPU (cuDNN has no such cost).
 """
 
 import os
@@ -35,6 +38,7 @@ class Runtime:
     channels_last: bool
     compile: bool
     gpu_decode: bool = False
+    conv_gemm: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,7 +87,8 @@ def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and (cuda or amp))
     gpu_decode = cfg.gpu_decode == "on" or (cfg.gpu_decode == "auto" and cuda and not cache
                                             and jpeg_share > 0.5)
-    return Runtime(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode)
+    conv_gemm = cfg.conv_gemm == "on" or (cfg.conv_gemm == "auto" and not cuda)
+    return Runtime(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm)
 
 
 def describe(rt: Runtime) -> str:
@@ -92,5 +97,6 @@ def describe(rt: Runtime) -> str:
             f"{'bf16 autocast' if rt.amp else 'fp32'}, "
             f"{'channels_last' if rt.channels_last else 'NCHW'}"
             f"{', torch.compile' if rt.compile else ''}"
-            f"{', training JPEGs decoded on the device' if rt.gpu_decode else ''}; "
+            f"{', training JPEGs decoded on the device' if rt.gpu_decode else ''}"
+            f"{', one-pixel convolutions as GEMM' if rt.conv_gemm else ''}; "
             f"{os.cpu_count()} cores")

@@ -1,0 +1,84 @@
+"""One-pixel-output convolutions as one GEMM (trainer/convgemm.py) match nn.Conv2d."""
+
+import copy
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from trainer.convgemm import SinglePixelGemmConv2d, use_gemm_for_single_pixel_outputs
+
+
+def _gemm_copy(module):
+    other = copy.deepcopy(module)
+    use_gemm_for_single_pixel_outputs(other)
+    return other
+
+
+def _forward_backward(module, x):
+    x = x.detach().clone().requires_grad_()
+    module.zero_grad()
+    y = module(x)
+    (y.float() ** 2).sum().backward()
+    return y.detach(), x.grad, [p.grad for p in module.parameters()]
+
+
+# (in, out, kernel, stride, padding, bias), input (h, w), whether the output is one pixel
+@pytest.mark.parametrize("conv, hw, one_pixel", [
+    ((16, 24, 3, 1, 1, False), (1, 1), True),    # resnet's last stage on 32 px images
+    ((16, 24, 3, 2, 1, False), (2, 2), True),    # its strided first block
+    ((16, 24, 1, 2, 0, False), (2, 2), True),    # and the downsample shortcut
+    ((16, 24, 3, 1, 0, True), (3, 3), True),     # a window without padding, with bias
+    ((16, 24, (3, 5), 1, (1, 2), True), (1, 1), True),
+    ((16, 24, 3, 2, 1, True), (1, 2), True),     # not square
+    ((16, 24, 3, 3, 1, True), (3, 3), True),     # window cut by padding on one side only
+    ((16, 24, 3, 1, 1, True), (4, 4), False),    # larger outputs: nn.Conv2d itself
+    ((16, 24, 7, 2, 3, False), (3, 3), False),
+])
+def test_a_converted_convolution_gives_the_same_outputs_and_gradients(conv, hw, one_pixel):
+    torch.manual_seed(0)
+    ci, co, k, s, p, bias = conv
+    plain = nn.Conv2d(ci, co, k, s, p, bias=bias)
+    gemm = _gemm_copy(plain)
+    assert isinstance(gemm, SinglePixelGemmConv2d)
+    assert (gemm.single_pixel_window(*hw) is not None) is one_pixel
+    x = torch.randn(5, ci, *hw)
+    for a, b in zip(_forward_backward(plain, x)[:2], _forward_backward(gemm, x)[:2]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(_forward_backward(plain, x)[2], _forward_backward(gemm, x)[2]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_kinds_it_does_not_handle_stay_convolutions():
+    x = torch.randn(2, 8, 1, 1)
+    for conv in (nn.Conv2d(8, 8, 3, padding=1, groups=2), nn.Conv2d(8, 8, 3, padding="same"),
+                 nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect"),
+                 nn.Conv2d(8, 8, 3, padding=2, dilation=2)):
+        gemm = _gemm_copy(conv)
+        assert gemm.single_pixel_window(1, 1) is None
+        if conv.padding_mode != "reflect":  # reflect padding needs a larger input
+            torch.testing.assert_close(gemm(x), conv(x))
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "densenet121"])
+def test_a_whole_network_on_32px_images_is_as_exact_as_the_convolutions(arch):
+    torch.manual_seed(0)
+    plain = torchvision.models.get_model(arch, num_classes=10)
+    gemm = _gemm_copy(plain)
+    assert use_gemm_for_single_pixel_outputs(copy.deepcopy(plain)) == sum(
+        type(m) is nn.Conv2d for m in plain.modules())
+    assert list(gemm.state_dict()) == list(plain.state_dict())  # same checkpoint, same export
+    x = torch.randn(4, 3, 32, 32)
+    exact = _forward_backward(copy.deepcopy(plain).double(), x.double())
+    # batch norm over a handful of 1x1 pixels amplifies rounding (densenet's last block: ~2% off
+    # float64 even for nn.Conv2d), so the bar is: no further from float64 than oneDNN itself
+    for ours, reference, truth in zip(_flat(_forward_backward(gemm, x)),
+                                      _flat(_forward_backward(plain, x)), _flat(exact)):
+        error = (ours.double() - truth).norm() / truth.norm()
+        assert error <= 2 * (reference.double() - truth).norm() / truth.norm() + 1e-6
+
+
+def _flat(result):
+    y, x_grad, grads = result
+    return [y, x_grad, *grads]
