@@ -82,3 +82,19 @@ def test_a_whole_network_on_32px_images_is_as_exact_as_the_convolutions(arch):
 def _flat(result):
     y, x_grad, grads = result
     return [y, x_grad, *grads]
+
+
+def test_under_bf16_autocast_it_follows_the_convolution():
+    torch.manual_seed(0)
+    plain = nn.Conv2d(64, 32, 3, 1, 1)
+    gemm = _gemm_copy(plain)
+    x = torch.randn(8, 64, 1, 1)
+    results = []
+    for module in (plain, gemm):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            results.append(_forward_backward(module, x))
+    (ya, gxa, gpa), (yb, gxb, gpb) = results
+    assert ya.dtype == yb.dtype == torch.bfloat16
+    assert gpb[0].dtype == torch.float32  # the weights' gradient stays float32
+    for a, b in [(ya, yb), (gxa, gxb), *zip(gpa, gpb)]:
+        assert (a.float() - b.float()).norm() <= 2e-2 * a.float().norm()

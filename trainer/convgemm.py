@@ -17,8 +17,39 @@ parameters, state_dict keys, `isinstance` checks and DDP see the same module); e
 dilation, groups, padding mode or a string padding goes to `nn.Conv2d.forward` unchanged.
 """
 
+import torch
 from torch import nn
-from torch.nn import functional as F
+
+
+class _WindowGemm(torch.autograd.Function):
+    """`window @ taps.T`, where taps are the kernel taps over the input window.
+
+    Autograd of "slice the taps, reshape, linear" would build the weight gradient as a zero tensor
+    plus a strided copy of the taps' gradient: two more passes over the (large) weight. Here the
+    gradient is one GEMM against the window spread over the whole kernel (activation-sized, small),
+    which writes the weight gradient once.
+    """
+
+    @staticmethod
+    def forward(ctx, window, weight, rows: slice, cols: slice):
+        taps = weight[:, :, rows, cols].reshape(weight.shape[0], -1)
+        ctx.save_for_backward(window, taps)
+        ctx.geometry = (weight.shape, rows, cols)
+        return window @ taps.T
+
+    @staticmethod
+    def backward(ctx, grad):
+        window, taps = ctx.saved_tensors
+        (o, c, kh, kw), rows, cols = ctx.geometry
+        grad_window = grad @ taps if ctx.needs_input_grad[0] else None
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            n = window.shape[0]
+            spread = window.new_zeros(n, c, kh, kw)
+            spread[:, :, rows, cols] = window.view(n, c, rows.stop - rows.start,
+                                                   cols.stop - cols.start)
+            grad_weight = (grad.T @ spread.view(n, -1)).view(o, c, kh, kw)
+        return grad_window, grad_weight, None, None
 
 
 class SinglePixelGemmConv2d(nn.Conv2d):
@@ -30,9 +61,14 @@ class SinglePixelGemmConv2d(nn.Conv2d):
             return super().forward(x)
         r0, r1, c0, c1 = window
         ph, pw = self.padding
-        taps = self.weight[:, :, r0 + ph:r1 + ph, c0 + pw:c1 + pw]
-        out = F.linear(x[:, :, r0:r1, c0:c1].reshape(x.shape[0], -1),
-                       taps.reshape(self.out_channels, -1), self.bias)
+        window, weight = x[:, :, r0:r1, c0:c1].reshape(x.shape[0], -1), self.weight
+        device = x.device.type
+        if torch.is_autocast_enabled(device):  # as autocast does for a convolution
+            dtype = torch.get_autocast_dtype(device)
+            window, weight = window.to(dtype), weight.to(dtype)
+        out = _WindowGemm.apply(window, weight, slice(r0 + ph, r1 + ph), slice(c0 + pw, c1 + pw))
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
         return out.view(x.shape[0], self.out_channels, 1, 1)
 
     def single_pixel_window(self, h: int, w: int):
