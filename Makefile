@@ -33,7 +33,7 @@ lint: setup ## ruff
 
 bench: setup ## throughput vs the usual way (input pipeline, training on digits and JPEGs), CPU
 	$(PY) -m bench.inputs --images 1000 --rounds 3
-	$(PY) -m bench.train --dataset digits --rounds 2 --epochs 3
+	$(PY) -m bench.train --dataset digits --rounds 3 --epochs 3
 	$(PY) -m bench.train --dataset jpeg --images 256 --archs resnet18 resnet50 \
 		--image-size 224 --batch-size 16 --epochs 2 --rounds 1
 
