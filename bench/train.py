@@ -3,7 +3,8 @@
 Both train the same model on the same images, image size, batch size, augmentation and optimiser;
 each runs in its own process, alternating, `--rounds` times. The figure is training images per
 second with data loading included, averaged over the epochs after the first (the first pays for
-worker start-up, caching and allocator warm-up in both), median over rounds.
+worker start-up, caching and allocator warm-up in both), median over rounds. The ratio is taken
+per round (kfvision / the plain loop's best of that round), then the median over rounds.
 
     python -m bench.train --dataset digits                      # 32 px digits, resnet18
     python -m bench.train --dataset jpeg --archs resnet18 resnet50 --image-size 224 \
@@ -133,12 +134,19 @@ def main(argv=None) -> int:
                   f" kfvision {({v: round(x[-1], 1) for v, x in ours.items()})} img/s", flush=True)
         best_w = max(plain, key=lambda w: statistics.median(plain[w]))
         base = statistics.median(plain[best_w])
-        cells = "".join(f" {statistics.median(x):.1f} | {statistics.median(x) / base:.2f}x |"
-                        for x in ours.values())
+        # the ratio pairs each kfvision run with the plain loop's best of the same round (minutes
+        # apart): this machine's speed drifts by more than +-10% over a run, rounds cancel it
+        best_per_round = [max(x[r] for x in plain.values()) for r in range(args.rounds)]
+        cells = ""
+        for x in ours.values():
+            ratios = sorted(m / b for m, b in zip(x, best_per_round))
+            spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
+            cells += f" {statistics.median(x):.1f} | {statistics.median(ratios):.2f}x{spread} |"
         rows.append(f"| {arch} | {base:.1f} ({best_w}) |{cells}")
     table = "\n".join(rows)
-    note = (f"\n{args.epochs} epochs x {args.rounds} rounds, medians; the plain loop's best of "
-            f"{args.plain_workers} DataLoader workers counts. {machine}")
+    note = (f"\n{args.epochs} epochs x {args.rounds} rounds; img/s are medians over rounds; a "
+            "ratio is the median (and range) over rounds of kfvision / the plain loop's best of "
+            f"{args.plain_workers} DataLoader workers in the same round. {machine}")
     print("\n" + table + note)
     BENCH.mkdir(parents=True, exist_ok=True)
     (BENCH / f"train-{args.dataset}-{args.device}.md").write_text(table + "\n" + note + "\n")
