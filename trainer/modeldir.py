@@ -31,7 +31,7 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path, write) -> None:
+def atomic_write(path, write) -> None:
     """Call write(file) on a temporary file in the same folder, fsync, rename, fsync the folder:
     readers see the old file or the whole new one, whenever the process dies."""
     path = Path(path)
@@ -49,8 +49,8 @@ def _atomic_write(path, write) -> None:
 
 
 def atomic_write_bytes(path, data: bytes) -> None:
-    """Write bytes atomically (see _atomic_write)."""
-    _atomic_write(path, lambda f: f.write(data))
+    """Write bytes atomically (see atomic_write)."""
+    atomic_write(path, lambda f: f.write(data))
 
 
 def atomic_write_json(path, obj) -> None:
@@ -59,7 +59,7 @@ def atomic_write_json(path, obj) -> None:
 
 def atomic_torch_save(obj, path) -> None:
     """torch.save atomically, streamed to the file (no copy in memory: checkpoints are big)."""
-    _atomic_write(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def write_model_files(out, spec: ModelSpec, info: dict, config: dict) -> None:

@@ -35,7 +35,7 @@ import torch
 
 from trainer.errors import InvalidDatasetError
 from trainer.imagedir import ImageDirectory, read_image_directory
-from trainer.modeldir import _atomic_write, atomic_write_bytes
+from trainer.modeldir import atomic_write, atomic_write_bytes
 
 PIXELS = "kfvision-pack.rgb"
 INDEX = "kfvision-pack.json"
@@ -190,7 +190,7 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
             entries.append([offset, hwc.shape[0], hwc.shape[1]])
             offset += hwc.nbytes
 
-    _atomic_write(root / PIXELS, write)
+    atomic_write(root / PIXELS, write)
     total = sum(h * w * 3 for _, h, w in entries)
     doc = {"format": FORMAT, "version": VERSION, "images_sha256": images_digest(imdir),
            "pixels": PIXELS, "bytes": total, "images": entries}
