@@ -23,6 +23,7 @@ import zlib
 from pathlib import Path
 
 from trainer.errors import InvalidDatasetError, UnsafeArchiveError
+from trainer.progress import progress_bar
 
 # suffix (lower case) -> tarfile mode, or "zip"
 ARCHIVE_TYPES = {".zip": "zip", ".tar": "r:", ".tar.gz": "r:gz", ".tgz": "r:gz",
@@ -89,13 +90,6 @@ def _free_space_guard(src: Path, dest: Path):
     return add
 
 
-def _bar(items, progress, total=None):
-    from tqdm import tqdm
-
-    return tqdm(items, desc="extract", unit="file", total=total,
-                disable=None if progress is None else not progress)
-
-
 def _extract_tar(src: Path, dest: Path, mode: str, progress) -> None:
     if not hasattr(tarfile, "data_filter"):  # Python < 3.10.12 / 3.11.4
         raise InvalidDatasetError(
@@ -105,7 +99,8 @@ def _extract_tar(src: Path, dest: Path, mode: str, progress) -> None:
     add = _free_space_guard(src, dest)
 
     def members(tar):
-        for m in _bar(tar, progress):  # streams: a .tar.gz is decompressed once
+        # streams: a .tar.gz is decompressed once
+        for m in progress_bar(tar, "extract", "file", progress):
             add(m.size if m.isfile() else 0, m.name)
             yield m
 
@@ -154,7 +149,7 @@ def _extract_zip(src: Path, dest: Path, progress) -> None:
         for info in infos:  # check every member before writing anything
             _zip_member_target(src, dest, info)
             add(info.file_size, info.filename)
-        for info in _bar(infos, progress):
+        for info in progress_bar(infos, "extract", "file", progress):
             mode = info.external_attr >> 16  # unix st_mode when made on unix, else 0
             target = _zip_member_target(src, dest, info)  # again: earlier links may redirect
             kind = stat.S_IFMT(mode)

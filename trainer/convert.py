@@ -27,6 +27,7 @@ from PIL import Image
 from trainer.archive import archive_kind, extract_archive
 from trainer.errors import DecompressionBombError, InvalidDatasetError
 from trainer.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
+from trainer.progress import progress_bar
 from trainer.sources import Item, plan_source
 
 UNLABELLED_NOTE = "no class folders and no labels: an UNLABELLED image directory (scoring only)"
@@ -171,18 +172,9 @@ def _skip(report: ConvertReport, where: str, why: str, strict: bool) -> None:
 
 def _copy_images(plan, dest: Path, report: ConvertReport, *, strict: bool, move: bool,
                  progress) -> list[ImageEntry]:
-    try:
-        from tqdm import tqdm
-    except ImportError:  # the bar is optional: the GPU images have torch but not tqdm
-
-        def tqdm(items, **_):
-            return items
-
     entries = []
     dest.mkdir()
-    bar = tqdm(plan.items, desc="convert", unit="img",
-               disable=None if progress is None else not progress)  # None: only on a TTY
-    for item in bar:
+    for item in progress_bar(plan.items, "convert", "img", progress):
         why, data, size = _read_item(item)
         if why:
             _skip(report, item.shown, why, strict)

@@ -36,6 +36,7 @@ import torch
 from trainer.errors import InvalidDatasetError
 from trainer.imagedir import ImageDirectory, read_image_directory
 from trainer.modeldir import atomic_write, atomic_write_bytes
+from trainer.progress import progress_bar
 
 PIXELS = "kfvision-pack.rgb"
 INDEX = "kfvision-pack.json"
@@ -183,7 +184,7 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
 
     def write(f) -> None:
         offset = 0
-        for i in _bar(range(len(imdir.images)), progress):
+        for i in progress_bar(range(len(imdir.images)), "pack", "img", progress):
             _check_unchanged(root, imdir.images[i])
             hwc = decoder[i][0].permute(1, 2, 0).numpy()  # no copy when it is channels-last
             f.write(np.ascontiguousarray(hwc).data)
@@ -205,11 +206,3 @@ def _check_unchanged(root: Path, entry) -> None:
             f"{path} has changed since {root} was made (its sha256 differs from the manifest); "
             "nothing was packed. Re-create the directory with `kfvision convert`, then pack it.")
 
-
-def _bar(items, progress):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # the bar is optional: the GPU images have torch but not tqdm
-        return items
-    return tqdm(items, desc="pack", unit="img",
-                disable=None if progress is None else not progress)  # None: only on a TTY
