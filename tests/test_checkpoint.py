@@ -222,14 +222,18 @@ def _crash_in_epoch(monkeypatch, crash_epoch: int):
     monkeypatch.setattr(Trainer, "train_one_epoch", train_one_epoch)
 
 
-def test_a_crashed_run_resumes_from_its_last_checkpoint_and_ends_as_if_it_never_stopped(
-        tmp_path, micro, resnet18_dir, reference, monkeypatch, capsys):
-    out = tmp_path / "model"
-    argv = train_argv(resnet18_dir, micro, out, **OPTIONS)
+def _run_until_it_crashes_in_epoch_3(argv, monkeypatch) -> None:
     with monkeypatch.context() as m:
         _crash_in_epoch(m, 3)
         with pytest.raises(RuntimeError, match="simulated crash"):
             main(argv)
+
+
+def test_a_crashed_run_resumes_from_its_last_checkpoint_and_ends_as_if_it_never_stopped(
+        tmp_path, micro, resnet18_dir, reference, monkeypatch, capsys):
+    out = tmp_path / "model"
+    argv = train_argv(resnet18_dir, micro, out, **OPTIONS)
+    _run_until_it_crashes_in_epoch_3(argv, monkeypatch)
     assert sorted(p.name for p in (out / FOLDER).iterdir()) == ["epoch-0001.pt", "epoch-0002.pt"]
     assert json.loads((out / "metrics.json").read_text())["status"] == "failed"
     capsys.readouterr()
@@ -245,10 +249,7 @@ def test_a_damaged_newest_checkpoint_costs_one_more_epoch_not_the_run(
         tmp_path, micro, resnet18_dir, reference, monkeypatch, capsys):
     out = tmp_path / "model"
     argv = train_argv(resnet18_dir, micro, out, **OPTIONS)
-    with monkeypatch.context() as m:
-        _crash_in_epoch(m, 3)
-        with pytest.raises(RuntimeError):
-            main(argv)
+    _run_until_it_crashes_in_epoch_3(argv, monkeypatch)
     newest = out / FOLDER / "epoch-0002.pt"
     newest.write_bytes(_flip(newest.read_bytes()))
     capsys.readouterr()
