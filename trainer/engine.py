@@ -99,8 +99,6 @@ class Trainer:
         model = model.to(ctx.device, memory_format=self.memory_format)
         if rt.conv_gemm:
             use_gemm_for_single_pixel_outputs(model)
-        if ctx.device.type == "cuda":  # fixed image size: let cuDNN time its algorithms once
-            torch.backends.cudnn.benchmark = True
         self.raw_model = model
         ddp = (DistributedDataParallel(model, device_ids=[ctx.device] if
                                        ctx.device.type == "cuda" else None)

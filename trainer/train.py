@@ -76,6 +76,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
                          jpegs / len(train_dir.images))
     if ctx.device.type == "cpu":
         torch.set_num_threads(distributed.cpus_per_process(ctx))
+    else:  # fixed image size: cuDNN times its algorithms once per shape, then reuses the fastest
+        torch.backends.cudnn.benchmark = True
     seed_everything(cfg.seed)
     model = build_model(spec, len(train_dir.classes), cfg.model)
     val_ds = ImageDataset(val_dir, eval_transform(cfg.augment, cfg.image_size),
