@@ -9,7 +9,7 @@ import torch
 from conftest import train_argv
 from PIL import Image
 
-from trainer.data import load_rgb
+from trainer.data import Normalizer, load_rgb
 from trainer.distributed import DistContext
 from trainer.runtime import resolve_runtime
 from trainer.train import main
@@ -65,6 +65,19 @@ def test_channels_last_gives_the_same_outputs_and_gradients():
     torch.testing.assert_close(o1, o2, rtol=1e-4, atol=1e-4)
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("out_format", [torch.contiguous_format, torch.channels_last])
+def test_the_normalizer_is_the_textbook_normalisation(layout, out_format):
+    batch = torch.randint(0, 256, (3, 3, 7, 5), dtype=torch.uint8,
+                          generator=torch.Generator().manual_seed(0))
+    mean, std = (0.5, 0.25, 0.125), (0.2, 0.3, 0.4)
+    out = Normalizer(mean, std)(batch.contiguous(memory_format=layout), out_format)
+    textbook = (batch.double() / 255 - torch.tensor(mean, dtype=torch.double).view(1, 3, 1, 1)) \
+        / torch.tensor(std, dtype=torch.double).view(1, 3, 1, 1)
+    assert out.dtype == torch.float32 and out.is_contiguous(memory_format=out_format)
+    torch.testing.assert_close(out.double(), textbook, rtol=0, atol=2e-6)
 
 
 def test_the_fused_sgd_step_is_the_textbook_sgd_step():

@@ -1,13 +1,14 @@
 """Datasets, transform presets and data loaders over an ImageDirectory.
 
 Samples are uint8 CHW tensors of `image_size`; normalisation happens on the whole batch on the
-training device (`Normalizer`), which moves 4x fewer bytes than float32 and costs one fused op.
+training device (`Normalizer`), which moves 4x fewer bytes than float32 and costs three passes.
 
 Small datasets are decoded once into memory (`cache`); augmentation then runs on tiny uint8
 tensors instead of re-opening and re-decoding files every epoch, and evaluation crops are computed
 once. That is most of why `kfvision train` beats an ImageFolder loop on small images.
 """
 
+import functools
 import warnings
 from dataclasses import dataclass
 
@@ -148,17 +149,32 @@ class EvalShard(Dataset):
         return self.base[self.indices[i]]
 
 
+@functools.lru_cache(maxsize=8)
+def _scale_shift(mean: tuple, std: tuple, device: torch.device):
+    """Per-channel (1/(255 std), -mean/std) as (1, C, 1, 1) tensors on the device, made once."""
+    std255 = torch.tensor(std, dtype=torch.float64) * 255.0
+    scale, shift = 1.0 / std255, -torch.tensor(mean, dtype=torch.float64) * 255.0 / std255
+    return tuple(t.float().view(1, -1, 1, 1).to(device) for t in (scale, shift))
+
+
 @dataclass(frozen=True)
 class Normalizer:
-    """uint8 NCHW batch on any device -> normalised float batch (optionally channels_last)."""
+    """uint8 NCHW batch on any device -> normalised float batch (optionally channels_last).
+
+    One conversion pass into a fresh NCHW float tensor, then two in-place passes (x * scale +
+    shift: (x - mean) / std up to float32 rounding). Batches arrive with channels-last strides
+    (decoded and packed images are HWC in memory); broadcasting a per-channel operand over that
+    layout is 5-6x slower on the CPU than the copy to NCHW first (docs/benchmarks.md).
+    """
 
     mean: tuple = IMAGENET_MEAN
     std: tuple = IMAGENET_STD
 
     def __call__(self, batch: torch.Tensor, memory_format=torch.contiguous_format) -> torch.Tensor:
-        mean = torch.tensor(self.mean, device=batch.device).view(1, -1, 1, 1) * 255.0
-        std = torch.tensor(self.std, device=batch.device).view(1, -1, 1, 1) * 255.0
-        return ((batch.float() - mean) / std).contiguous(memory_format=memory_format)
+        scale, shift = _scale_shift(tuple(self.mean), tuple(self.std), batch.device)
+        out = torch.empty(batch.shape, dtype=torch.float32, device=batch.device)
+        out.copy_(batch)
+        return out.mul_(scale).add_(shift).contiguous(memory_format=memory_format)
 
 
 def _seed_worker(worker_id: int) -> None:
