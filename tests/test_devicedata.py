@@ -17,7 +17,6 @@ from torchvision.transforms import RandomResizedCrop
 from trainer.config import TrainConfig
 from trainer.data import ImageDataset, train_transform
 from trainer.devicedata import (
-    CROPS,
     DeviceDecodeLoader,
     EncodedImages,
     crop_boxes,
@@ -141,18 +140,6 @@ def test_only_8_bit_grey_or_colour_jpegs_go_to_the_device(make, expected):
     assert device_decodable(make(_image(np.random.default_rng(2), 0))) is expected
 
 
-@pytest.mark.parametrize("augment", ["standard", "light", "none"])
-def test_the_device_presets_are_the_cpu_presets(augment):
-    from torchvision.transforms import v2
-
-    cpu = train_transform(augment, 32)
-    steps = cpu.transforms if isinstance(cpu, v2.Compose) else [cpu]
-    crop = next((t for t in steps if isinstance(t, v2.RandomResizedCrop)), None)
-    scale, ratio, flip = CROPS[augment]
-    assert (scale, ratio) == ((tuple(crop.scale), tuple(crop.ratio)) if crop else (None, None))
-    assert flip == any(isinstance(t, v2.RandomHorizontalFlip) for t in steps)
-
-
 def test_crops_are_drawn_like_torchvisions_random_resized_crop():
     n, shape, scale, ratio = 3000, (375, 500), (0.08, 1.0), (3 / 4, 4 / 3)
     ours = crop_boxes([shape] * n, scale, ratio, torch.Generator().manual_seed(0))
@@ -191,7 +178,7 @@ def test_augmentation_is_seeded_and_changes_every_epoch(jpeg_dirs):
 class _Cfg:
     cache, workers, amp, channels_last, compile, image_size = ("auto", -1, "auto", "auto",
                                                                "off", 224)
-    gpu_decode, conv_gemm = "auto", "auto"
+    gpu_decode, conv_gemm, dct_scaling = "auto", "auto", "on"
 
 
 @pytest.mark.parametrize("device, setting, decoded, jpeg_share, expected", [

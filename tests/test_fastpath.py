@@ -8,9 +8,23 @@ import pytest
 import torch
 from conftest import train_argv
 from PIL import Image
+from PIL.JpegImagePlugin import JpegImageFile
+from torchvision.io import read_file
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
 
-from trainer.data import Normalizer, load_rgb
+from trainer.data import (
+    AUGMENTATIONS,
+    ImageDataset,
+    Normalizer,
+    TrainCrop,
+    dct_factor,
+    load_rgb,
+    load_rgb_crop,
+)
 from trainer.distributed import DistContext
+from trainer.errors import InvalidDatasetError
+from trainer.imagedir import convert_class_folders, read_image_directory
 from trainer.runtime import resolve_runtime
 from trainer.train import main
 
@@ -33,6 +47,94 @@ def test_a_png_named_jpg_still_loads(tmp_path):
     Image.new("RGB", (5, 4), (1, 2, 3)).save(buf, "PNG")
     (tmp_path / "x.jpg").write_bytes(buf.getvalue())
     assert load_rgb(tmp_path / "x.jpg")[:, 0, 0].tolist() == [1, 2, 3]
+
+
+def _photo(path, size=(1600, 1200), mode="RGB", seed=1):
+    """A JPEG (quality 90) of smooth colour regions with pixel noise, like a photo."""
+    rng = np.random.default_rng(seed)
+    field = Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).resize(
+        size, Image.Resampling.BICUBIC)
+    arr = np.asarray(field, np.float32) + rng.normal(0, 20, (size[1], size[0], 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr.clip(0, 255).astype(np.uint8)).convert(mode).save(path, quality=90)
+    return path
+
+
+@pytest.mark.parametrize("augment", AUGMENTATIONS)
+def test_the_training_presets_draw_and_crop_as_torchvision_does(augment):
+    reference = {
+        "standard": v2.Compose([v2.RandomResizedCrop(24, antialias=True),
+                                v2.RandomHorizontalFlip()]),
+        "light": v2.RandomResizedCrop(24, scale=(0.7, 1.0), ratio=(0.85, 1.18), antialias=True),
+        "none": v2.Resize((24, 24), antialias=True),
+    }[augment]
+    img = torch.randint(0, 256, (3, 50, 70), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(3)
+    ours = [TrainCrop(augment, 24)(img) for _ in range(30)]
+    torch.manual_seed(3)
+    theirs = [reference(img) for _ in range(30)]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("box, factor", [
+    ((0, 0, 224, 224), 1), ((5, 9, 447, 3000), 1), ((0, 0, 448, 448), 2),
+    ((0, 0, 1792, 900), 4), ((7, 3, 3000, 4000), 8)])
+def test_jpegs_are_decoded_at_reduced_size_only_when_the_crop_stays_larger(box, factor):
+    assert dct_factor(box, 224) == factor
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "CMYK"])
+@pytest.mark.parametrize("box, factor", [
+    ((100, 200, 1000, 1200), 8), ((0, 0, 1200, 1600), 8), ((300, 50, 500, 460), 4),
+    ((10, 10, 230, 230), 2)])
+def test_a_jpeg_decoded_at_reduced_size_gives_the_crop_of_the_full_decode(
+        tmp_path, monkeypatch, mode, box, factor):
+    path = _photo(tmp_path / "photo.jpg", mode=mode)
+    requested = []
+    draft = JpegImageFile.draft
+    monkeypatch.setattr(JpegImageFile, "draft",
+                        lambda im, m, size: requested.append(size) or draft(im, m, size))
+    ours = load_rgb_crop(path, read_file(str(path)), box, 100)
+    full = F.resized_crop(load_rgb(path), *box, [100, 100], antialias=True)
+    assert requested == [(1600 // factor, 1200 // factor)]  # libjpeg did the scaling
+    assert ours.shape == full.shape == (3, 100, 100) and ours.dtype == torch.uint8
+    diff = (ours.int() - full.int()).abs().float()
+    assert diff.mean() < 3 and diff.max() < 24, (diff.mean(), diff.max())
+
+
+def _images(tmp_path, size, n=6):
+    raw = tmp_path / f"raw{size[0]}"
+    for i in range(n):
+        _photo(raw / f"c{i % 2}" / f"{i}.jpg", size=size, seed=i)
+    (raw / "c0" / "x.png").write_bytes((raw / "c0" / "0.jpg").read_bytes())  # a JPEG named .png
+    Image.open(raw / "c1" / "1.jpg").save(raw / "c1" / "y.jpg", "PNG")  # a PNG named .jpg
+    convert_class_folders(raw, tmp_path / f"dir{size[0]}", progress=False)
+    return read_image_directory(tmp_path / f"dir{size[0]}")
+
+
+@pytest.mark.parametrize("size, exact", [((60, 40), True), ((640, 480), False)])
+def test_dct_scaling_draws_the_crops_and_flips_of_the_plain_path(tmp_path, size, exact):
+    imdir = _images(tmp_path, size)
+    results = []
+    for dct in (False, True):
+        ds = ImageDataset(imdir, TrainCrop("standard", 32), dct_scaling=dct)
+        torch.manual_seed(0)
+        results.append([ds[i] for i in range(len(ds)) for _ in range(4)])
+    for (a, la), (b, lb) in zip(*results):
+        assert la == lb and a.shape == b.shape == (3, 32, 32)
+        diff = (a.int() - b.int()).abs().float()
+        assert diff.max() == 0 if exact else diff.mean() < 3, diff.mean()
+
+
+def test_dct_scaling_names_a_broken_jpeg(tmp_path):
+    imdir = _images(tmp_path, (640, 480), n=2)
+    ds = ImageDataset(imdir, TrainCrop("standard", 32), dct_scaling=True)
+    jpeg = next(i for i, p in enumerate(ds.paths) if p.suffix == ".jpg" and p.stem == "0")
+    ds.paths[jpeg].write_bytes(ds.paths[jpeg].read_bytes()[:2000])  # truncated
+    with pytest.raises(InvalidDatasetError, match="can no longer be decoded"):
+        for _ in range(20):  # whatever crop is drawn
+            ds[jpeg]
 
 
 def _train(tmp_path, name, model, data, **options):
@@ -108,7 +210,7 @@ def test_the_whole_fast_path_reaches_the_accuracy_of_the_plain_path_on_the_digit
         tmp_path, resnet18_dir, digits):
     common = {"epochs": 3, "batch_size": 32, "warmup_epochs": 1}
     _, plain = _train(tmp_path, "plain", resnet18_dir, digits, amp="off", channels_last="off",
-                      cache="off", conv_gemm="off", **common)
+                      cache="off", conv_gemm="off", dct_scaling="off", **common)
     _, fast = _train(tmp_path, "fast", resnet18_dir, digits, amp="bf16", channels_last="on",
                      cache="on", **common)
     assert plain["val_top1"] > 0.9
@@ -118,7 +220,7 @@ def test_the_whole_fast_path_reaches_the_accuracy_of_the_plain_path_on_the_digit
 class _Cfg:
     cache, workers, amp, channels_last, compile, image_size = ("auto", -1, "auto", "auto",
                                                                "off", 224)
-    gpu_decode, conv_gemm = "auto", "auto"
+    gpu_decode, conv_gemm, dct_scaling = "auto", "auto", "on"
 
 
 @pytest.mark.parametrize("amx, size, decoded, expect", [

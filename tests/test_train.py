@@ -74,11 +74,13 @@ def test_yaml_config_is_read_and_flags_win(tmp_path, resnet18_dir, tiny_digits):
     from trainer.config import config_from_args
     from trainer.train import get_args_parser
 
-    (tmp_path / "c.yaml").write_text("epochs: 7\nbatch-size: 8\nlr: 0.01\n")
+    (tmp_path / "c.yaml").write_text("epochs: 7\nbatch-size: 8\nlr: 0.01\ncache: off\n"
+                                     "dct-scaling: on\n")  # YAML 1.1 reads on/off as booleans
     args = get_args_parser().parse_args(
         train_argv(resnet18_dir, tiny_digits, tmp_path / "o", config=tmp_path / "c.yaml", lr=0.2))
     cfg = config_from_args(args)
     assert (cfg.epochs, cfg.batch_size, cfg.lr) == (7, 8, 0.2)
+    assert (cfg.cache, cfg.dct_scaling) == ("off", "on")
     (tmp_path / "bad.yaml").write_text("epochz: 7\n")
     args.config = str(tmp_path / "bad.yaml")
     with pytest.raises(InvalidParameterError, match="unknown option.*epochz"):

@@ -38,6 +38,7 @@ class TrainConfig:
     compile: str = "off"
     gpu_decode: str = "auto"
     conv_gemm: str = "auto"
+    dct_scaling: str = "on"
 
     def validate(self) -> "TrainConfig":
         check_range("epochs", self.epochs, 1, 100_000)
@@ -60,6 +61,7 @@ class TrainConfig:
         check_choice("compile", self.compile, ("on", "off"))
         check_choice("gpu-decode", self.gpu_decode, ("auto", "on", "off"))
         check_choice("conv-gemm", self.conv_gemm, ("auto", "on", "off"))
+        check_choice("dct-scaling", self.dct_scaling, ("on", "off"))
         if self.gpu_decode == "on" and self.cache == "on":
             raise InvalidParameterError(
                 "--gpu-decode on and --cache on exclude each other: the first decodes the training "
@@ -99,6 +101,10 @@ _HELP = {
                   "and they are not cached)",
     "conv_gemm": "convolutions whose output is a single pixel (e.g. resnet's last stage on 32 px "
                  "images) run as one matrix multiply: on, off, or auto (on for CPU)",
+    "dct_scaling": "decode a training JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT scaling) "
+                   "when its random crop is at least that many times the image size, instead of "
+                   "decoding it whole and shrinking the crop: on or off (applies to JPEGs decoded "
+                   "on the CPU every epoch, not to cached ones)",
 }
 
 
@@ -147,6 +153,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         if given is not None:
             values[f.name] = given
     for f in fields(TrainConfig):
+        if f.type is str and isinstance(values.get(f.name), bool):  # YAML reads on/off as bools
+            values[f.name] = "on" if values[f.name] else "off"
         if f.name in values and not isinstance(values[f.name], f.type):
             try:
                 values[f.name] = f.type(values[f.name])

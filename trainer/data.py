@@ -9,6 +9,7 @@ once. That is most of why `kfvision train` beats an ImageFolder loop on small im
 """
 
 import functools
+import io
 import warnings
 from dataclasses import dataclass
 
@@ -17,7 +18,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
-from torchvision.transforms import v2
+from torchvision.transforms import RandomResizedCrop, v2
+from torchvision.transforms.v2 import functional as F
 
 from trainer.errors import InvalidDatasetError, check_choice
 from trainer.imagedir import ImageDirectory
@@ -38,17 +40,53 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 AUGMENTATIONS = ("standard", "light", "none")
 
 
+# preset -> (scale, ratio) of its RandomResizedCrop (None: resize the whole image), and whether it
+# flips half the images horizontally; torchvision's RandomResizedCrop defaults for "standard".
+CROP_PRESETS = {
+    "standard": ((0.08, 1.0), (3 / 4, 4 / 3), True),
+    "light": ((0.7, 1.0), (0.85, 1.18), False),
+    "none": (None, None, False),
+}
+assert set(CROP_PRESETS) == set(AUGMENTATIONS)
+
+
 def _resize_exact(size):
     return v2.Resize((size, size), antialias=True)
 
 
-def train_transform(augment: str, size: int):
-    check_choice("augment", augment, AUGMENTATIONS)
-    if augment == "standard":
-        return v2.Compose([v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip()])
-    if augment == "light":
-        return v2.RandomResizedCrop(size, scale=(0.7, 1.0), ratio=(0.85, 1.18), antialias=True)
-    return _resize_exact(size)
+class TrainCrop:
+    """A training preset: a random resized crop (or a plain resize) to size x size, maybe flipped.
+
+    Called on a uint8 CHW tensor it draws the same random numbers and gives the same pixels as
+    torchvision's v2 `RandomResizedCrop` (+ `RandomHorizontalFlip`). `draw` takes the random
+    decisions from the image's size alone, so a JPEG can be decoded knowing its crop
+    (`load_rgb_crop`: at reduced size when the crop shrinks it enough).
+    """
+
+    def __init__(self, augment: str, size: int):
+        check_choice("augment", augment, AUGMENTATIONS)
+        self.size = size
+        self.scale, self.ratio, self.flip = CROP_PRESETS[augment]
+
+    def draw(self, height: int, width: int) -> tuple[tuple[int, int, int, int], bool]:
+        """((top, left, height, width) of the crop, whether to flip) for an image of that size."""
+        if self.scale is None:
+            box = (0, 0, height, width)
+        else:  # torchvision's sampling; the empty tensor only carries the size
+            box = tuple(RandomResizedCrop.get_params(torch.empty(0, height, width),
+                                                     list(self.scale), list(self.ratio)))
+        return box, bool(self.flip and torch.rand(1).item() < 0.5)
+
+    def apply(self, img: torch.Tensor, box, flip: bool) -> torch.Tensor:
+        out = F.resized_crop(img, *box, [self.size, self.size], antialias=True)
+        return out.flip(-1) if flip else out
+
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        return self.apply(img, *self.draw(*img.shape[-2:]))
+
+
+def train_transform(augment: str, size: int) -> TrainCrop:
+    return TrainCrop(augment, size)
 
 
 def eval_transform(augment: str, size: int):
@@ -59,18 +97,55 @@ def eval_transform(augment: str, size: int):
 
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
+# Start-of-frame markers (all JPEG processes; not DHT C4, JPG C8, DAC CC).
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+# libjpeg's DCT scaling: a JPEG decodes at 1/8, 1/4 or 1/2 of its size for a fraction of the work
+DCT_FACTORS = (8, 4, 2)
 
 
-def load_rgb(path) -> torch.Tensor:
+def jpeg_frame(data: torch.Tensor) -> tuple[int, int, int, int] | None:
+    """(bits per sample, height, width, components) from a JPEG's frame header.
+
+    Reads the marker segments up to the frame header; None when `data` (a file's bytes as a 1-D
+    uint8 tensor) is not a JPEG, is truncated before the header, or has image data first.
+    """
+    b = memoryview(data.numpy())
+    if len(b) < 4 or b[0] != 0xFF or b[1] != 0xD8:
+        return None
+    pos = 2
+    while pos + 4 <= len(b):
+        if b[pos] != 0xFF:
+            return None
+        marker = b[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # segments without a length
+            pos += 2
+            continue
+        if marker in _SOF:
+            if pos + 10 > len(b):
+                return None
+            return (b[pos + 4], b[pos + 5] << 8 | b[pos + 6], b[pos + 7] << 8 | b[pos + 8],
+                    b[pos + 9])
+        if marker == 0xDA:  # image data before any frame header
+            return None
+        pos += 2 + (b[pos + 2] << 8 | b[pos + 3])
+    return None
+
+
+def load_rgb(path, data: torch.Tensor | None = None) -> torch.Tensor:
     """Any image Pillow reads (grayscale, RGBA, palette, CMYK, 16-bit) as a uint8 RGB CHW tensor.
 
     JPEGs go through torchvision's libjpeg-turbo decoder straight into a CHW tensor: the same
     pixels as Pillow, without Pillow's image object, mode conversion and two array copies (1.6-1.9x
     the decode + crop rate per core on the benchmark's JPEG set; see docs/benchmarks.md).
+    `data`: the file's bytes, when the caller has read them already.
     """
     if str(path).lower().endswith(JPEG_SUFFIXES):
         try:
-            return decode_jpeg(read_file(str(path)), mode=ImageReadMode.RGB)
+            return decode_jpeg(read_file(str(path)) if data is None else data,
+                               mode=ImageReadMode.RGB)
         except RuntimeError:
             pass  # not really a JPEG, or a variant libjpeg refuses: Pillow decides below
     with Image.open(path) as im:
@@ -83,6 +158,42 @@ def load_rgb(path) -> torch.Tensor:
     return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
 
 
+def dct_factor(box, size: int) -> int:
+    """The largest DCT scale-down (8, 4, 2) after which the crop `box` (top, left, height, width)
+    is still at least size x size, else 1: decoding at reduced size never upscales the crop."""
+    return next((k for k in DCT_FACTORS if min(box[2], box[3]) >= k * size), 1)
+
+
+def load_rgb_crop(path, data: torch.Tensor, box, size: int) -> torch.Tensor:
+    """The crop `box` (top, left, height, width) of the JPEG `data` (the bytes of `path`) resized
+    to a size x size uint8 RGB CHW tensor, the JPEG decoded at reduced size where that allows.
+
+    When the crop is at least 2, 4 or 8 times `size` on both sides, libjpeg decodes the image at
+    1/2, 1/4 or 1/8 of its size (Pillow's `draft`: the inverse DCT on fewer coefficients, less
+    upsampling and colour conversion, and a smaller image to shrink); then Pillow resizes the
+    crop's box, antialiased as torchvision does. A 12-megapixel photo's 224 px crop costs about
+    half of a full decode (docs/benchmarks.md). Otherwise: `load_rgb` and torchvision's crop.
+    Same result up to resampling (tests/test_fastpath.py bounds the difference).
+    """
+    factor = dct_factor(box, size)
+    if factor > 1:
+        try:
+            with Image.open(io.BytesIO(data.numpy())) as im:
+                width, height = im.size
+                im.draft(None, (width // factor, height // factor))
+                if im.size != (width, height):
+                    im.load()
+                    rgb = im if im.mode == "RGB" else im.convert("RGB")
+                    sx, sy = rgb.width / width, rgb.height / height
+                    top, left, h, w = box
+                    out = rgb.resize((size, size), Image.Resampling.BILINEAR,
+                                     box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
+                    return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1)
+        except (OSError, ValueError, SyntaxError):
+            pass  # Pillow refuses it: the full decode below decides (and says what is wrong)
+    return F.resized_crop(load_rgb(path, data), *box, [size, size], antialias=True)
+
+
 class ImageDataset(Dataset):
     """(uint8 CHW image, label) pairs of an ImageDirectory; label is -1 when unlabelled.
 
@@ -93,14 +204,18 @@ class ImageDataset(Dataset):
         precompute: also apply the (deterministic) transform once up front; for evaluation.
         pack: read the directory's pack (raw pixels, `kfvision pack`) when it has an up-to-date
             one, instead of decoding the image files.
+        dct_scaling: with a `TrainCrop` transform, decode each JPEG knowing its crop, at
+            reduced size where the crop allows (`load_rgb_crop`); for images decoded every
+            epoch (not cached, not packed).
     """
 
     def __init__(self, imdir: ImageDirectory, transform, *, cache: bool = False,
-                 precompute: bool = False, pack: bool = True):
+                 precompute: bool = False, pack: bool = True, dct_scaling: bool = False):
         self.paths = [imdir.root / e.path for e in imdir.images]
         self.labels = [(-1 if e.label is None else e.label) for e in imdir.images]
         self.transform = transform
         self.pack = open_pack(imdir) if pack else None
+        self.dct_scaling = dct_scaling and isinstance(transform, TrainCrop)
         self.images = None
         if cache or precompute:
             self.images = [self._decode(i, transform if precompute else None)
@@ -108,11 +223,12 @@ class ImageDataset(Dataset):
             if precompute:
                 self.transform = None
 
-    def _load(self, i) -> torch.Tensor:
+    def _load(self, i, crop=None) -> torch.Tensor:
+        """Image i; with `crop` = (JPEG bytes, box, size), its crop (`load_rgb_crop`)."""
         if self.pack is not None:
             return self.pack[i]  # a view of the memory-mapped pixels
         try:
-            return load_rgb(self.paths[i])
+            return load_rgb(self.paths[i]) if crop is None else load_rgb_crop(self.paths[i], *crop)
         except (OSError, ValueError, SyntaxError) as e:  # Pillow's ways of saying "broken"
             raise InvalidDatasetError(
                 f"{self.paths[i]} can no longer be decoded ({type(e).__name__}: {e}); it changed "
@@ -129,10 +245,28 @@ class ImageDataset(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i):
+        if self.images is None and self.pack is None and self.dct_scaling:
+            return self._crop_jpeg(i), self.labels[i]
         img = self.images[i] if self.images is not None else self._load(i)
         if self.transform is not None:
             img = self.transform(img)
         return img, self.labels[i]
+
+    def _crop_jpeg(self, i) -> torch.Tensor:
+        """The transform of image i, its crop drawn from the JPEG header before decoding."""
+        path = self.paths[i]
+        frame = None
+        if str(path).lower().endswith(JPEG_SUFFIXES):
+            try:
+                data = read_file(str(path))
+                frame = jpeg_frame(data)
+            except RuntimeError:
+                pass  # unreadable: _load below says so
+        if frame is None or 0 in frame[1:3]:  # not a JPEG after all, or no height in the header
+            return self.transform(self._load(i))
+        box, flip = self.transform.draw(frame[1], frame[2])
+        img = self._load(i, (data, box, self.transform.size))
+        return img.flip(-1) if flip else img
 
 
 class EvalShard(Dataset):

@@ -26,51 +26,20 @@ import torch
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms.v2 import functional as F
 
-from trainer.data import AUGMENTATIONS, ImageDataset, make_loader
+from trainer.data import AUGMENTATIONS, CROP_PRESETS, ImageDataset, jpeg_frame, make_loader
 from trainer.errors import check_choice
 from trainer.imagedir import ImageDirectory
 
 log = logging.getLogger("trainer")
 
-# preset -> (scale, ratio) of its RandomResizedCrop, None for a plain resize, and whether it flips;
-# the same numbers as trainer.data.train_transform (torchvision's RandomResizedCrop defaults).
-CROPS = {
-    "standard": ((0.08, 1.0), (3 / 4, 4 / 3), True),
-    "light": ((0.7, 1.0), (0.85, 1.18), False),
-    "none": (None, None, False),
-}
-assert set(CROPS) == set(AUGMENTATIONS), "a preset of trainer.data has no device version"
-
-# Start-of-frame markers (all JPEG processes; not DHT C4, JPG C8, DAC CC).
-_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
-
-
 def device_decodable(data: torch.Tensor) -> bool:
     """True for an 8-bit JPEG with 1 (grey) or 3 (colour) components: what nvJPEG decodes to RGB.
 
-    Reads the marker segments up to the frame header; anything else (not a JPEG, CMYK/YCCK,
-    12-bit, a truncated header) is False and goes to the CPU decoder.
+    Anything else (not a JPEG, CMYK/YCCK, 12-bit, a truncated header) is False and goes to the
+    CPU decoder.
     """
-    b = memoryview(data.numpy())
-    if len(b) < 4 or b[0] != 0xFF or b[1] != 0xD8:
-        return False
-    pos = 2
-    while pos + 4 <= len(b):
-        if b[pos] != 0xFF:
-            return False
-        marker = b[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # segments without a length
-            pos += 2
-            continue
-        if marker in _SOF:
-            return pos + 10 <= len(b) and b[pos + 4] == 8 and b[pos + 9] in (1, 3)
-        if marker == 0xDA:  # image data before any frame header
-            return False
-        pos += 2 + (b[pos + 2] << 8 | b[pos + 3])
-    return False
+    frame = jpeg_frame(data)
+    return frame is not None and frame[0] == 8 and frame[3] in (1, 3)
 
 
 class EncodedImages(ImageDataset):
@@ -132,7 +101,7 @@ class DeviceDecodeLoader:
     def __init__(self, loader, augment: str, size: int, device):
         check_choice("augment", augment, AUGMENTATIONS)
         self.loader, self.size, self.device = loader, size, torch.device(device)
-        self.scale, self.ratio, self.flip = CROPS[augment]
+        self.scale, self.ratio, self.flip = CROP_PRESETS[augment]
         self.cpu_fallbacks = 0  # JPEGs the device decoder refused, decoded by load_rgb instead
 
     def __len__(self):

@@ -16,7 +16,10 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
   are not cached (decoding every epoch on the CPU is then what a GPU step waits for);
 - conv_gemm: convolutions with a one-pixel output run as one matrix multiply instead of through
   oneDNN, whose per-call weight re-layouts dominate such tiny convolutions (trainer/convgemm.py);
-  auto: on for CPU (cuDNN has no such cost).
+  auto: on for CPU (cuDNN has no such cost);
+- dct_scaling: training JPEGs decoded on the CPU every epoch (not cached, not on the device) are
+  decoded knowing their random crop, at 1/2, 1/4 or 1/8 size where the crop is that much larger
+  than the image size (trainer/data.py: load_rgb_crop).
 """
 
 import os
@@ -39,6 +42,7 @@ class Runtime:
     compile: bool
     gpu_decode: bool = False
     conv_gemm: bool = False
+    dct_scaling: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,7 +92,9 @@ def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float
     gpu_decode = cfg.gpu_decode == "on" or (cfg.gpu_decode == "auto" and cuda and not cache
                                             and jpeg_share > 0.5)
     conv_gemm = cfg.conv_gemm == "on" or (cfg.conv_gemm == "auto" and not cuda)
-    return Runtime(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm)
+    dct_scaling = cfg.dct_scaling == "on" and not cache and not gpu_decode
+    return Runtime(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm,
+                   dct_scaling)
 
 
 def describe(rt: Runtime) -> str:
@@ -98,5 +104,6 @@ def describe(rt: Runtime) -> str:
             f"{'channels_last' if rt.channels_last else 'NCHW'}"
             f"{', torch.compile' if rt.compile else ''}"
             f"{', training JPEGs decoded on the device' if rt.gpu_decode else ''}"
-            f"{', one-pixel convolutions as GEMM' if rt.conv_gemm else ''}; "
+            f"{', one-pixel convolutions as GEMM' if rt.conv_gemm else ''}"
+            f"{', JPEGs decoded at reduced size where the crop allows' if rt.dct_scaling else ''}; "
             f"{os.cpu_count()} cores")

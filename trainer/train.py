@@ -92,7 +92,7 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
                                                    **options)
     else:
         train_ds = ImageDataset(train_dir, train_transform(cfg.augment, cfg.image_size),
-                                cache=rt.cache)
+                                cache=rt.cache, dct_scaling=rt.dct_scaling)
         train_loader, sampler = make_loader(train_ds, **options)
     val_loader, _ = make_loader(EvalShard(val_ds, ctx.rank, ctx.world_size),
                                 batch_size=2 * cfg.batch_size, workers=min(rt.workers, 2),
