@@ -112,12 +112,14 @@ def test_the_output_is_the_best_epochs_weights_with_history(tmp_path, resnet18_d
 
 
 def test_same_seed_gives_the_same_model_and_another_seed_does_not(tmp_path, resnet18_dir,
-                                                                  tiny_digits):
+                                                                  tiny_digits, capsys):
     states = {}
-    for name, seed in (("a", 7), ("b", 7), ("c", 8)):
+    for name, seed, cache in (("a", 7, "auto"), ("b", 7, "auto"), ("c", 8, "off")):
         assert main(train_argv(resnet18_dir, tiny_digits, tmp_path / name, epochs=1, seed=seed,
-                               **{**FAST, "augment": "light"})) == 0
+                               cache=cache, **{**FAST, "augment": "light"})) == 0
         states[name] = torch.load(tmp_path / name / "weights.pt", weights_only=True)
+        # decoding every epoch (here: --cache off) comes with the advice to pack
+        assert ("kfvision pack" in capsys.readouterr().out) is (cache == "off")  # the log
     assert all(torch.equal(states["a"][k], states["b"][k]) for k in states["a"])
     assert not all(torch.equal(states["a"][k], states["c"][k]) for k in states["a"])
 

@@ -62,6 +62,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _suggest_pack(cfg: TrainConfig, train_dir) -> None:
+    """Say how to stop decoding every epoch, when that is what training will do."""
+    gib = train_dir.decoded_bytes() / 2**30
+    why = ("--cache off" if cfg.cache == "off" else
+           f"{gib:.1f} GiB decoded, more than a quarter of the free memory")
+    log.info("the training images are decoded again every epoch (%s). `kfvision pack %s` "
+             "stores them once as raw pixels (%.1f GiB of disk) and makes the epochs several "
+             "times faster on the CPU (docs/data.md)", why, cfg.train, gib)
+
+
 def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     """Read inputs, train, and (rank 0) write the trained model directory. Returns the summary."""
     spec = read_model_spec(cfg.model)
@@ -94,6 +104,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
         train_ds = ImageDataset(train_dir, train_transform(cfg.augment, cfg.image_size),
                                 cache=rt.cache, dct_scaling=rt.dct_scaling)
         train_loader, sampler = make_loader(train_ds, **options)
+    if ctx.is_main and not rt.cache and not rt.gpu_decode and train_ds.pack is None:
+        _suggest_pack(cfg, train_dir)
     val_loader, _ = make_loader(EvalShard(val_ds, ctx.rank, ctx.world_size),
                                 batch_size=2 * cfg.batch_size, workers=min(rt.workers, 2),
                                 shuffle=False, seed=cfg.seed, pin_memory=pin)
