@@ -7,7 +7,11 @@ import torch
 import torchvision
 from torch import nn
 
-from trainer.convgemm import SinglePixelGemmConv2d, use_gemm_for_single_pixel_outputs
+from trainer.convgemm import (
+    SinglePixelGemmConv2d,
+    train_only_live_taps,
+    use_gemm_for_single_pixel_outputs,
+)
 
 
 def _gemm_copy(module):
@@ -98,3 +102,55 @@ def test_under_bf16_autocast_it_follows_the_convolution():
     assert gpb[0].dtype == torch.float32  # the weights' gradient stays float32
     for a, b in [(ya, yb), (gxa, gxb), *zip(gpa, gpb)]:
         assert (a.float() - b.float()).norm() <= 2e-2 * a.float().norm()
+
+
+def _sgd_steps(model, x, y, steps=3):
+    from trainer.engine import make_sgd
+
+    opt = make_sgd(model, 0.05, 0.9, 0.0)  # no weight decay: dead taps then stay put in both
+    model.train()
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return opt
+
+
+def test_training_only_the_live_taps_trains_the_same_model():
+    torch.manual_seed(0)
+    plain = torchvision.models.resnet18(num_classes=10).double()
+    live = _gemm_copy(plain)
+    # resnet18 at 32 px: layer4's first conv sees 2x2 of its 3x3 taps, the other three 1 of 9
+    assert train_only_live_taps(live, 32) == 4
+    assert sum(p.numel() for p in live.parameters()) < 0.4 * sum(
+        p.numel() for p in plain.parameters())
+    x, y = torch.randn(8, 3, 32, 32, dtype=torch.double), torch.randint(0, 10, (8,))
+    opt = _sgd_steps(plain, x, y)
+    _sgd_steps(live, x, y)
+    ours, theirs = live.state_dict(), plain.state_dict()
+    assert list(ours) == list(theirs)  # same keys, same order: checkpoints and weights.pt as ever
+    for k in theirs:
+        torch.testing.assert_close(ours[k], theirs[k], rtol=1e-7, atol=1e-9, msg=k)
+    plain.eval(), live.eval()
+    with torch.no_grad():  # and at another size the whole kernel is used, as a convolution
+        for size in (32, 64):
+            z = torch.randn(2, 3, size, size, dtype=torch.double)
+            torch.testing.assert_close(live(z), plain(z))
+    assert len(opt.param_groups[0]["params"]) == len(list(plain.parameters()))
+
+
+def test_a_live_taps_model_loads_and_gives_back_whole_kernels():
+    torch.manual_seed(0)
+    trained = torchvision.models.resnet18(num_classes=10)
+    state = {k: v + 0.5 for k, v in trained.state_dict().items() if v.is_floating_point()}
+    live = _gemm_copy(torchvision.models.resnet18(num_classes=10))
+    train_only_live_taps(live, 32)
+    live.load_state_dict({**trained.state_dict(), **state})  # e.g. resuming a checkpoint
+    for k, v in live.state_dict().items():
+        if v.is_floating_point():
+            assert torch.equal(v, state[k]), k
+    fresh = torchvision.models.resnet18(num_classes=10)
+    fresh.load_state_dict(live.state_dict())  # e.g. scoring with weights.pt
+    with pytest.raises(RuntimeError, match="size mismatch for layer4.1.conv2.weight"):
+        live.load_state_dict({**live.state_dict(),
+                              "layer4.1.conv2.weight": torch.zeros(512, 512, 1, 1)})

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.config import TrainConfig
-from trainer.convgemm import use_gemm_for_single_pixel_outputs
+from trainer.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
 from trainer.data import Normalizer
 from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, broadcast_buffers
 from trainer.errors import NonFiniteLossError
@@ -99,6 +99,7 @@ class Trainer:
         model = model.to(ctx.device, memory_format=self.memory_format)
         if rt.conv_gemm:
             use_gemm_for_single_pixel_outputs(model)
+            train_only_live_taps(model, cfg.image_size)
         self.raw_model = model
         ddp = (DistributedDataParallel(model, device_ids=[ctx.device] if
                                        ctx.device.type == "cuda" else None)
