@@ -4,7 +4,9 @@ Both train the same model on the same images, image size, batch size, augmentati
 each runs in its own process, alternating, `--rounds` times. The figure is training images per
 second with data loading included, averaged over the epochs after the first (the first pays for
 worker start-up, caching and allocator warm-up in both), median over rounds. The ratio is taken
-per round (kfvision / the plain loop's best of that round), then the median over rounds.
+per round (kfvision / the plain loop's best of that round), then the median over rounds; rounds
+alternate the order (plain loop first, then kfvision first), so a drift in machine speed
+favours neither.
 
     python -m bench.train --dataset digits                      # 32 px digits, resnet18
     python -m bench.train --dataset jpeg --archs resnet18 resnet50 --image-size 224 \
@@ -126,10 +128,12 @@ def main(argv=None) -> int:
         plain = {w: [] for w in args.plain_workers}
         ours = {v: [] for v in args.variants}
         for r in range(args.rounds):
-            for w in args.plain_workers:
-                plain[w].append(run_plain(arch, args, raw, w))
-            for v in args.variants:
-                ours[v].append(run_kfvision(arch, args, train, val, v))
+            runs = [("plain", w) for w in args.plain_workers] + [("ours", v) for v in args.variants]
+            for side, key in (runs if r % 2 == 0 else runs[::-1]):  # ABBA: drift favours neither
+                if side == "plain":
+                    plain[key].append(run_plain(arch, args, raw, key))
+                else:
+                    ours[key].append(run_kfvision(arch, args, train, val, key))
             print(f"{arch} round {r + 1}: plain {({w: round(x[-1], 1) for w, x in plain.items()})}"
                   f" kfvision {({v: round(x[-1], 1) for v, x in ours.items()})} img/s", flush=True)
         best_w = max(plain, key=lambda w: statistics.median(plain[w]))

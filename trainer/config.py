@@ -100,7 +100,8 @@ _HELP = {
                   "read files: on, off, or auto (on for CUDA when most training images are JPEGs "
                   "and they are not cached)",
     "conv_gemm": "convolutions whose output is a single pixel (e.g. resnet's last stage on 32 px "
-                 "images) run as one matrix multiply: on, off, or auto (on for CPU)",
+                 "images) run as one matrix multiply, and only the kernel taps that pixel sees "
+                 "are trained (the others only multiply padding): on, off, or auto (on for CPU)",
     "dct_scaling": "decode a training JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT scaling) "
                    "when its random crop is at least that many times the image size, instead of "
                    "decoding it whole and shrinking the crop: on or off (applies to JPEGs decoded "

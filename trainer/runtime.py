@@ -15,8 +15,9 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
   files (trainer/devicedata.py); auto: on for CUDA when most training images are JPEGs and they
   are not cached (decoding every epoch on the CPU is then what a GPU step waits for);
 - conv_gemm: convolutions with a one-pixel output run as one matrix multiply instead of through
-  oneDNN, whose per-call weight re-layouts dominate such tiny convolutions (trainer/convgemm.py);
-  auto: on for CPU (cuDNN has no such cost);
+  oneDNN, whose per-call weight re-layouts dominate such tiny convolutions, and only the kernel
+  taps such an output sees are trained (trainer/convgemm.py); auto: on for CPU (cuDNN has no
+  such cost);
 - dct_scaling: training JPEGs decoded on the CPU every epoch (not cached, not on the device) are
   decoded knowing their random crop, at 1/2, 1/4 or 1/8 size where the crop is that much larger
   than the image size (trainer/data.py: load_rgb_crop).
