@@ -151,6 +151,8 @@ def test_a_live_taps_model_loads_and_gives_back_whole_kernels():
             assert torch.equal(v, state[k]), k
     fresh = torchvision.models.resnet18(num_classes=10)
     fresh.load_state_dict(live.state_dict())  # e.g. scoring with weights.pt
+    partial = {k: v for k, v in live.state_dict().items() if k != "layer4.1.conv2.weight"}
+    assert live.load_state_dict(partial, strict=False).missing_keys == ["layer4.1.conv2.weight"]
     with pytest.raises(RuntimeError, match="size mismatch for layer4.1.conv2.weight"):
         live.load_state_dict({**live.state_dict(),
                               "layer4.1.conv2.weight": torch.zeros(512, 512, 1, 1)})

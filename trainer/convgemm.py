@@ -152,8 +152,8 @@ class SinglePixelGemmConv2d(nn.Conv2d):
         if self.live is not None:
             if key in unexpected_keys:
                 unexpected_keys.remove(key)
-            if prefix + "weight_taps" in missing_keys and key in missing_keys:
-                missing_keys.remove(prefix + "weight_taps")
+            if prefix + "weight_taps" in missing_keys:  # named as the caller knows it
+                missing_keys[missing_keys.index(prefix + "weight_taps")] = key
 
     def single_pixel_window(self, h: int, w: int):
         """(row0, row1, col0, col1) of the input the single output pixel sees, or None when the
