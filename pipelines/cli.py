@@ -124,8 +124,23 @@ def _demo(args) -> int:
     return run_demo(args.out, epochs=args.epochs)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from trainer.models import ARCHITECTURES
+# The one-line help of the commands whose flags come from modules that import torch or kfp.
+HELP = {
+    "model": "write an untrained model directory (resnet, densenet)",
+    "train": "train a model (one process, or N with --nproc-per-node)",
+    "job": "train as a Kubeflow PyTorchJob: render, run-local, submit, logs, delete",
+    "pipeline": "the Kubeflow Pipelines pipeline: compile, submit, run-local",
+}
+
+
+def build_parser(argv: list | None = None) -> argparse.ArgumentParser:
+    """The `kfvision` parser. With `argv`, the flags of only the command it names are built: the
+    model, train, job and pipeline flags import torch or kfp (`kfvision --help` took 8 s with
+    all of them), and no other command should wait for that."""
+    command = argv[0] if argv else None
+
+    def full(name: str) -> bool:
+        return argv is None or command == name
 
     p = argparse.ArgumentParser(
         prog="kfvision", description="Train image classifiers with PyTorch DDP, on this machine "
@@ -165,9 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--quiet", action="store_true", help="no progress bar")
     pk.set_defaults(func=_pack)
 
-    m = sub.add_parser("model", help="write an untrained model directory (resnet, densenet)")
+    m = sub.add_parser("model", help=HELP["model"])
     msub = m.add_subparsers(dest="family", required=True, metavar="FAMILY")
-    for family, names in ARCHITECTURES.items():
+    if full("model"):
+        from trainer.models import ARCHITECTURES
+    for family, names in ARCHITECTURES.items() if full("model") else ():
         f = msub.add_parser(family, help=f"{family}: {', '.join(names)}",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         f.add_argument("out", help="output model directory")
@@ -185,16 +202,19 @@ def build_parser() -> argparse.ArgumentParser:
                            help="gradient checkpointing: less memory, ~20%% slower")
         f.set_defaults(func=_model)
 
-    from trainer.train import get_args_parser
+    if full("train"):
+        from trainer.config import get_args_parser
 
-    t = sub.add_parser("train", parents=[get_args_parser(add_help=False)],
-                       help="train a model (one process, or N with --nproc-per-node)",
-                       description="Train with DDP. Same flags as `python -m trainer.train` "
-                       "(the torchrun entrypoint).",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    t.add_argument("--nproc-per-node", type=int, default=1,
-                   help="processes on this machine (starts torchrun --standalone when > 1)")
-    t.set_defaults(func=_train)
+        t = sub.add_parser("train", parents=[get_args_parser(add_help=False)],
+                           help=HELP["train"],
+                           description="Train with DDP. Same flags as `python -m trainer.train` "
+                           "(the torchrun entrypoint).",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        t.add_argument("--nproc-per-node", type=int, default=1,
+                       help="processes on this machine (starts torchrun --standalone when > 1)")
+        t.set_defaults(func=_train)
+    else:
+        sub.add_parser("train", help=HELP["train"])
 
     s = sub.add_parser("score", help="score an image directory with a trained model -> CSV",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -241,12 +261,18 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--epochs", type=int, default=15, help="training epochs")
     d.set_defaults(func=_demo)
 
-    from pipelines.jobs.commands import register as register_job_commands
+    if full("job"):
+        from pipelines.jobs.commands import register as register_job_commands
 
-    register_job_commands(sub)  # kfvision job render|run-local|submit|logs|delete
-    from pipelines.commands_pipeline import register as register_pipeline_commands
+        register_job_commands(sub, HELP["job"])  # kfvision job render|run-local|submit|...
+    else:
+        sub.add_parser("job", help=HELP["job"])
+    if full("pipeline"):
+        from pipelines.commands_pipeline import register as register_pipeline_commands
 
-    register_pipeline_commands(sub)  # kfvision pipeline compile|submit|run-local
+        register_pipeline_commands(sub, HELP["pipeline"])  # kfvision pipeline compile|...
+    else:
+        sub.add_parser("pipeline", help=HELP["pipeline"])
     return p
 
 
@@ -265,7 +291,7 @@ def _without_option(argv: list, flag: str) -> list:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         if args.command == "train":
             return _train(args, _without_option(argv[1:], "--nproc-per-node"))

@@ -134,10 +134,10 @@ def _run_local(args) -> int:
     return 0
 
 
-def register(subparsers) -> None:
+def register(subparsers, help: str) -> None:
     """Add `kfvision pipeline ...` to the `kfvision` command line's subparsers."""
     p = subparsers.add_parser(
-        "pipeline", help="the Kubeflow Pipelines pipeline: compile, submit, run-local",
+        "pipeline", help=help,
         description="The image-classification KFP v2 pipeline: convert -> split -> model -> "
         "train (PyTorchJob) -> score -> evaluate.", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -66,3 +66,17 @@ def test_errors_are_one_message_and_a_nonzero_exit_without_a_traceback(args, mes
 def test_a_bad_model_name_lists_the_choices():
     run = kfvision("model", "densenet", "/tmp/x", "--name", "densenet999", check=False)
     assert run.returncode == 2 and "densenet121" in run.stderr and "densenet201" in run.stderr
+
+
+@pytest.mark.parametrize("command, heavy", [
+    ([], []), (["convert"], []), (["train"], []), (["job"], []), (["pipeline"], ["kfp"]),
+    (["model"], ["torch"])])
+def test_the_command_line_loads_torch_and_kfp_only_for_the_commands_that_need_them(command,
+                                                                                    heavy):
+    # building the parser for `kfvision --help` with all of them took 8 s on the 2-core machine
+    code = ("import sys; from pipelines.cli import build_parser; build_parser(sys.argv[1:]); "
+            "print(sorted(m for m in ('kfp', 'torch') if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", code, *command], cwd=REPO, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == str(heavy)

@@ -8,8 +8,8 @@ import argparse
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from trainer.data import AUGMENTATIONS
 from trainer.errors import InvalidParameterError, check_choice, check_range
+from trainer.presets import AUGMENTATIONS
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                          default=None, metavar=f.name.upper(),
                          help=f"{_HELP[f.name]} (default: {f.default})")
     return parser
+
+
+def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
+    """The trainer's parser (`python -m trainer.train`); torch-free, for the command line."""
+    parser = argparse.ArgumentParser(
+        description="Train a ResNet/DenseNet image classifier with PyTorch DDP.",
+        add_help=add_help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    return add_train_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -24,6 +24,7 @@ from torchvision.transforms.v2 import functional as F
 from trainer.errors import InvalidDatasetError, check_choice
 from trainer.imagedir import ImageDirectory
 from trainer.pack import open_pack
+from trainer.presets import AUGMENTATIONS  # also imported from here
 
 # torchvision 0.29 marks its image decoders deprecated in favour of TorchCodec; they remain the
 # fastest JPEG path that works on every torchvision we support (0.19+, incl. the GPU images' 0.26).
@@ -34,10 +35,6 @@ warnings.filterwarnings("ignore", message="The image decoding and encoding capab
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-# name -> (train transform, eval transform) builders. "standard" is torchvision's ImageNet recipe
-# (what the Azure module uses); "light" keeps orientation (digits, text, medical scans); "none" only
-# resizes, for data already framed like the test images.
-AUGMENTATIONS = ("standard", "light", "none")
 
 
 # preset -> (scale, ratio) of its RandomResizedCrop (None: resize the whole image), and whether it

@@ -6,7 +6,6 @@ Kubeflow PyTorchJob: the same torchrun command; torchrun reads the operator's PE
 `kfvision train ...` takes the same flags.
 """
 
-import argparse
 import json
 import logging
 import random
@@ -26,7 +25,7 @@ from trainer.checkpoint import (
     on_main,
     output_error,
 )
-from trainer.config import TrainConfig, add_train_arguments, config_from_args
+from trainer.config import TrainConfig, config_from_args, get_args_parser
 from trainer.data import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -47,13 +46,6 @@ from trainer.models import WEIGHTS_FILE, build_model, read_model_spec
 from trainer.runtime import describe, resolve_runtime
 
 log = logging.getLogger("trainer")
-
-
-def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description="Train a ResNet/DenseNet image classifier with PyTorch DDP.",
-        add_help=add_help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    return add_train_arguments(parser)
 
 
 def seed_everything(seed: int) -> None:

@@ -105,7 +105,7 @@ def _render(args) -> int:
 
 
 def _add_render(sub) -> None:
-    from trainer.train import get_args_parser
+    from trainer.config import get_args_parser
 
     r = sub.add_parser(
         "render", parents=[get_args_parser(add_help=False)],
@@ -240,10 +240,10 @@ def _delete(args) -> int:
     return 0
 
 
-def register(subparsers) -> None:
+def register(subparsers, help: str) -> None:
     """Add `kfvision job ...` to the `kfvision` command line's subparsers."""
     job = subparsers.add_parser(
-        "job", help="train as a Kubeflow PyTorchJob: render, run-local, submit, logs, delete",
+        "job", help=help,
         description="Train as a Kubeflow PyTorchJob (Training Operator v1.9).", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
