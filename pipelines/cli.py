@@ -182,9 +182,10 @@ def build_parser(argv: list | None = None) -> argparse.ArgumentParser:
 
     m = sub.add_parser("model", help=HELP["model"])
     msub = m.add_subparsers(dest="family", required=True, metavar="FAMILY")
+    families = {}
     if full("model"):
-        from trainer.models import ARCHITECTURES
-    for family, names in ARCHITECTURES.items() if full("model") else ():
+        from trainer.models import ARCHITECTURES as families
+    for family, names in families.items():
         f = msub.add_parser(family, help=f"{family}: {', '.join(names)}",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         f.add_argument("out", help="output model directory")

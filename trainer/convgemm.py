@@ -74,28 +74,27 @@ class SinglePixelGemmConv2d(nn.Conv2d):
             return super().forward(x)
         r0, r1, c0, c1 = window
         ph, pw = self.padding
-        window, weight = x[:, :, r0:r1, c0:c1].reshape(x.shape[0], -1), self.weight
-        device = x.device.type
-        if torch.is_autocast_enabled(device):  # as autocast does for a convolution
-            dtype = torch.get_autocast_dtype(device)
-            window, weight = window.to(dtype), weight.to(dtype)
-        out = _WindowGemm.apply(window, weight, slice(r0 + ph, r1 + ph), slice(c0 + pw, c1 + pw))
-        if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
-        return out.view(x.shape[0], self.out_channels, 1, 1)
+        rows, cols = slice(r0 + ph, r1 + ph), slice(c0 + pw, c1 + pw)
+        return self._one_pixel(x, window, self.weight,
+                               lambda win, weight: _WindowGemm.apply(win, weight, rows, cols))
 
     def _forward_live_taps(self, x):
-        h, w, rows, cols = self.live
-        taps = self.weight_taps
+        h, w, _, _ = self.live
         if tuple(x.shape[-2:]) != (h, w):  # another size: the whole kernel, as a convolution
             return self._conv_forward(x, self.kernel(), self.bias)
-        r0, r1, c0, c1 = self.single_pixel_window(h, w)
-        window = x[:, :, r0:r1, c0:c1].reshape(x.shape[0], -1)
+        return self._one_pixel(x, self.single_pixel_window(h, w), self.weight_taps,
+                               lambda win, taps: nn.functional.linear(
+                                   win, taps.reshape(taps.shape[0], -1)))
+
+    def _one_pixel(self, x, window, weight, product):
+        """`product(flattened input window, weight)` (+ bias) as the N x C x 1 x 1 output."""
+        r0, r1, c0, c1 = window
+        win = x[:, :, r0:r1, c0:c1].reshape(x.shape[0], -1)
         device = x.device.type
         if torch.is_autocast_enabled(device):  # as autocast does for a convolution
             dtype = torch.get_autocast_dtype(device)
-            window, taps = window.to(dtype), taps.to(dtype)
-        out = nn.functional.linear(window, taps.reshape(taps.shape[0], -1))
+            win, weight = win.to(dtype), weight.to(dtype)
+        out = product(win, weight)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.view(x.shape[0], self.out_channels, 1, 1)
