@@ -143,7 +143,10 @@ def _alive(pids) -> list:
 SPAWNER = """
     import os, subprocess, sys, time
     child = subprocess.Popen(["sleep", "300"], start_new_session=True)
-    open(r"{tmp}/" + os.environ["RANK"] + ".pid", "w").write(str(child.pid))
+    # written whole, then renamed, so that a reader never sees an empty pid file
+    part = r"{tmp}/" + os.environ["RANK"] + ".part"
+    open(part, "w").write(str(child.pid))
+    os.replace(part, part[:-5] + ".pid")
     if os.environ["RANK"] == "{failing}":
         time.sleep(1.5)
         sys.exit(1)
@@ -167,12 +170,14 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        for _ in range(200):
-            if len(_pids(tmp_path)) == 2:
-                break
+        # Ctrl-C only once both replicas have started their grandchildren; on a loaded
+        # machine that can take a while, and a signal sent earlier tests something else
+        deadline = time.monotonic() + 120
+        while len(_pids(tmp_path)) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert len(_pids(tmp_path)) == 2, "the replicas did not start their grandchildren"
         os.kill(proc.pid, signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
+        out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
