@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from trainer.errors import KfvisionError
+from trainer.presets import ARCHITECTURES
 
 EPILOG = """\
 typical run (no cluster needed):
@@ -182,9 +183,7 @@ def build_parser(argv: list | None = None) -> argparse.ArgumentParser:
 
     m = sub.add_parser("model", help=HELP["model"])
     msub = m.add_subparsers(dest="family", required=True, metavar="FAMILY")
-    families = {}
-    if full("model"):
-        from trainer.models import ARCHITECTURES as families
+    families = ARCHITECTURES if full("model") else {}
     for family, names in families.items():
         f = msub.add_parser(family, help=f"{family}: {', '.join(names)}",
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -70,7 +70,7 @@ def test_a_bad_model_name_lists_the_choices():
 
 @pytest.mark.parametrize("command, heavy", [
     ([], []), (["convert"], []), (["train"], []), (["job"], []), (["pipeline"], ["kfp"]),
-    (["model"], ["torch"])])
+    (["model"], [])])
 def test_the_command_line_loads_torch_and_kfp_only_for_the_commands_that_need_them(command,
                                                                                     heavy):
     # building the parser for `kfvision --help` with all of them took 8 s on the 2-core machine

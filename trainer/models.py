@@ -13,16 +13,12 @@ import torchvision
 from torch import nn
 
 from trainer.errors import InvalidModelDirectoryError, check_choice
+from trainer.presets import ARCHITECTURES
 
 SPEC_FILE = "spec.json"
 WEIGHTS_FILE = "weights.pt"
 SPEC_FORMAT = "kfvision.untrained-model"
 
-ARCHITECTURES = {
-    "resnet": ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50_32x4d",
-               "resnext101_32x8d", "wide_resnet50_2", "wide_resnet101_2"),
-    "densenet": ("densenet121", "densenet161", "densenet169", "densenet201"),
-}
 
 
 @dataclass(frozen=True)
