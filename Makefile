@@ -14,7 +14,12 @@ help: ## show this help
 
 setup: $(VENV)/.installed ## create .venv and install kfvision with pinned versions (constraints.txt)
 
+# A new .venv takes about 6 GiB: torch's CUDA build brings its CUDA libraries (constraints.txt)
 $(VENV)/.installed: pyproject.toml constraints.txt
+	@test -x $(PY) || { free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	  test "$$free" -ge 7 || echo "make setup: warning: $$free GiB free on this disk and a new" \
+	  ".venv needs about 6 GiB (torch's CUDA build). If pip stops with 'No space left on" \
+	  "device', free some space (old clones, /tmp/pytest-of-*) and run it again." >&2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@
