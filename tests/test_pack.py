@@ -132,6 +132,20 @@ def test_packing_refuses_an_image_changed_since_conversion(mixed):
     assert not (mixed / INDEX).exists() and not list(mixed.glob(f".{PIXELS}.*"))
 
 
+def test_packing_refuses_an_image_deleted_while_it_packs(mixed, monkeypatch):
+    path = mixed / read_image_directory(mixed).images[-1].path
+
+    def delete_after_the_first(items, *args):  # the progress bar's loop, with a file going away
+        for i in items:
+            yield i
+            path.unlink(missing_ok=True)
+
+    monkeypatch.setattr("trainer.pack.progress_bar", delete_after_the_first)
+    with pytest.raises(InvalidDatasetError, match=f"{path.name} can no longer be read"):
+        write_pack(mixed, progress=False)
+    assert not (mixed / INDEX).exists() and not list(mixed.glob(f".{PIXELS}.*"))
+
+
 def test_packing_refuses_when_the_pixels_do_not_fit_on_the_disk(mixed, monkeypatch):
     monkeypatch.setattr("trainer.pack.shutil.disk_usage", lambda _: shutil._ntuple_diskusage(
         10**6, 10**6, 100))

@@ -137,7 +137,8 @@ def load_rgb(path, data: torch.Tensor | None = None) -> torch.Tensor:
     JPEGs go through torchvision's libjpeg-turbo decoder straight into a CHW tensor: the same
     pixels as Pillow, without Pillow's image object, mode conversion and two array copies (1.6-1.9x
     the decode + crop rate per core on the benchmark's JPEG set; see docs/benchmarks.md).
-    `data`: the file's bytes, when the caller has read them already.
+    `data`: the file's bytes (uint8 tensor), when the caller has read them already; then the
+    file is not opened again.
     """
     if str(path).lower().endswith(JPEG_SUFFIXES):
         try:
@@ -145,7 +146,7 @@ def load_rgb(path, data: torch.Tensor | None = None) -> torch.Tensor:
                                mode=ImageReadMode.RGB)
         except RuntimeError:
             pass  # not really a JPEG, or a variant libjpeg refuses: Pillow decides below
-    with Image.open(path) as im:
+    with Image.open(path if data is None else io.BytesIO(data.numpy())) as im:
         if im.mode.startswith("I"):  # 16/32-bit integer grayscale: scale into 0..255
             arr = np.asarray(im, dtype=np.float64)
             top = 255.0 if arr.max() <= 255 else 65535.0 if arr.max() <= 65535 else arr.max()
@@ -220,18 +221,25 @@ class ImageDataset(Dataset):
             if precompute:
                 self.transform = None
 
-    def _load(self, i, crop=None) -> torch.Tensor:
-        """Image i; with `crop` = (JPEG bytes, box, size), its crop (`load_rgb_crop`)."""
+    def _load(self, i, crop=None, data=None) -> torch.Tensor:
+        """Image i; with `crop` = (JPEG bytes, box, size), its crop (`load_rgb_crop`); `data`:
+        its file's bytes, already read."""
         if self.pack is not None:
             return self.pack[i]  # a view of the memory-mapped pixels
         try:
-            return load_rgb(self.paths[i]) if crop is None else load_rgb_crop(self.paths[i], *crop)
+            if crop is not None:
+                return load_rgb_crop(self.paths[i], *crop)
+            return load_rgb(self.paths[i], data)
         except (OSError, ValueError, SyntaxError) as e:  # Pillow's ways of saying "broken"
             raise InvalidDatasetError(
                 f"{self.paths[i]} can no longer be decoded ({type(e).__name__}: {e}); it changed "
                 "after its image directory was made. Re-create the directory with "
                 "`kfvision convert`."
             ) from e
+
+    def decode(self, i, data: torch.Tensor) -> torch.Tensor:
+        """Image i (uint8 RGB CHW, untransformed) from its file's bytes, read by the caller."""
+        return self._load(i, data=data)
 
     def _decode(self, i, transform=None):
         img = self._load(i)

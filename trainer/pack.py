@@ -185,8 +185,8 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
     def write(f) -> None:
         offset = 0
         for i in progress_bar(range(len(imdir.images)), "pack", "img", progress):
-            _check_unchanged(root, imdir.images[i])
-            hwc = decoder[i][0].permute(1, 2, 0).numpy()  # no copy when it is channels-last
+            data = _read_unchanged(root, imdir.images[i])  # the bytes checked are those decoded
+            hwc = decoder.decode(i, data).permute(1, 2, 0).numpy()  # no copy if channels-last
             f.write(np.ascontiguousarray(hwc).data)
             entries.append([offset, hwc.shape[0], hwc.shape[1]])
             offset += hwc.nbytes
@@ -199,10 +199,19 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
     return PackReport(root, len(entries), total, files, written=True)
 
 
-def _check_unchanged(root: Path, entry) -> None:
+def _read_unchanged(root: Path, entry) -> torch.Tensor:
+    """The bytes of the file the manifest `entry` names (uint8 tensor), checked against its
+    sha256."""
     path = root / entry.path
-    if hashlib.sha256(path.read_bytes()).hexdigest() != entry.sha256:
+    try:
+        data = bytearray(path.read_bytes())
+    except OSError as e:
+        raise InvalidDatasetError(
+            f"{path} can no longer be read ({e.strerror or e}); nothing was packed. Re-create "
+            f"{root} with `kfvision convert`, then pack it.") from e
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
         raise InvalidDatasetError(
             f"{path} has changed since {root} was made (its sha256 differs from the manifest); "
             "nothing was packed. Re-create the directory with `kfvision convert`, then pack it.")
+    return torch.frombuffer(data, dtype=torch.uint8)
 
