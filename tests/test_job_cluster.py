@@ -150,12 +150,25 @@ def test_submit_wait_streams_the_master_log_and_returns_on_success():
 
 
 def test_submitting_an_existing_job_re_attaches_instead_of_creating_a_second():
-    fake = FakeCluster([SUCCEEDED])
+    fake = FakeCluster([RUNNING, SUCCEEDED])
     fake.jobs["digits"] = JOB
     out = io.StringIO()
-    submit(client_for(fake, out), JOB, wait=True)
+    submit(client_for(fake, out), JOB, wait=True, poll_s=5)
     assert "already exists: re-attaching" in out.getvalue()
     assert list(fake.jobs) == ["digits"] and fake.calls.count(("create", "pytorchjobs")) == 1
+
+
+def test_submitting_a_job_that_already_failed_says_so_and_how_to_run_it_again():
+    failed = ([cond("Created"), cond("Failed", "1 Worker replica(s) failed.")], [])
+    fake = FakeCluster([failed, failed])
+    fake.jobs["digits"] = JOB
+    out = io.StringIO()
+    with pytest.raises(JobFailedError, match="1 Worker replica"):
+        submit(client_for(fake, out), JOB, wait=True, logs=False)
+    assert (f"PyTorchJob {NS}/digits already exists and has failed: reporting that run"
+            in out.getvalue())
+    assert f"kfvision job delete digits -n {NS}, then submit" in out.getvalue()
+    assert fake.calls.count(("create", "pytorchjobs")) == 1  # the refused create, no other
 
 
 def test_a_failed_job_is_an_error_naming_the_replica_its_reason_and_last_log_lines():

@@ -314,8 +314,15 @@ def submit(client: JobClient, job: dict, *, wait: bool = False, timeout_s: float
     name = job["metadata"]["name"]
     obj, created = client.create(job)
     where = f"PyTorchJob {client.namespace}/{name}"
-    client.say(f"created {where}" if created else
-               f"{where} already exists: re-attaching to it (no second job is created)")
+    state = None if created else job_state(obj)[0]
+    if created:
+        client.say(f"created {where}")
+    elif state in ("Succeeded", "Failed"):  # e.g. submitted again after fixing what failed
+        client.say(f"{where} already exists and has {state.lower()}: reporting that run (no new "
+                   f"job is created). To run it again: kfvision job delete {name} -n "
+                   f"{client.namespace}, then submit.")
+    else:
+        client.say(f"{where} already exists: re-attaching to it (no second job is created)")
     if not wait:
         return obj
     try:
