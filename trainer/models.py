@@ -20,7 +20,6 @@ WEIGHTS_FILE = "weights.pt"
 SPEC_FORMAT = "kfvision.untrained-model"
 
 
-
 @dataclass(frozen=True)
 class ModelSpec:
     """What `kfvision model` writes and training reads. `weights` is a file in the model folder."""

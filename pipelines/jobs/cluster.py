@@ -314,7 +314,7 @@ def submit(client: JobClient, job: dict, *, wait: bool = False, timeout_s: float
     name = job["metadata"]["name"]
     obj, created = client.create(job)
     where = f"PyTorchJob {client.namespace}/{name}"
-    state = None if created else job_state(obj)[0]
+    state = job_state(obj)[0]
     if created:
         client.say(f"created {where}")
     elif state in ("Succeeded", "Failed"):  # e.g. submitted again after fixing what failed
