@@ -113,7 +113,8 @@ def _score(args) -> int:
     from trainer.score import score
 
     result = score(args.model, args.data, args.out, batch_size=args.batch_size,
-                   device=args.device, progress=False if args.quiet else None)
+                   device=args.device, progress=False if args.quiet else None,
+                   dct_scaling=args.dct_scaling == "on")
     acc = "" if result["accuracy"] is None else f"; top-1 accuracy {result['accuracy']:.4f}"
     print(f"scored {result['rows']} images into {args.out}{acc}")
     return 0
@@ -223,6 +224,10 @@ def build_parser(argv: list | None = None) -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="output CSV file")
     s.add_argument("--batch-size", type=int, default=64, help="images per batch")
     s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run")
+    s.add_argument("--dct-scaling", choices=("on", "off"), default="on",
+                   help="decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT scaling) when "
+                   "the model's resize still shrinks it from there, as validation in training "
+                   "does: photos far larger than the model's input score several times faster")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_score)
 

@@ -15,6 +15,7 @@ from torchvision.transforms.v2 import functional as F
 
 from trainer.data import (
     AUGMENTATIONS,
+    EvalResize,
     ImageDataset,
     Normalizer,
     TrainCrop,
@@ -125,6 +126,41 @@ def test_dct_scaling_draws_the_crops_and_flips_of_the_plain_path(tmp_path, size,
         assert la == lb and a.shape == b.shape == (3, 32, 32)
         diff = (a.int() - b.int()).abs().float()
         assert diff.max() == 0 if exact else diff.mean() < 3, diff.mean()
+
+
+@pytest.mark.parametrize("augment", AUGMENTATIONS)
+def test_the_evaluation_presets_resize_as_torchvision_does(augment):
+    img = torch.randint(0, 256, (3, 61, 97), dtype=torch.uint8)
+    expected = (v2.Compose([v2.Resize(73, antialias=True), v2.CenterCrop(64)])
+                if augment == "standard" else v2.Resize((64, 64), antialias=True))
+    assert torch.equal(EvalResize(augment, 64)(img), expected(img))
+
+
+@pytest.mark.parametrize("augment, height, width, factor", [
+    ("standard", 1200, 1600, 8), ("standard", 1168, 5000, 8), ("standard", 1167, 5000, 4),
+    ("standard", 300, 400, 2), ("standard", 291, 4000, 1), ("none", 1200, 1600, 8),
+    ("none", 511, 2000, 4), ("light", 127, 5000, 1), ("light", 128, 128, 2)])
+def test_evaluation_scales_the_decode_only_while_the_resize_still_shrinks(augment, height,
+                                                                         width, factor):
+    # standard at 128 px: the shorter side is resized to 146; none/light: both sides to 64
+    size = 128 if augment == "standard" else 64
+    assert EvalResize(augment, size).dct_factor(height, width) == factor
+
+
+@pytest.mark.parametrize("augment", ["standard", "none"])
+@pytest.mark.parametrize("size, exact", [((60, 40), True), ((1600, 1200), False)])
+def test_dct_scaling_evaluates_what_the_full_decode_does(tmp_path, augment, size, exact):
+    imdir = _images(tmp_path, size)
+    plain = ImageDataset(imdir, EvalResize(augment, 48))
+    scaled = ImageDataset(imdir, EvalResize(augment, 48), dct_scaling=True)
+    precomputed = ImageDataset(imdir, EvalResize(augment, 48), dct_scaling=True, precompute=True)
+    for i in range(len(plain)):
+        (a, la), (b, lb), (c, lc) = plain[i], scaled[i], precomputed[i]
+        assert la == lb == lc and a.shape == b.shape == (3, 48, 48) and torch.equal(b, c)
+        diff = (a.int() - b.int()).abs().float()
+        assert diff.max() == 0 if exact else diff.mean() < 3, diff.mean()
+    big = next(i for i, p in enumerate(plain.paths) if p.name == "0.jpg")
+    assert exact or not torch.equal(plain[big][0], scaled[big][0])  # it did decode smaller
 
 
 def test_dct_scaling_names_a_broken_jpeg(tmp_path):

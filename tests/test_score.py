@@ -61,3 +61,30 @@ def test_score_refuses_data_with_other_classes(trained_tiny, tmp_path, tiny_digi
 def test_score_refuses_an_untrained_model_directory(resnet18_dir, tiny_digits, tmp_path):
     with pytest.raises(InvalidModelDirectoryError, match="not a trained model directory"):
         score(resnet18_dir, tiny_digits["val"], tmp_path / "x.csv", progress=False)
+
+
+def test_dct_scaling_scores_large_jpegs_as_the_full_decode_does(trained_tiny, tiny_digits,
+                                                               tmp_path):
+    from PIL import Image
+
+    from trainer.imagedir import convert_class_folders
+
+    # the validation digits as 640 px JPEGs: the model's 32 px resize lets libjpeg decode at 1/8
+    for f in sorted((tiny_digits["raw"] / "val").glob("*/*")):
+        dest = tmp_path / "src" / f.parent.name / (f.stem + ".jpg")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with Image.open(f) as im:
+            im.convert("RGB").resize((640, 640), Image.Resampling.BICUBIC).save(dest, quality=90)
+    convert_class_folders(tmp_path / "src", tmp_path / "large", progress=False)
+    tables = {}
+    for dct in (True, False):
+        score(trained_tiny, tmp_path / "large", tmp_path / f"{dct}.csv", progress=False,
+              dct_scaling=dct)
+        tables[dct] = list(csv.DictReader((tmp_path / f"{dct}.csv").open()))
+    probs = {dct: [[float(v) for k, v in r.items() if k.startswith("scored_probability_")]
+                   for r in rows] for dct, rows in tables.items()}
+    assert [r["image"] for r in tables[True]] == [r["image"] for r in tables[False]]
+    assert probs[True] != probs[False]  # the decode did change
+    worst = max(abs(a - b) for pa, pb in zip(probs[True], probs[False]) for a, b in zip(pa, pb))
+    same = sum(a["scored_label"] == b["scored_label"] for a, b in zip(*tables.values()))
+    assert worst < 0.1 and same >= 0.95 * len(tables[True]), (worst, same)

@@ -102,10 +102,10 @@ _HELP = {
     "conv_gemm": "convolutions whose output is a single pixel (e.g. resnet's last stage on 32 px "
                  "images) run as one matrix multiply, and only the kernel taps that pixel sees "
                  "are trained (the others only multiply padding): on, off, or auto (on for CPU)",
-    "dct_scaling": "decode a training JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT scaling) "
-                   "when its random crop is at least that many times the image size, instead of "
-                   "decoding it whole and shrinking the crop: on or off (applies to JPEGs decoded "
-                   "on the CPU every epoch, not to cached ones)",
+    "dct_scaling": "decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT scaling) when "
+                   "what is made of it still only shrinks from there, instead of decoding it "
+                   "whole: a training image's random crop (JPEGs decoded on the CPU every epoch, "
+                   "not cached ones) and a validation image's resize: on or off",
 }
 
 

@@ -36,7 +36,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-
 # preset -> (scale, ratio) of its RandomResizedCrop (None: resize the whole image), and whether it
 # flips half the images horizontally; torchvision's RandomResizedCrop defaults for "standard".
 CROP_PRESETS = {
@@ -86,11 +85,32 @@ def train_transform(augment: str, size: int) -> TrainCrop:
     return TrainCrop(augment, size)
 
 
-def eval_transform(augment: str, size: int):
-    check_choice("augment", augment, AUGMENTATIONS)
-    if augment == "standard":  # resize to size/0.875 then centre crop, as torchvision does
-        return v2.Compose([v2.Resize(int(size / 0.875), antialias=True), v2.CenterCrop(size)])
-    return _resize_exact(size)
+class EvalResize:
+    """An evaluation preset on uint8 CHW tensors: "standard" resizes the shorter side to
+    size / 0.875 and crops the centre size x size, as torchvision does; the others resize to
+    size x size.
+
+    `dct_factor` tells how far a JPEG may be scaled down while decoding (`load_rgb`'s `reduce`)
+    so that the resize still only shrinks it.
+    """
+
+    def __init__(self, augment: str, size: int):
+        check_choice("augment", augment, AUGMENTATIONS)
+        if augment == "standard":
+            self.target = int(size / 0.875)  # both sides end at least this long
+            self.ops = v2.Compose([v2.Resize(self.target, antialias=True), v2.CenterCrop(size)])
+        else:
+            self.target, self.ops = size, _resize_exact(size)
+
+    def dct_factor(self, height: int, width: int) -> int:
+        return dct_factor((0, 0, height, width), self.target)
+
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        return self.ops(img)
+
+
+def eval_transform(augment: str, size: int) -> EvalResize:
+    return EvalResize(augment, size)
 
 
 JPEG_SUFFIXES = (".jpg", ".jpeg")
@@ -131,15 +151,36 @@ def jpeg_frame(data: torch.Tensor) -> tuple[int, int, int, int] | None:
     return None
 
 
-def load_rgb(path, data: torch.Tensor | None = None) -> torch.Tensor:
+def _draft_decode(data: torch.Tensor, factor: int) -> tuple[Image.Image, tuple] | None:
+    """(RGB Pillow image, full (width, height)): the JPEG `data` decoded by libjpeg at 1/factor of
+    its size (Pillow's `draft`: the inverse DCT on fewer coefficients, less upsampling and colour
+    conversion); None when Pillow cannot decode it at reduced size."""
+    try:
+        im = Image.open(io.BytesIO(data.numpy()))  # in memory: no file to close; loaded below
+        full = im.size
+        im.draft(None, (full[0] // factor, full[1] // factor))
+        if im.size == full:
+            return None
+        im.load()
+        return (im if im.mode == "RGB" else im.convert("RGB")), full
+    except (OSError, ValueError, SyntaxError):
+        return None  # Pillow refuses it: the full decode decides (and says what is wrong)
+
+
+def load_rgb(path, data: torch.Tensor | None = None, reduce: int = 1) -> torch.Tensor:
     """Any image Pillow reads (grayscale, RGBA, palette, CMYK, 16-bit) as a uint8 RGB CHW tensor.
 
     JPEGs go through torchvision's libjpeg-turbo decoder straight into a CHW tensor: the same
     pixels as Pillow, without Pillow's image object, mode conversion and two array copies (1.6-1.9x
     the decode + crop rate per core on the benchmark's JPEG set; see docs/benchmarks.md).
     `data`: the file's bytes (uint8 tensor), when the caller has read them already; then the
-    file is not opened again.
+    file is not opened again. `reduce` (2, 4 or 8; with `data` of a JPEG): decode it at that
+    fraction of its size (libjpeg DCT scaling), for a caller that shrinks it at least as much.
     """
+    if reduce > 1 and data is not None:
+        reduced = _draft_decode(data, reduce)
+        if reduced is not None:
+            return torch.from_numpy(np.asarray(reduced[0]).copy()).permute(2, 0, 1)
     if str(path).lower().endswith(JPEG_SUFFIXES):
         try:
             return decode_jpeg(read_file(str(path)) if data is None else data,
@@ -174,21 +215,14 @@ def load_rgb_crop(path, data: torch.Tensor, box, size: int) -> torch.Tensor:
     Same result up to resampling (tests/test_fastpath.py bounds the difference).
     """
     factor = dct_factor(box, size)
-    if factor > 1:
-        try:
-            with Image.open(io.BytesIO(data.numpy())) as im:
-                width, height = im.size
-                im.draft(None, (width // factor, height // factor))
-                if im.size != (width, height):
-                    im.load()
-                    rgb = im if im.mode == "RGB" else im.convert("RGB")
-                    sx, sy = rgb.width / width, rgb.height / height
-                    top, left, h, w = box
-                    out = rgb.resize((size, size), Image.Resampling.BILINEAR,
-                                     box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
-                    return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1)
-        except (OSError, ValueError, SyntaxError):
-            pass  # Pillow refuses it: the full decode below decides (and says what is wrong)
+    reduced = _draft_decode(data, factor) if factor > 1 else None
+    if reduced is not None:
+        rgb, (width, height) = reduced
+        sx, sy = rgb.width / width, rgb.height / height
+        top, left, h, w = box
+        out = rgb.resize((size, size), Image.Resampling.BILINEAR,
+                         box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
+        return torch.from_numpy(np.asarray(out).copy()).permute(2, 0, 1)
     return F.resized_crop(load_rgb(path, data), *box, [size, size], antialias=True)
 
 
@@ -202,9 +236,10 @@ class ImageDataset(Dataset):
         precompute: also apply the (deterministic) transform once up front; for evaluation.
         pack: read the directory's pack (raw pixels, `kfvision pack`) when it has an up-to-date
             one, instead of decoding the image files.
-        dct_scaling: with a `TrainCrop` transform, decode each JPEG knowing its crop, at
-            reduced size where the crop allows (`load_rgb_crop`); for images decoded every
-            epoch (not cached, not packed).
+        dct_scaling: decode each JPEG knowing what the transform makes of it, at reduced size
+            where that still only shrinks it: a `TrainCrop`'s random crop (`load_rgb_crop`; for
+            images decoded every epoch, not cached) or an `EvalResize` (also when precomputed).
+            Never for a pack, which holds the full-size pixels.
     """
 
     def __init__(self, imdir: ImageDirectory, transform, *, cache: bool = False,
@@ -213,7 +248,8 @@ class ImageDataset(Dataset):
         self.labels = [(-1 if e.label is None else e.label) for e in imdir.images]
         self.transform = transform
         self.pack = open_pack(imdir) if pack else None
-        self.dct_scaling = dct_scaling and isinstance(transform, TrainCrop)
+        self.dct_scaling = (dct_scaling and self.pack is None
+                            and isinstance(transform, (TrainCrop, EvalResize)))
         self.images = None
         if cache or precompute:
             self.images = [self._decode(i, transform if precompute else None)
@@ -221,15 +257,15 @@ class ImageDataset(Dataset):
             if precompute:
                 self.transform = None
 
-    def _load(self, i, crop=None, data=None) -> torch.Tensor:
+    def _load(self, i, crop=None, data=None, reduce: int = 1) -> torch.Tensor:
         """Image i; with `crop` = (JPEG bytes, box, size), its crop (`load_rgb_crop`); `data`:
-        its file's bytes, already read."""
+        its file's bytes, already read; `reduce`: see `load_rgb`."""
         if self.pack is not None:
             return self.pack[i]  # a view of the memory-mapped pixels
         try:
             if crop is not None:
                 return load_rgb_crop(self.paths[i], *crop)
-            return load_rgb(self.paths[i], data)
+            return load_rgb(self.paths[i], data, reduce)
         except (OSError, ValueError, SyntaxError) as e:  # Pillow's ways of saying "broken"
             raise InvalidDatasetError(
                 f"{self.paths[i]} can no longer be decoded ({type(e).__name__}: {e}); it changed "
@@ -242,6 +278,8 @@ class ImageDataset(Dataset):
         return self._load(i, data=data)
 
     def _decode(self, i, transform=None):
+        if transform is not None and self.dct_scaling:  # precomputed evaluation images
+            return self._decode_jpeg_for(i, transform)
         img = self._load(i)
         img = transform(img) if transform is not None else img
         return img.clone() if self.pack is not None else img  # kept: own memory, not the file
@@ -250,15 +288,16 @@ class ImageDataset(Dataset):
         return len(self.paths)
 
     def __getitem__(self, i):
-        if self.images is None and self.pack is None and self.dct_scaling:
-            return self._crop_jpeg(i), self.labels[i]
+        if self.images is None and self.dct_scaling:
+            return self._decode_jpeg_for(i, self.transform), self.labels[i]
         img = self.images[i] if self.images is not None else self._load(i)
         if self.transform is not None:
             img = self.transform(img)
         return img, self.labels[i]
 
-    def _crop_jpeg(self, i) -> torch.Tensor:
-        """The transform of image i, its crop drawn from the JPEG header before decoding."""
+    def _decode_jpeg_for(self, i, transform) -> torch.Tensor:
+        """`transform` of image i, the JPEG decoded knowing the output from its header's size:
+        a TrainCrop's crop is drawn first; an EvalResize's decode is scaled down as it allows."""
         path = self.paths[i]
         frame = None
         if str(path).lower().endswith(JPEG_SUFFIXES):
@@ -268,9 +307,11 @@ class ImageDataset(Dataset):
             except RuntimeError:
                 pass  # unreadable: _load below says so
         if frame is None or 0 in frame[1:3]:  # not a JPEG after all, or no height in the header
-            return self.transform(self._load(i))
-        box, flip = self.transform.draw(frame[1], frame[2])
-        img = self._load(i, (data, box, self.transform.size))
+            return transform(self._load(i))
+        if isinstance(transform, EvalResize):
+            return transform(self._load(i, data=data, reduce=transform.dct_factor(*frame[1:3])))
+        box, flip = transform.draw(frame[1], frame[2])
+        img = self._load(i, (data, box, transform.size))
         return img.flip(-1) if flip else img
 
 

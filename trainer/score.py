@@ -18,8 +18,11 @@ from trainer.modeldir import load_trained_model
 
 
 def score(model_dir, data_dir, out_csv, *, batch_size: int = 64, workers: int = 0,
-          device: str = "cpu", progress: bool | None = None) -> dict:
+          device: str = "cpu", progress: bool | None = None, dct_scaling: bool = True) -> dict:
     """Write the scored table; returns {"rows": n, "accuracy": top-1 or None when unlabelled}.
+
+    `dct_scaling`: decode a JPEG at 1/2, 1/4 or 1/8 of its size when the evaluation resize still
+    shrinks it from there (as validation during training does; see `EvalResize`).
 
     Raises:
         InvalidModelDirectoryError: model_dir is not a trained model directory.
@@ -38,7 +41,8 @@ def score(model_dir, data_dir, out_csv, *, batch_size: int = 64, workers: int = 
     dev = torch.device("cuda" if device == "cuda" else "cpu")
     model.to(dev)
     normalize = Normalizer(tuple(info["mean"]), tuple(info["std"]))
-    ds = ImageDataset(imdir, eval_transform(info["eval_preset"], info["image_size"]))
+    ds = ImageDataset(imdir, eval_transform(info["eval_preset"], info["image_size"]),
+                      dct_scaling=dct_scaling)
     loader, _ = make_loader(ds, batch_size=batch_size, workers=workers, shuffle=False, seed=0)
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)

@@ -83,7 +83,7 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     seed_everything(cfg.seed)
     model = build_model(spec, len(train_dir.classes), cfg.model)
     val_ds = ImageDataset(val_dir, eval_transform(cfg.augment, cfg.image_size),
-                          precompute=rt.cache)
+                          precompute=rt.cache, dct_scaling=cfg.dct_scaling == "on")
     pin = ctx.device.type == "cuda"
     options = {"batch_size": cfg.batch_size, "workers": rt.workers, "shuffle": True,
                "seed": cfg.seed, "rank": ctx.rank, "world_size": ctx.world_size, "pin_memory": pin}
