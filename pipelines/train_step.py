@@ -127,7 +127,7 @@ def replace_failed_job(client, name: str, partial_out: Path, poll_s: float = 2.0
     try:
         job = client.get(name)
     except KubernetesError as e:
-        if "HTTP 404" in str(e):
+        if e.status == 404:
             return  # no job yet: the usual case
         raise
     if job_state(job)[0] != "Failed":
@@ -140,7 +140,7 @@ def replace_failed_job(client, name: str, partial_out: Path, poll_s: float = 2.0
         try:
             client.get(name)
         except KubernetesError as e:
-            if "HTTP 404" in str(e):
+            if e.status == 404:
                 shutil.rmtree(partial_out, ignore_errors=True)
                 return
             raise

@@ -225,7 +225,7 @@ def test_kubernetes_errors_name_kind_namespace_and_name(status, verb, words):
     with pytest.raises(KubernetesError) as e:
         submit(client_for(fake), JOB, wait=True)
     assert all(w in str(e.value) for w in words), str(e.value)
-    assert e.value.__cause__ is error
+    assert e.value.__cause__ is error and e.value.status == status
 
 
 @pytest.mark.parametrize("conditions,state", [

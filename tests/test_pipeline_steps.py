@@ -162,7 +162,8 @@ class FakeJobs:
     def get(self, name):
         state = self.states.pop(0) if self.states else None
         if state is None:
-            raise KubernetesError(f"get PyTorchJob ns/{name} failed: HTTP 404: not found. ...")
+            raise KubernetesError(f"get PyTorchJob ns/{name} failed: HTTP 404: not found. ...",
+                                  404)
         return {"status": {"conditions": [{"type": state, "status": "True"}]}}
 
     def delete(self, name):

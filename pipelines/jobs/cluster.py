@@ -45,7 +45,8 @@ def api_error(e: Exception, verb: str, kind: str, namespace: str, name: str) -> 
         hint = (f"there is no {kind} {name} in namespace {namespace}: check the name and "
                 "namespace (or that the Training Operator's CRD is installed).")
     code = f"HTTP {status}: " if status else ""
-    return KubernetesError(f"{verb} {kind} {namespace}/{name} failed: {code}{detail}. {hint}")
+    return KubernetesError(f"{verb} {kind} {namespace}/{name} failed: {code}{detail}. {hint}",
+                           status)
 
 
 def _http_errors() -> tuple:

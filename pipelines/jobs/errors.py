@@ -24,6 +24,11 @@ class JobTimeoutError(KfvisionError):
 
 
 class KubernetesError(KfvisionError):
-    """The Kubernetes API refused or failed a request; names kind/namespace/name."""
+    """The Kubernetes API refused or failed a request; names kind/namespace/name. `status`: the
+    HTTP status when the API server answered (404: no such object), else None."""
 
     exit_code = 4
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
