@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 from conftest import REPO, _converted
-from test_job_local import make_job
+from test_job_local import MASTER_WAITS_FOR_WORKER, make_job
 
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
@@ -161,16 +161,8 @@ def test_a_fault_must_name_a_replica_of_the_job(tmp_path):
         run_local(job, tmp_path / "logs", quiet=True, faults=[Fault("worker-0", "x")])
 
 
-# The Master waits for the Worker; the Worker says "ready" and waits, but finishes on a restart.
-POD_LOST = """
-    import os, pathlib, sys, time
-    d = pathlib.Path(r"{tmp}")
-    if os.environ["RANK"] == "0":
-        for _ in range(600):
-            if (d / "worker-done").exists():
-                sys.exit(0)
-            time.sleep(0.05)
-        sys.exit(9)
+# The Worker says "ready" and waits, but finishes on a restart.
+POD_LOST = MASTER_WAITS_FOR_WORKER + """
     if (d / "worker-started").exists():
         (d / "worker-done").touch()
         sys.exit(0)

@@ -77,16 +77,21 @@ def test_each_replica_gets_its_env_and_nothing_inherited(tmp_path, monkeypatch, 
     assert result.restarts == 0 and result.exit_codes["master-0"] == 0
 
 
-# The Master waits for the Worker; the Worker fails with the listed exit codes, then succeeds.
-FLAKY_WORKER = """
+# A script's start: the Master (rank 0) exits 0 once the Worker has touched {tmp}/worker-done,
+# or 9 after 30 s; what follows is the Worker's part.
+MASTER_WAITS_FOR_WORKER = """
     import os, pathlib, sys, time
     d = pathlib.Path(r"{tmp}")
     if os.environ["RANK"] == "0":
-        for _ in range(300):
+        for _ in range(600):
             if (d / "worker-done").exists():
                 sys.exit(0)
             time.sleep(0.05)
         sys.exit(9)
+"""
+
+# The Worker fails with the listed exit codes, then succeeds.
+FLAKY_WORKER = MASTER_WAITS_FOR_WORKER + """
     runs = d / "runs"
     n = int(runs.read_text()) if runs.exists() else 0
     runs.write_text(str(n + 1))
