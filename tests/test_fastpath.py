@@ -262,6 +262,8 @@ class _Cfg:
 @pytest.mark.parametrize("amx, size, decoded, expect", [
     (True, 224, 10 << 20, {"cache": True, "workers": 0, "amp": True, "channels_last": True}),
     (True, 32, 10 << 20, {"cache": True, "workers": 0, "amp": False, "channels_last": False}),
+    (True, 80, 10 << 20, {"cache": True, "workers": 0, "amp": False, "channels_last": False}),
+    (True, 96, 10 << 20, {"cache": True, "workers": 0, "amp": True, "channels_last": True}),
     (False, 224, 10 << 20, {"cache": True, "workers": 0, "amp": False, "channels_last": False}),
     (True, 224, 1 << 50, {"cache": False, "workers": 1, "amp": True, "channels_last": True}),
 ])

@@ -7,7 +7,7 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
 - workers: none for cached data on CPU (augmenting cached tensors is cheap and workers would steal
   compute cores), otherwise one fewer than the cores per process, at most 8;
 - amp: bfloat16 autocast where the hardware does bf16 matrix maths natively (CUDA with bf16, CPUs
-  with AMX for images of 128 px and up); weights, optimiser state and the loss stay float32;
+  with AMX for images of 96 px and up); weights, optimiser state and the loss stay float32;
 - channels_last: on where the convolutions are faster in NHWC (CUDA, and CPU oneDNN with bf16);
 - compile: torch.compile of the model (off by default: on 2 CPU cores it costs more than it saves
   on short runs; see docs/benchmarks.md);
@@ -31,7 +31,7 @@ import torch
 
 from trainer.distributed import DistContext, cpus_per_process
 
-CPU_BF16_MIN_IMAGE_SIZE = 128
+CPU_BF16_MIN_IMAGE_SIZE = 96
 
 
 @dataclass(frozen=True)
