@@ -128,6 +128,33 @@ def test_dct_scaling_draws_the_crops_and_flips_of_the_plain_path(tmp_path, size,
         assert diff.max() == 0 if exact else diff.mean() < 3, diff.mean()
 
 
+@pytest.mark.parametrize("augment, height, width, factor", [
+    ("standard", 3024, 4032, 2), ("standard", 375, 500, 1), ("light", 3024, 4032, 8),
+    ("light", 600, 800, 2), ("none", 3024, 4032, 8), ("none", 447, 4000, 1)])
+def test_a_cached_image_is_kept_at_the_scale_every_crop_allows(augment, height, width, factor):
+    crop = TrainCrop(augment, 224)
+    assert crop.decode_factor(height, width) == factor
+    # every crop torchvision draws from an image kept at reduced scale still shrinks to 224
+    kept = (-(-height // factor), -(-width // factor))  # libjpeg rounds the scaled size up
+    torch.manual_seed(0)
+    least = min(min(crop.draw(*kept)[0][2:]) for _ in range(3000))
+    assert factor == 1 or least >= 224, least
+
+
+def test_the_cache_keeps_large_jpegs_at_reduced_size(tmp_path):
+    imdir = _images(tmp_path, (1600, 1200), n=4)
+    ds = ImageDataset(imdir, TrainCrop("light", 64), cache=True, dct_scaling=True, pack=False)
+    for path, img in zip(ds.paths, ds.images):
+        if path.suffix == ".jpg" and path.stem != "y":  # y.jpg is a PNG: decoded whole
+            assert img.shape == (3, 150, 200), path  # 1/8: the smallest light crop is 1065 px
+        else:
+            assert torch.equal(img, load_rgb(path)), path
+    torch.manual_seed(0)
+    assert all(ds[i][0].shape == (3, 64, 64) for i in range(len(ds)))
+    full = ImageDataset(imdir, TrainCrop("light", 64), cache=True, pack=False)
+    assert all(torch.equal(img, load_rgb(p)) for p, img in zip(full.paths, full.images))
+
+
 @pytest.mark.parametrize("augment", AUGMENTATIONS)
 def test_the_evaluation_presets_resize_as_torchvision_does(augment):
     img = torch.randint(0, 256, (3, 61, 97), dtype=torch.uint8)
@@ -144,7 +171,7 @@ def test_evaluation_scales_the_decode_only_while_the_resize_still_shrinks(augmen
                                                                          width, factor):
     # standard at 128 px: the shorter side is resized to 146; none/light: both sides to 64
     size = 128 if augment == "standard" else 64
-    assert EvalResize(augment, size).dct_factor(height, width) == factor
+    assert EvalResize(augment, size).decode_factor(height, width) == factor
 
 
 @pytest.mark.parametrize("augment", ["standard", "none"])

@@ -104,8 +104,9 @@ _HELP = {
                  "are trained (the others only multiply padding): on, off, or auto (on for CPU)",
     "dct_scaling": "decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT scaling) when "
                    "what is made of it still only shrinks from there, instead of decoding it "
-                   "whole: a training image's random crop (JPEGs decoded on the CPU every epoch, "
-                   "not cached ones) and a validation image's resize: on or off",
+                   "whole: a training image's random crop (decoded every epoch on the CPU), a "
+                   "cached training image (every crop the preset can draw) and a validation "
+                   "image's resize: on or off",
 }
 
 

@@ -10,6 +10,7 @@ once. That is most of why `kfvision train` beats an ImageFolder loop on small im
 
 import functools
 import io
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -73,6 +74,18 @@ class TrainCrop:
                                                      list(self.scale), list(self.ratio)))
         return box, bool(self.flip and torch.rand(1).item() < 0.5)
 
+    def decode_factor(self, height: int, width: int) -> int:
+        """The DCT scale-down (8, 4, 2, else 1) at which an image of that size can be decoded and
+        kept (the cache) so that every crop this preset can draw from it still only shrinks."""
+        if self.scale is None:  # the whole image is resized
+            return dct_factor((0, 0, height, width), self.size)
+        # RandomResizedCrop's crops cover at least scale[0] of the area at an aspect ratio within
+        # `ratio`; when it finds none it crops the centre at the nearest allowed ratio, as high
+        # or as wide as the image. Either way no side is shorter than `least` (less 1 for rounding).
+        aspect = min(self.ratio[0], 1 / self.ratio[1])
+        least = min(math.sqrt(self.scale[0] * height * width * aspect), height, width) - 1
+        return dct_factor((0, 0, least, least), self.size)
+
     def apply(self, img: torch.Tensor, box, flip: bool) -> torch.Tensor:
         out = F.resized_crop(img, *box, [self.size, self.size], antialias=True)
         return out.flip(-1) if flip else out
@@ -90,8 +103,8 @@ class EvalResize:
     size / 0.875 and crops the centre size x size, as torchvision does; the others resize to
     size x size.
 
-    `dct_factor` tells how far a JPEG may be scaled down while decoding (`load_rgb`'s `reduce`)
-    so that the resize still only shrinks it.
+    `decode_factor` tells how far a JPEG may be scaled down while decoding (`load_rgb`'s
+    `reduce`) so that the resize still only shrinks it.
     """
 
     def __init__(self, augment: str, size: int):
@@ -102,7 +115,7 @@ class EvalResize:
         else:
             self.target, self.ops = size, _resize_exact(size)
 
-    def dct_factor(self, height: int, width: int) -> int:
+    def decode_factor(self, height: int, width: int) -> int:
         return dct_factor((0, 0, height, width), self.target)
 
     def __call__(self, img: torch.Tensor) -> torch.Tensor:
@@ -237,9 +250,10 @@ class ImageDataset(Dataset):
         pack: read the directory's pack (raw pixels, `kfvision pack`) when it has an up-to-date
             one, instead of decoding the image files.
         dct_scaling: decode each JPEG knowing what the transform makes of it, at reduced size
-            where that still only shrinks it: a `TrainCrop`'s random crop (`load_rgb_crop`; for
-            images decoded every epoch, not cached) or an `EvalResize` (also when precomputed).
-            Never for a pack, which holds the full-size pixels.
+            where that still only shrinks it: a `TrainCrop`'s random crop (`load_rgb_crop`) when
+            decoded every epoch; with `cache`, at the scale every crop the preset can draw
+            allows (`TrainCrop.decode_factor`); an `EvalResize`'s resize, also when
+            precomputed. Never for a pack, which holds the full-size pixels.
     """
 
     def __init__(self, imdir: ImageDirectory, transform, *, cache: bool = False,
@@ -278,8 +292,9 @@ class ImageDataset(Dataset):
         return self._load(i, data=data)
 
     def _decode(self, i, transform=None):
-        if transform is not None and self.dct_scaling:  # precomputed evaluation images
-            return self._decode_jpeg_for(i, transform)
+        if self.dct_scaling:  # cached training images, or precomputed evaluation images
+            return self._decode_jpeg_for(i, transform or self.transform,
+                                         apply=transform is not None)
         img = self._load(i)
         img = transform(img) if transform is not None else img
         return img.clone() if self.pack is not None else img  # kept: own memory, not the file
@@ -295,9 +310,10 @@ class ImageDataset(Dataset):
             img = self.transform(img)
         return img, self.labels[i]
 
-    def _decode_jpeg_for(self, i, transform) -> torch.Tensor:
-        """`transform` of image i, the JPEG decoded knowing the output from its header's size:
-        a TrainCrop's crop is drawn first; an EvalResize's decode is scaled down as it allows."""
+    def _decode_jpeg_for(self, i, transform, apply: bool = True) -> torch.Tensor:
+        """`transform` of image i (or, not `apply`, the image to keep for it), the JPEG decoded
+        knowing the output from its header's size: a TrainCrop's crop is drawn first; otherwise
+        the decode is scaled down as far as `transform.decode_factor` allows."""
         path = self.paths[i]
         frame = None
         if str(path).lower().endswith(JPEG_SUFFIXES):
@@ -307,12 +323,14 @@ class ImageDataset(Dataset):
             except RuntimeError:
                 pass  # unreadable: _load below says so
         if frame is None or 0 in frame[1:3]:  # not a JPEG after all, or no height in the header
-            return transform(self._load(i))
-        if isinstance(transform, EvalResize):
-            return transform(self._load(i, data=data, reduce=transform.dct_factor(*frame[1:3])))
-        box, flip = transform.draw(frame[1], frame[2])
-        img = self._load(i, (data, box, transform.size))
-        return img.flip(-1) if flip else img
+            img = self._load(i)
+        elif apply and isinstance(transform, TrainCrop):
+            box, flip = transform.draw(frame[1], frame[2])
+            img = self._load(i, (data, box, transform.size))
+            return img.flip(-1) if flip else img
+        else:
+            img = self._load(i, data=data, reduce=transform.decode_factor(*frame[1:3]))
+        return transform(img) if apply else img
 
 
 class EvalShard(Dataset):

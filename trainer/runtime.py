@@ -18,9 +18,10 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
   oneDNN, whose per-call weight re-layouts dominate such tiny convolutions, and only the kernel
   taps such an output sees are trained (trainer/convgemm.py); auto: on for CPU (cuDNN has no
   such cost);
-- dct_scaling: training JPEGs decoded on the CPU every epoch (not cached, not on the device) are
-  decoded knowing their random crop, at 1/2, 1/4 or 1/8 size where the crop is that much larger
-  than the image size (trainer/data.py: load_rgb_crop).
+- dct_scaling: training JPEGs decoded on the CPU (not on the device) are decoded at 1/2, 1/4 or
+  1/8 size where the crops stay that much larger than the image size: every epoch knowing the
+  random crop (trainer/data.py: load_rgb_crop), or once for the cache at the scale every crop the
+  preset can draw allows (TrainCrop.decode_factor).
 """
 
 import os
@@ -93,7 +94,7 @@ def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float
     gpu_decode = cfg.gpu_decode == "on" or (cfg.gpu_decode == "auto" and cuda and not cache
                                             and jpeg_share > 0.5)
     conv_gemm = cfg.conv_gemm == "on" or (cfg.conv_gemm == "auto" and not cuda)
-    dct_scaling = cfg.dct_scaling == "on" and not cache and not gpu_decode
+    dct_scaling = cfg.dct_scaling == "on" and not gpu_decode
     return Runtime(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm,
                    dct_scaling)
 
@@ -106,5 +107,5 @@ def describe(rt: Runtime) -> str:
             f"{', torch.compile' if rt.compile else ''}"
             f"{', training JPEGs decoded on the device' if rt.gpu_decode else ''}"
             f"{', one-pixel convolutions as GEMM' if rt.conv_gemm else ''}"
-            f"{', JPEGs decoded at reduced size where the crop allows' if rt.dct_scaling else ''}; "
+            f"{', JPEGs decoded at reduced size where the crops allow' if rt.dct_scaling else ''}; "
             f"{os.cpu_count()} cores")
