@@ -19,6 +19,7 @@ from trainer.data import (
     ImageDataset,
     Normalizer,
     TrainCrop,
+    cache_bytes,
     dct_factor,
     load_rgb,
     load_rgb_crop,
@@ -26,6 +27,7 @@ from trainer.data import (
 from trainer.distributed import DistContext
 from trainer.errors import InvalidDatasetError
 from trainer.imagedir import convert_class_folders, read_image_directory
+from trainer.pack import write_pack
 from trainer.runtime import resolve_runtime
 from trainer.train import main
 
@@ -141,18 +143,30 @@ def test_a_cached_image_is_kept_at_the_scale_every_crop_allows(augment, height, 
     assert factor == 1 or least >= 224, least
 
 
-def test_the_cache_keeps_large_jpegs_at_reduced_size(tmp_path):
+def test_the_cache_keeps_large_images_at_reduced_size(tmp_path):
     imdir = _images(tmp_path, (1600, 1200), n=4)
     ds = ImageDataset(imdir, TrainCrop("light", 64), cache=True, dct_scaling=True, pack=False)
-    for path, img in zip(ds.paths, ds.images):
-        if path.suffix == ".jpg" and path.stem != "y":  # y.jpg is a PNG: decoded whole
-            assert img.shape == (3, 150, 200), path  # 1/8: the smallest light crop is 1065 px
-        else:
-            assert torch.equal(img, load_rgb(path)), path
+    for path, img in zip(ds.paths, ds.images):  # 1/8: the smallest light crop is 1065 px
+        assert img.shape == (3, 150, 200), path  # JPEGs by libjpeg, the others resized
+        if path.suffix != ".jpg" or path.stem == "y":  # a JPEG named .png, a PNG named .jpg
+            expected = F.resize(load_rgb(path), [150, 200], antialias=True)
+            assert torch.equal(img, expected), path
     torch.manual_seed(0)
     assert all(ds[i][0].shape == (3, 64, 64) for i in range(len(ds)))
     full = ImageDataset(imdir, TrainCrop("light", 64), cache=True, pack=False)
     assert all(torch.equal(img, load_rgb(p)) for p, img in zip(full.paths, full.images))
+
+
+def test_the_decision_to_cache_counts_the_reduced_size_unless_a_pack_is_there(tmp_path):
+    imdir = _images(tmp_path, (1600, 1200), n=4)  # 4 JPEGs, a JPEG named .png, a PNG named .jpg
+    crop = TrainCrop("light", 64)
+    full = 1600 * 1200 * 3
+    assert cache_bytes(imdir, crop, False) == imdir.decoded_bytes() == 6 * full
+    assert cache_bytes(imdir, crop, True) == 6 * full // 64
+    ds = ImageDataset(imdir, crop, cache=True, dct_scaling=True, pack=False)
+    assert sum(img.numel() for img in ds.images) == cache_bytes(imdir, crop, True)
+    write_pack(imdir.root, progress=False)  # the cache then copies the pack's full-size pixels
+    assert cache_bytes(imdir, crop, True) == 6 * full
 
 
 @pytest.mark.parametrize("augment", AUGMENTATIONS)

@@ -24,7 +24,7 @@ from torchvision.transforms.v2 import functional as F
 
 from trainer.errors import InvalidDatasetError, check_choice
 from trainer.imagedir import ImageDirectory
-from trainer.pack import open_pack
+from trainer.pack import INDEX, open_pack
 from trainer.presets import AUGMENTATIONS  # also imported from here
 
 # torchvision 0.29 marks its image decoders deprecated in favour of TorchCodec; they remain the
@@ -239,6 +239,25 @@ def load_rgb_crop(path, data: torch.Tensor, box, size: int) -> torch.Tensor:
     return F.resized_crop(load_rgb(path, data), *box, [size, size], antialias=True)
 
 
+def kept_size(transform, height: int, width: int) -> tuple[int, int]:
+    """The size a cached image of height x width is kept at for `transform` (`decode_factor`'s
+    scale, rounded up as libjpeg's DCT scaling does)."""
+    k = transform.decode_factor(height, width)
+    return -(-height // k), -(-width // k)
+
+
+def cache_bytes(imdir: ImageDirectory, transform, dct_scaling: bool) -> int:
+    """RGB bytes that caching `imdir`'s images for `transform` takes (to decide whether to cache).
+
+    With `dct_scaling` and a `TrainCrop`, every image is kept at `kept_size` (JPEGs decoded at
+    that scale, others resized to it); at full size otherwise, and whenever a pack is there (the
+    cache then copies its full-size pixels).
+    """
+    if not (dct_scaling and isinstance(transform, TrainCrop)) or (imdir.root / INDEX).exists():
+        return imdir.decoded_bytes()
+    return sum(math.prod(kept_size(transform, e.height, e.width)) * 3 for e in imdir.images)
+
+
 class ImageDataset(Dataset):
     """(uint8 CHW image, label) pairs of an ImageDirectory; label is -1 when unlabelled.
 
@@ -313,7 +332,8 @@ class ImageDataset(Dataset):
     def _decode_jpeg_for(self, i, transform, apply: bool = True) -> torch.Tensor:
         """`transform` of image i (or, not `apply`, the image to keep for it), the JPEG decoded
         knowing the output from its header's size: a TrainCrop's crop is drawn first; otherwise
-        the decode is scaled down as far as `transform.decode_factor` allows."""
+        the decode is scaled down as far as `transform.decode_factor` allows. An image kept is
+        always at that scale (`kept_size`), whatever its format: `cache_bytes` counts on it."""
         path = self.paths[i]
         frame = None
         if str(path).lower().endswith(JPEG_SUFFIXES):
@@ -330,7 +350,11 @@ class ImageDataset(Dataset):
             return img.flip(-1) if flip else img
         else:
             img = self._load(i, data=data, reduce=transform.decode_factor(*frame[1:3]))
-        return transform(img) if apply else img
+        if apply:
+            return transform(img)
+        size = kept_size(transform, *(frame[1:3] if frame and 0 not in frame[1:3]
+                                      else img.shape[-2:]))
+        return img if img.shape[-2:] == size else F.resize(img, list(size), antialias=True)
 
 
 class EvalShard(Dataset):

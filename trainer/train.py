@@ -33,6 +33,7 @@ from trainer.data import (
     EvalShard,
     ImageDataset,
     Normalizer,
+    cache_bytes,
     eval_transform,
     make_loader,
     train_transform,
@@ -54,11 +55,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _suggest_pack(cfg: TrainConfig, train_dir) -> None:
-    """Say how to stop decoding every epoch, when that is what training will do."""
+def _suggest_pack(cfg: TrainConfig, train_dir, cached: int) -> None:
+    """Say how to stop decoding every epoch, when that is what training will do. `cached`: the
+    bytes a cache of the training images would have taken."""
     gib = train_dir.decoded_bytes() / 2**30
     why = ("--cache off" if cfg.cache == "off" else
-           f"{gib:.1f} GiB decoded, more than a quarter of the free memory")
+           f"{cached / 2**30:.1f} GiB decoded, more than a quarter of the free memory")
     log.info("the training images are decoded again every epoch (%s). `kfvision pack %s` "
              "stores them once as raw pixels (%.1f GiB of disk) and makes the epochs several "
              "times faster on the CPU (docs/data.md)", why, cfg.train, gib)
@@ -74,8 +76,9 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
         raise InvalidDatasetError(f"{cfg.train} has a single class; a classifier needs two or "
                                   "more. Add a class folder and convert again.")
     jpegs = sum(e.path.lower().endswith(JPEG_SUFFIXES) for e in train_dir.images)
-    rt = resolve_runtime(cfg, ctx, train_dir.decoded_bytes() + val_dir.decoded_bytes(),
-                         jpegs / len(train_dir.images))
+    train_tf = train_transform(cfg.augment, cfg.image_size)
+    cached = cache_bytes(train_dir, train_tf, cfg.dct_scaling == "on")
+    rt = resolve_runtime(cfg, ctx, cached + val_dir.decoded_bytes(), jpegs / len(train_dir.images))
     if ctx.device.type == "cpu":
         torch.set_num_threads(distributed.cpus_per_process(ctx))
     else:  # fixed image size: cuDNN times its algorithms once per shape, then reuses the fastest
@@ -93,11 +96,10 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
                                                    image_size=cfg.image_size, device=ctx.device,
                                                    **options)
     else:
-        train_ds = ImageDataset(train_dir, train_transform(cfg.augment, cfg.image_size),
-                                cache=rt.cache, dct_scaling=rt.dct_scaling)
+        train_ds = ImageDataset(train_dir, train_tf, cache=rt.cache, dct_scaling=rt.dct_scaling)
         train_loader, sampler = make_loader(train_ds, **options)
     if ctx.is_main and not rt.cache and not rt.gpu_decode and train_ds.pack is None:
-        _suggest_pack(cfg, train_dir)
+        _suggest_pack(cfg, train_dir, cached)
     val_loader, _ = make_loader(EvalShard(val_ds, ctx.rank, ctx.world_size),
                                 batch_size=2 * cfg.batch_size, workers=min(rt.workers, 2),
                                 shuffle=False, seed=cfg.seed, pin_memory=pin)
