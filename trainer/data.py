@@ -344,6 +344,7 @@ class ImageDataset(Dataset):
                 pass  # unreadable: _load below says so
         if frame is None or 0 in frame[1:3]:  # not a JPEG after all, or no height in the header
             img = self._load(i)
+            frame = (None, *img.shape[-2:])
         elif apply and isinstance(transform, TrainCrop):
             box, flip = transform.draw(frame[1], frame[2])
             img = self._load(i, (data, box, transform.size))
@@ -352,8 +353,7 @@ class ImageDataset(Dataset):
             img = self._load(i, data=data, reduce=transform.decode_factor(*frame[1:3]))
         if apply:
             return transform(img)
-        size = kept_size(transform, *(frame[1:3] if frame and 0 not in frame[1:3]
-                                      else img.shape[-2:]))
+        size = kept_size(transform, *frame[1:3])  # of the full image
         return img if img.shape[-2:] == size else F.resize(img, list(size), antialias=True)
 
 
