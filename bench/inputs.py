@@ -14,7 +14,8 @@ drifts over minutes), and the table gives its median and range over rounds.
 - cached: decoded once, kept in memory (the default when the data fits): the epochs after the
   first;
 - whole run: the default for the set as `kfvision train` picks it, over 5 epochs (the default
-  number) including the first, which decodes.
+  number) including the first, which decodes; for the photos, from a cache at full size and
+  from one kept at the scale every crop allows (`--dct-scaling`).
 
     python -m bench.inputs [--images 1000 --photos 24 --size 224 --rounds 3]
 """
@@ -140,6 +141,12 @@ def photos(a) -> str:
             lambda n: rate(full, n, normalize=norm),
         "kfvision, streaming, decoded at the crop's scale (default)":
             lambda n: rate(scaled, n, normalize=norm),
+        f"kfvision, whole run from the cache, full size (`--dct-scaling off`; {EPOCHS} epochs, "
+        "the first decodes)": lambda n: whole_run_rate(
+            lambda: ImageDataset(imdir, crop, cache=True, pack=False, dct_scaling=False), n),
+        f"kfvision, whole run from the cache kept at the scale every crop allows (default; "
+        f"{EPOCHS} epochs)": lambda n: whole_run_rate(
+            lambda: ImageDataset(imdir, crop, cache=True, pack=False, dct_scaling=True), n),
     }
     return table(f"{a.size}px training crops, 1 core, {n} photos of {PHOTO[0]}x{PHOTO[1]}",
                  measure(contenders, n, a.rounds))
