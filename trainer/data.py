@@ -306,14 +306,15 @@ class ImageDataset(Dataset):
                 "`kfvision convert`."
             ) from e
 
-    def decode(self, i, data: torch.Tensor) -> torch.Tensor:
+    def decode_bytes(self, i, data: torch.Tensor) -> torch.Tensor:
         """Image i (uint8 RGB CHW, untransformed) from its file's bytes, read by the caller."""
         return self._load(i, data=data)
 
     def _decode(self, i, transform=None):
         if self.dct_scaling:  # cached training images, or precomputed evaluation images
-            return self._decode_jpeg_for(i, transform or self.transform,
-                                         apply=transform is not None)
+            if transform is None:
+                return self._decode_for(i, self.transform, apply=False)
+            return self._decode_for(i, transform)
         img = self._load(i)
         img = transform(img) if transform is not None else img
         return img.clone() if self.pack is not None else img  # kept: own memory, not the file
@@ -323,13 +324,13 @@ class ImageDataset(Dataset):
 
     def __getitem__(self, i):
         if self.images is None and self.dct_scaling:
-            return self._decode_jpeg_for(i, self.transform), self.labels[i]
+            return self._decode_for(i, self.transform), self.labels[i]
         img = self.images[i] if self.images is not None else self._load(i)
         if self.transform is not None:
             img = self.transform(img)
         return img, self.labels[i]
 
-    def _decode_jpeg_for(self, i, transform, apply: bool = True) -> torch.Tensor:
+    def _decode_for(self, i, transform, apply: bool = True) -> torch.Tensor:
         """`transform` of image i (or, not `apply`, the image to keep for it), the JPEG decoded
         knowing the output from its header's size: a TrainCrop's crop is drawn first; otherwise
         the decode is scaled down as far as `transform.decode_factor` allows. An image kept is
@@ -344,16 +345,17 @@ class ImageDataset(Dataset):
                 pass  # unreadable: _load below says so
         if frame is None or 0 in frame[1:3]:  # not a JPEG after all, or no height in the header
             img = self._load(i)
-            frame = (None, *img.shape[-2:])
+            full = tuple(img.shape[-2:])
         elif apply and isinstance(transform, TrainCrop):
             box, flip = transform.draw(frame[1], frame[2])
             img = self._load(i, (data, box, transform.size))
             return img.flip(-1) if flip else img
         else:
-            img = self._load(i, data=data, reduce=transform.decode_factor(*frame[1:3]))
+            full = frame[1:3]
+            img = self._load(i, data=data, reduce=transform.decode_factor(*full))
         if apply:
             return transform(img)
-        size = kept_size(transform, *frame[1:3])  # of the full image
+        size = kept_size(transform, *full)
         return img if img.shape[-2:] == size else F.resize(img, list(size), antialias=True)
 
 

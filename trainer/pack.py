@@ -186,7 +186,7 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
         offset = 0
         for i in progress_bar(range(len(imdir.images)), "pack", "img", progress):
             data = _read_unchanged(root, imdir.images[i])  # the bytes checked are those decoded
-            hwc = decoder.decode(i, data).permute(1, 2, 0).numpy()  # no copy if channels-last
+            hwc = decoder.decode_bytes(i, data).permute(1, 2, 0).numpy()  # no copy if channels-last
             f.write(np.ascontiguousarray(hwc).data)
             entries.append([offset, hwc.shape[0], hwc.shape[1]])
             offset += hwc.nbytes
