@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from trainer.imagedir import convert_class_folders
+from trainer.data.convert import convert
 
 PHOTO = (4032, 3024)
 
@@ -61,7 +61,7 @@ def make_jpeg_set(out, images: int = 2000, classes: int = 10, seed: int = 0,
         buf = io.BytesIO()
         _image(rng, label, classes, size).save(buf, "JPEG", quality=90)
         (folder / f"img_{i:05d}.jpg").write_bytes(buf.getvalue())
-    convert_class_folders(out / "raw", out / "data", progress=False)
+    convert(out / "raw", out / "data", progress=False)
     return out / "data"
 
 

@@ -14,7 +14,8 @@ favours neither.
     bash bench/gpu.sh                                            # on a GPU machine (see there)
 
 For the JPEG set on CUDA, kfvision runs twice: with its defaults, and with `--gpu-decode on`
-(JPEGs decoded and augmented on the GPU, trainer/devicedata.py); `--variants` picks. The JPEG set
+(JPEGs decoded and augmented on the GPU, trainer/data/devicedata.py); `--variants` picks.
+The JPEG set
 needs only torch, torchvision, pillow and numpy (the digits need scikit-learn).
 
 Prints a Markdown table of ratios (kfvision / plain loop) and writes it to build/bench/.
@@ -33,9 +34,9 @@ import torch
 import torchvision
 
 from bench.jpegset import make_jpeg_set
-from trainer.imagedir import convert_class_folders
-from trainer.models import write_untrained_model
-from trainer.split import split
+from trainer.data.convert import convert
+from trainer.data.split import split
+from trainer.model.arch import write_untrained_model
 
 BENCH = Path("build/bench")
 # kfvision runs compared with the plain loop: name -> extra `trainer.train` flags
@@ -51,7 +52,7 @@ def prepare(args) -> tuple[Path, Path, Path]:
         if not (out / "data" / "val").exists():
             write_digits(out / "raw")
             for part in ("train", "val"):
-                convert_class_folders(out / "raw" / part, out / "data" / part,
+                convert(out / "raw" / part, out / "data" / part,
                                       overwrite=True, progress=False)
         return out / "raw" / "train", out / "data" / "train", out / "data" / "val"
     out = BENCH / f"jpeg{args.images}"

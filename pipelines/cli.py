@@ -22,28 +22,28 @@ typical run (no cluster needed):
 
 
 def _convert(args) -> int:
-    from trainer.convert import convert
+    from trainer.data.convert import convert
 
     progress = False if args.quiet else None
     report = convert(args.src, args.out, labels=args.labels, strict=args.strict,
                      overwrite=args.overwrite, progress=progress)
     print(report.summary())
     if args.pack:  # the image directory is complete and valid already; the pack is an addition
-        from trainer.pack import write_pack
+        from trainer.data.pack import write_pack
 
         print(write_pack(args.out, progress=progress).summary())
     return 0
 
 
 def _pack(args) -> int:
-    from trainer.pack import write_pack
+    from trainer.data.pack import write_pack
 
     print(write_pack(args.dir, force=args.force, progress=False if args.quiet else None).summary())
     return 0
 
 
 def _split(args) -> int:
-    from trainer.split import split
+    from trainer.data.split import split
 
     counts = split(args.src, args.train_out, args.val_out, fraction=args.fraction,
                    seed=args.seed, overwrite=args.overwrite)
@@ -54,7 +54,7 @@ def _split(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from trainer.evaluate import evaluate
+    from trainer.use.evaluate import evaluate
 
     m = evaluate(args.scored, args.out)
     print(f"evaluated {m['rows']} images: accuracy {m['accuracy']:.4f}, top-{m['top_k']} "
@@ -65,7 +65,7 @@ def _evaluate(args) -> int:
 
 def _export(args) -> int:
     from trainer.errors import ExportError
-    from trainer.export import TOLERANCE, check_export, export
+    from trainer.use.export import TOLERANCE, check_export, export
 
     meta = export(args.model, args.format, args.out)
     size = meta["image_size"]
@@ -84,7 +84,7 @@ def _export(args) -> int:
 
 
 def _model(args) -> int:
-    from trainer.models import write_untrained_model
+    from trainer.model.arch import write_untrained_model
 
     spec = write_untrained_model(
         args.out, args.name, pretrained=args.pretrained, weights=args.weights,
@@ -110,7 +110,7 @@ def _train(args, rest) -> int:
 
 
 def _score(args) -> int:
-    from trainer.score import score
+    from trainer.use.score import score
 
     result = score(args.model, args.data, args.out, batch_size=args.batch_size,
                    device=args.device, progress=False if args.quiet else None,

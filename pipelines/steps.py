@@ -136,7 +136,7 @@ def check_parameters(*, train_source: str, validation_source: str, test_source: 
         InvalidParameterError: a value out of range or not one of the choices (the message names
             the parameter and the valid values). InvalidDatasetError: a source that is not there.
     """
-    from trainer.models import family_of
+    from trainer.model.arch import family_of
 
     family = family_of(model_name)
     for name, source in (("train_source", train_source), ("validation_source", validation_source),
@@ -181,7 +181,7 @@ def convert_step(source: str, out, labels: str = "") -> dict:
 
     Returns {"images", "classes", "skipped", "summary"} for the step's log and artifact metadata.
     """
-    from trainer.convert import convert
+    from trainer.data.convert import convert
 
     with tempfile.TemporaryDirectory(prefix="kfvision-source-") as tmp:
         src = source
@@ -195,7 +195,7 @@ def convert_step(source: str, out, labels: str = "") -> dict:
 
 def split_step(data, train_out, val_out, fraction: float, random_seed: int) -> dict:
     """Split an image directory (stratified); returns the image counts of both sides."""
-    from trainer.split import split
+    from trainer.data.split import split
 
     counts = split(data, train_out, val_out, fraction=fraction, seed=random_seed)
     return {"train_images": sum(counts["first"].values()),
@@ -205,7 +205,7 @@ def split_step(data, train_out, val_out, fraction: float, random_seed: int) -> d
 def model_step(out, model_name: str, pretrained: bool, zero_init_residual: bool = False,
                memory_efficient: bool = False) -> dict:
     """Write an untrained model directory; returns its spec as a dict."""
-    from trainer.models import write_untrained_model
+    from trainer.model.arch import write_untrained_model
 
     spec = write_untrained_model(out, model_name, pretrained=pretrained,
                                  zero_init_residual=zero_init_residual,
@@ -215,14 +215,14 @@ def model_step(out, model_name: str, pretrained: bool, zero_init_residual: bool 
 
 def score_step(model, data, out_csv) -> dict:
     """Score an image directory with a trained model into a CSV; returns rows and top-1."""
-    from trainer.score import score
+    from trainer.use.score import score
 
     return score(model, data, out_csv, progress=False)
 
 
 def evaluate_step(scored_csv, out_dir) -> dict:
     """metrics.json, report.md and confusion_matrix.png of a scored CSV; returns the metrics."""
-    from trainer.evaluate import evaluate
+    from trainer.use.evaluate import evaluate
 
     return evaluate(scored_csv, out_dir)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from pipelines.demo import write_digits
-from trainer.imagedir import convert_class_folders
-from trainer.models import write_untrained_model
+from trainer.data.convert import convert
+from trainer.model.arch import write_untrained_model
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_REFERENCE = REPO.parent / "shared" / "reference"
@@ -20,7 +20,7 @@ def _converted(root: Path, limit=None) -> dict:
     write_digits(root / "raw", limit=limit)
     out = {}
     for split in ("train", "val"):
-        convert_class_folders(root / "raw" / split, root / split, progress=False)
+        convert(root / "raw" / split, root / split, progress=False)
         out[split] = root / split
     out["raw"] = root / "raw"
     return out

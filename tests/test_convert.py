@@ -15,10 +15,10 @@ from imagefiles import class_tree, image_bytes, leftovers, make_archive, write
 from PIL import Image
 
 from pipelines.cli import main
-from trainer.convert import convert
-from trainer.data import load_rgb
+from trainer.data.convert import convert
+from trainer.data.decode import load_rgb
+from trainer.data.imagedir import read_image_directory
 from trainer.errors import DecompressionBombError, InvalidDatasetError, UnsafeArchiveError
-from trainer.imagedir import read_image_directory
 
 
 def check_output(out: Path, classes, counts=None):
@@ -453,7 +453,7 @@ def test_an_archive_larger_than_the_free_disk_is_refused_before_filling_it(tmp_p
 
 
 def test_an_interrupted_conversion_leaves_nothing(tmp_path, monkeypatch):
-    import trainer.convert as convert_module
+    import trainer.data.convert as convert_module
 
     calls = []
     real = convert_module.probe_image

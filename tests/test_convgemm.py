@@ -1,4 +1,4 @@
-"""One-pixel-output convolutions as one GEMM (trainer/convgemm.py) match nn.Conv2d."""
+"""One-pixel-output convolutions as one GEMM (trainer/model/convgemm.py) match nn.Conv2d."""
 
 import copy
 
@@ -7,7 +7,7 @@ import torch
 import torchvision
 from torch import nn
 
-from trainer.convgemm import (
+from trainer.model.convgemm import (
     SinglePixelGemmConv2d,
     train_only_live_taps,
     use_gemm_for_single_pixel_outputs,

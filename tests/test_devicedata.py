@@ -15,17 +15,19 @@ from PIL import Image
 from torchvision.transforms import RandomResizedCrop
 
 from trainer.config import TrainConfig
-from trainer.data import ImageDataset, train_transform
-from trainer.devicedata import (
+from trainer.data.convert import convert
+from trainer.data.datasets import ImageDataset
+from trainer.data.devicedata import (
     DeviceDecodeLoader,
     EncodedImages,
     crop_boxes,
     device_decodable,
     make_device_loader,
 )
+from trainer.data.imagedir import read_image_directory
+from trainer.data.transforms import train_transform
 from trainer.distributed import DistContext
 from trainer.errors import InvalidParameterError
-from trainer.imagedir import convert_class_folders, read_image_directory
 from trainer.runtime import resolve_runtime
 from trainer.train import main
 
@@ -52,7 +54,7 @@ def jpeg_dirs(tmp_path_factory) -> dict:
                 _save(_image(rng, label, (48 + i, 40)), root / "raw" / part / name / f"{i}.jpg",
                       quality=90)
     for part in ("train", "val"):
-        convert_class_folders(root / "raw" / part, root / part, progress=False)
+        convert(root / "raw" / part, root / part, progress=False)
     return {"raw": root / "raw", "train": root / "train", "val": root / "val"}
 
 
@@ -66,7 +68,7 @@ def mixed_dir(tmp_path_factory):
         _save(img.convert("L"), root / "raw" / name / "grey.jpg")
         _save(img.convert("CMYK"), root / "raw" / name / "cmyk.jpg")
         _save(img, root / "raw" / name / "lossless.png", "PNG")
-    convert_class_folders(root / "raw", root / "data", progress=False)
+    convert(root / "raw", root / "data", progress=False)
     return read_image_directory(root / "data")
 
 
@@ -232,9 +234,9 @@ _GPU_MACHINE = textwrap.dedent("""
     import json, sys
     sys.modules.update(yaml=None, tqdm=None)
     import bench.train, trainer.train
-    from trainer.imagedir import convert_class_folders
+    from trainer.data.convert import convert
     raw, out, val, model = sys.argv[1:]
-    convert_class_folders(raw, out + "/train", progress=None)
+    convert(raw, out + "/train", progress=None)
     rc = trainer.train.main(["--model", model, "--train", out + "/train", "--val", val,
                              "--out", out + "/model", "--epochs", "1", "--image-size", "32",
                              "--batch-size", "16", "--workers", "0", "--gpu-decode", "on"])

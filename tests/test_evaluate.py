@@ -10,7 +10,7 @@ from PIL import Image
 
 from pipelines.cli import main
 from trainer.errors import InvalidScoredTableError, NotLabeledDatasetError
-from trainer.evaluate import evaluate
+from trainer.use.evaluate import evaluate
 
 PROB = "scored_probability_"
 
@@ -136,7 +136,7 @@ def _cell_colour(im, row, col, n=4):
 
 def test_scored_table_from_score_evaluates_to_the_same_accuracy(trained_tiny, tiny_digits,
                                                                  tmp_path):
-    from trainer.score import score
+    from trainer.use.score import score
 
     result = score(trained_tiny, tiny_digits["val"], tmp_path / "s.csv", progress=False)
     m = evaluate(tmp_path / "s.csv", tmp_path / "e")

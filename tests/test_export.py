@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from pipelines.cli import main
-from trainer.data import ImageDataset, eval_transform
+from trainer.data.datasets import ImageDataset
+from trainer.data.imagedir import read_image_directory
+from trainer.data.transforms import eval_transform
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
-from trainer.export import FORMATS, check_export, export, load_exported
-from trainer.imagedir import read_image_directory
-from trainer.modeldir import load_trained_model
+from trainer.model.trained import load_trained_model
+from trainer.use.export import FORMATS, check_export, export, load_exported
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_onnx_in_onnxruntime_alone_reproduces_the_scored_table(exports, trained_
     """A serving stack with only onnxruntime, numpy and the metadata gets score()'s labels."""
     import onnxruntime as ort
 
-    from trainer.score import score
+    from trainer.use.score import score
 
     score(trained_tiny, tiny_digits["val"], tmp_path / "s.csv", progress=False)
     expected = [r["scored_label"] for r in csv.DictReader((tmp_path / "s.csv").open())]
@@ -79,8 +80,8 @@ def test_unknown_format_and_untrained_model_are_named_errors(trained_tiny, resne
 
 
 def test_a_failed_export_leaves_nothing(trained_tiny, tmp_path, monkeypatch):
-    from trainer import export as export_module
     from trainer.errors import ExportError
+    from trainer.use import export as export_module
 
     def broken(wrapped, sample, meta, path):
         path.write_bytes(b"half a model")
@@ -93,8 +94,8 @@ def test_a_failed_export_leaves_nothing(trained_tiny, tmp_path, monkeypatch):
 
 
 def test_an_export_that_disagrees_with_pytorch_is_refused(trained_tiny, tmp_path, monkeypatch):
-    from trainer import export as export_module
     from trainer.errors import ExportError
+    from trainer.use import export as export_module
 
     real = export_module.SAVERS["torch-export"]
 

@@ -13,21 +13,15 @@ from torchvision.io import read_file
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from trainer.data import (
-    AUGMENTATIONS,
-    EvalResize,
-    ImageDataset,
-    Normalizer,
-    TrainCrop,
-    cache_bytes,
-    dct_factor,
-    load_rgb,
-    load_rgb_crop,
-)
+from trainer.data.convert import convert
+from trainer.data.datasets import ImageDataset, cache_bytes
+from trainer.data.decode import dct_factor, load_rgb, load_rgb_crop
+from trainer.data.imagedir import read_image_directory
+from trainer.data.pack import write_pack
+from trainer.data.transforms import EvalResize, Normalizer, TrainCrop
 from trainer.distributed import DistContext
 from trainer.errors import InvalidDatasetError
-from trainer.imagedir import convert_class_folders, read_image_directory
-from trainer.pack import write_pack
+from trainer.presets import AUGMENTATIONS
 from trainer.runtime import resolve_runtime
 from trainer.train import main
 
@@ -112,7 +106,7 @@ def _images(tmp_path, size, n=6):
         _photo(raw / f"c{i % 2}" / f"{i}.jpg", size=size, seed=i)
     (raw / "c0" / "x.png").write_bytes((raw / "c0" / "0.jpg").read_bytes())  # a JPEG named .png
     Image.open(raw / "c1" / "1.jpg").save(raw / "c1" / "y.jpg", "PNG")  # a PNG named .jpg
-    convert_class_folders(raw, tmp_path / f"dir{size[0]}", progress=False)
+    convert(raw, tmp_path / f"dir{size[0]}", progress=False)
     return read_image_directory(tmp_path / f"dir{size[0]}")
 
 

@@ -21,7 +21,8 @@ from imagefiles import class_tree, image_bytes, make_archive, write
 from test_convert import _tar, _zip, huge_png
 
 from trainer.config import TrainConfig
-from trainer.convert import convert
+from trainer.data.convert import convert
+from trainer.data.imagedir import MANIFEST, read_image_directory
 from trainer.distributed import DistContext
 from trainer.errors import (
     DecompressionBombError,
@@ -32,9 +33,8 @@ from trainer.errors import (
     NotLabeledDatasetError,
     UnsafeArchiveError,
 )
-from trainer.imagedir import MANIFEST, read_image_directory
-from trainer.score import score
 from trainer.train import run
+from trainer.use.score import score
 
 ALONE = DistContext(0, 0, 1, 1, torch.device("cpu"))
 

@@ -8,9 +8,11 @@ import pytest
 import torch
 from PIL import Image
 
-from trainer.data import ImageDataset, eval_transform, load_rgb, train_transform
+from trainer.data.datasets import ImageDataset
+from trainer.data.decode import load_rgb
+from trainer.data.imagedir import MANIFEST, check_same_classes, read_image_directory
+from trainer.data.transforms import eval_transform, train_transform
 from trainer.errors import InvalidDatasetError, NotLabeledDatasetError
-from trainer.imagedir import MANIFEST, check_same_classes, read_image_directory
 
 
 @pytest.fixture
@@ -133,13 +135,13 @@ def test_not_a_folder(tmp_path):
 
 
 def test_unlabelled_directory_cannot_train(tmp_path, tiny_digits):
-    from trainer.imagedir import convert_class_folders
+    from trainer.data.convert import convert
 
     loose = tmp_path / "loose"
     loose.mkdir()
     for f in sorted((tiny_digits["raw"] / "val" / "5").iterdir())[:3]:
         shutil.copy(f, loose)
-    convert_class_folders(loose, tmp_path / "u", progress=False)
+    convert(loose, tmp_path / "u", progress=False)
     d = read_image_directory(tmp_path / "u")
     assert not d.labelled and all(e.label is None for e in d.images)
     with pytest.raises(NotLabeledDatasetError, match="needs labelled images"):

@@ -8,7 +8,7 @@ import torch
 import torchvision
 
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
-from trainer.models import (
+from trainer.model.arch import (
     ARCHITECTURES,
     SPEC_FILE,
     ModelSpec,

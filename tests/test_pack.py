@@ -12,11 +12,13 @@ from conftest import train_argv
 from imagefiles import image_bytes, write
 
 from pipelines.cli import main as kfvision
-from trainer.convert import convert
-from trainer.data import ImageDataset, eval_transform, load_rgb, train_transform
+from trainer.data.convert import convert
+from trainer.data.datasets import ImageDataset
+from trainer.data.decode import load_rgb
+from trainer.data.imagedir import MANIFEST, read_image_directory, write_manifest
+from trainer.data.pack import INDEX, PIXELS, StalePackWarning, write_pack
+from trainer.data.transforms import eval_transform, train_transform
 from trainer.errors import InvalidDatasetError
-from trainer.imagedir import MANIFEST, read_image_directory, write_manifest
-from trainer.pack import INDEX, PIXELS, StalePackWarning, write_pack
 from trainer.train import main as train_main
 
 # (file, format, mode): every way an image reaches load_rgb (libjpeg-turbo or Pillow + conversion)
@@ -69,7 +71,7 @@ def test_training_from_the_pack_gives_the_identical_model(tmp_path, tiny_digits,
     def no_decoding(path):
         raise AssertionError(f"{path} was decoded although the pack was there")
 
-    monkeypatch.setattr("trainer.data.load_rgb", no_decoding)
+    monkeypatch.setattr("trainer.data.decode.load_rgb", no_decoding)
     with warnings.catch_warnings():
         warnings.simplefilter("error", StalePackWarning)
         from_pack = _train(tmp_path, "packed", packed, resnet18_dir, cache="off")
@@ -140,14 +142,14 @@ def test_packing_refuses_an_image_deleted_while_it_packs(mixed, monkeypatch):
             yield i
             path.unlink(missing_ok=True)
 
-    monkeypatch.setattr("trainer.pack.progress_bar", delete_after_the_first)
+    monkeypatch.setattr("trainer.data.pack.progress_bar", delete_after_the_first)
     with pytest.raises(InvalidDatasetError, match=f"{path.name} can no longer be read"):
         write_pack(mixed, progress=False)
     assert not (mixed / INDEX).exists() and not list(mixed.glob(f".{PIXELS}.*"))
 
 
 def test_packing_refuses_when_the_pixels_do_not_fit_on_the_disk(mixed, monkeypatch):
-    monkeypatch.setattr("trainer.pack.shutil.disk_usage", lambda _: shutil._ntuple_diskusage(
+    monkeypatch.setattr("trainer.data.pack.shutil.disk_usage", lambda _: shutil._ntuple_diskusage(
         10**6, 10**6, 100))
     with pytest.raises(InvalidDatasetError, match="GiB is free there"):
         write_pack(mixed, progress=False)

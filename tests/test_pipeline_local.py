@@ -27,12 +27,12 @@ def outputs_of(run, task: str) -> dict:
 def library_path(tiny, tmp) -> dict:
     """What the pipeline does, with the library calls `kfvision convert/split/model/train/score/
     evaluate` make: convert train source -> split -> resnet18 -> train -> score test -> evaluate."""
-    from trainer.convert import convert
-    from trainer.evaluate import evaluate
-    from trainer.models import write_untrained_model
-    from trainer.score import score
-    from trainer.split import split
+    from trainer.data.convert import convert
+    from trainer.data.split import split
+    from trainer.model.arch import write_untrained_model
     from trainer.train import main
+    from trainer.use.evaluate import evaluate
+    from trainer.use.score import score
 
     convert(tiny["raw"] / "train", tmp / "all", progress=False)
     split(tmp / "all", tmp / "train", tmp / "val", fraction=SETTINGS["fraction"],

@@ -4,9 +4,9 @@ import csv
 
 import pytest
 
+from trainer.data.imagedir import read_image_directory
 from trainer.errors import InvalidDatasetError, InvalidModelDirectoryError
-from trainer.imagedir import read_image_directory
-from trainer.score import score
+from trainer.use.score import score
 
 
 def test_scored_table_has_one_row_per_image_and_a_probability_per_class(trained_tiny,
@@ -31,13 +31,13 @@ def test_scored_table_has_one_row_per_image_and_a_probability_per_class(trained_
 
 def test_unlabelled_directory_is_scored_without_a_label_column(trained_tiny, tiny_digits,
                                                                tmp_path):
-    from trainer.imagedir import convert_class_folders
+    from trainer.data.convert import convert
 
     loose = tmp_path / "loose"
     loose.mkdir()
     for f in sorted((tiny_digits["raw"] / "val" / "3").iterdir())[:4]:
         (loose / f.name).write_bytes(f.read_bytes())
-    convert_class_folders(loose, tmp_path / "unlabelled", progress=False)
+    convert(loose, tmp_path / "unlabelled", progress=False)
     out = tmp_path / "scored.csv"
     result = score(trained_tiny, tmp_path / "unlabelled", out, progress=False)
     rows = list(csv.DictReader(out.open()))
@@ -45,14 +45,14 @@ def test_unlabelled_directory_is_scored_without_a_label_column(trained_tiny, tin
 
 
 def test_score_refuses_data_with_other_classes(trained_tiny, tmp_path, tiny_digits):
-    from trainer.imagedir import convert_class_folders
+    from trainer.data.convert import convert
 
     src = tmp_path / "src"
     for c in ("a", "b"):
         (src / c).mkdir(parents=True)
         for f in sorted((tiny_digits["raw"] / "val" / "1").iterdir())[:2]:
             (src / c / f.name).write_bytes(f.read_bytes())
-    convert_class_folders(src, tmp_path / "other", progress=False)
+    convert(src, tmp_path / "other", progress=False)
     with pytest.raises(InvalidDatasetError, match="trained on"):
         score(trained_tiny, tmp_path / "other", tmp_path / "x.csv", progress=False)
     assert not (tmp_path / "x.csv").exists()
@@ -67,7 +67,7 @@ def test_dct_scaling_scores_large_jpegs_as_the_full_decode_does(trained_tiny, ti
                                                                tmp_path):
     from PIL import Image
 
-    from trainer.imagedir import convert_class_folders
+    from trainer.data.convert import convert
 
     # the validation digits as 640 px JPEGs: the model's 32 px resize lets libjpeg decode at 1/8
     for f in sorted((tiny_digits["raw"] / "val").glob("*/*")):
@@ -75,7 +75,7 @@ def test_dct_scaling_scores_large_jpegs_as_the_full_decode_does(trained_tiny, ti
         dest.parent.mkdir(parents=True, exist_ok=True)
         with Image.open(f) as im:
             im.convert("RGB").resize((640, 640), Image.Resampling.BICUBIC).save(dest, quality=90)
-    convert_class_folders(tmp_path / "src", tmp_path / "large", progress=False)
+    convert(tmp_path / "src", tmp_path / "large", progress=False)
     tables = {}
     for dct in (True, False):
         score(trained_tiny, tmp_path / "large", tmp_path / f"{dct}.csv", progress=False,

@@ -6,9 +6,9 @@ import pytest
 from imagefiles import class_tree, leftovers
 
 from pipelines.cli import main
+from trainer.data.imagedir import check_same_classes, read_image_directory
+from trainer.data.split import split
 from trainer.errors import InvalidDatasetError, InvalidParameterError
-from trainer.imagedir import check_same_classes, read_image_directory
-from trainer.split import split
 
 
 def paths(d) -> set:
@@ -36,7 +36,7 @@ def test_same_seed_same_split_other_seed_other_split(tiny_digits, tmp_path):
 
 
 def test_adding_images_does_not_move_the_others(tmp_path):
-    from trainer.convert import convert
+    from trainer.data.convert import convert
 
     src = class_tree(tmp_path / "src", per_class=20)
     convert(src, tmp_path / "d1", progress=False)
@@ -52,7 +52,7 @@ def test_adding_images_does_not_move_the_others(tmp_path):
 
 
 def test_unlabelled_directories_split_as_one_group(tmp_path):
-    from trainer.convert import convert
+    from trainer.data.convert import convert
 
     for f in class_tree(tmp_path / "tree", per_class=5, classes=("x",)).rglob("*.png"):
         shutil.move(f, tmp_path / "tree")
@@ -70,7 +70,7 @@ def test_fraction_must_be_between_0_and_1(tiny_digits, tmp_path, fraction):
 
 
 def test_a_class_with_one_image_cannot_be_split_and_nothing_is_written(tmp_path):
-    from trainer.convert import convert
+    from trainer.data.convert import convert
 
     src = class_tree(tmp_path / "src", per_class=3)
     for f in list((src / "dog").iterdir())[1:]:

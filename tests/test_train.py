@@ -7,10 +7,10 @@ import torch
 from conftest import train_argv
 
 from trainer.config import TrainConfig
+from trainer.data.imagedir import read_image_directory
 from trainer.engine import EarlyStopping, lr_factor
 from trainer.errors import InvalidParameterError
-from trainer.imagedir import read_image_directory
-from trainer.modeldir import load_trained_model
+from trainer.model.trained import load_trained_model
 from trainer.train import main
 
 FAST = {"image_size": 32, "batch_size": 16, "lr": 0.05, "augment": "none", "print_freq": 100}
@@ -103,7 +103,7 @@ def test_the_output_is_the_best_epochs_weights_with_history(tmp_path, resnet18_d
                 "val_loss", "val_top1", "val_top5"):
         assert key in m["history"][0]
     # re-evaluate the written weights: they are the best epoch's, not the last epoch's
-    from trainer.score import score
+    from trainer.use.score import score
 
     result = score(out, tiny_digits["val"], tmp_path / "s.csv", progress=False)
     assert result["accuracy"] == pytest.approx(m["final"]["val_top1"])
@@ -139,7 +139,7 @@ def test_train_and_val_categories_that_differ_fail_before_training(tmp_path, res
                                                                    tiny_digits, capsys):
     import shutil
 
-    from trainer.imagedir import MANIFEST
+    from trainer.data.imagedir import MANIFEST
 
     val = shutil.copytree(tiny_digits["val"], tmp_path / "val")
     doc = json.loads((val / MANIFEST).read_text())

@@ -33,7 +33,7 @@ import torch
 
 from trainer.distributed import DistContext, all_gather_object, broadcast_object
 from trainer.errors import CheckpointMismatchError, KfvisionError, OutputError
-from trainer.modeldir import atomic_torch_save
+from trainer.model.trained import atomic_torch_save
 
 log = logging.getLogger("trainer")
 

@@ -16,10 +16,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.config import TrainConfig
-from trainer.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
-from trainer.data import Normalizer
+from trainer.data.transforms import Normalizer
 from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, broadcast_buffers
 from trainer.errors import NonFiniteLossError
+from trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
 from trainer.runtime import Runtime
 
 log = logging.getLogger("trainer")

@@ -12,15 +12,16 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
 - compile: torch.compile of the model (off by default: on 2 CPU cores it costs more than it saves
   on short runs; see docs/benchmarks.md);
 - gpu_decode: the training JPEGs decoded and augmented in batches on the device, workers only read
-  files (trainer/devicedata.py); auto: on for CUDA when most training images are JPEGs and they
+  files (trainer/data/devicedata.py); auto: on for CUDA when most training images are JPEGs and they
   are not cached (decoding every epoch on the CPU is then what a GPU step waits for);
 - conv_gemm: convolutions with a one-pixel output run as one matrix multiply instead of through
   oneDNN, whose per-call weight re-layouts dominate such tiny convolutions, and only the kernel
-  taps such an output sees are trained (trainer/convgemm.py); auto: on for CPU (cuDNN has no
+  taps such an output sees are trained (trainer/model/convgemm.py); auto: on for CPU (cuDNN has no
   such cost);
 - dct_scaling: training JPEGs decoded on the CPU (not on the device) are decoded at 1/2, 1/4 or
   1/8 size where the crops stay that much larger than the image size: every epoch knowing the
-  random crop (trainer/data.py: load_rgb_crop), or once for the cache at the scale every crop the
+  random crop (trainer/data/decode.py: load_rgb_crop), or once for the cache at the scale every
+  crop the
   preset can draw allows (TrainCrop.decode_factor).
 """
 

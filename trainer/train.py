@@ -26,24 +26,22 @@ from trainer.checkpoint import (
     output_error,
 )
 from trainer.config import TrainConfig, config_from_args, get_args_parser
-from trainer.data import (
+from trainer.data.datasets import EvalShard, ImageDataset, cache_bytes, make_loader
+from trainer.data.decode import JPEG_SUFFIXES
+from trainer.data.devicedata import EncodedImages, make_device_loader
+from trainer.data.imagedir import check_same_classes, read_image_directory
+from trainer.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
-    JPEG_SUFFIXES,
-    EvalShard,
-    ImageDataset,
     Normalizer,
-    cache_bytes,
     eval_transform,
-    make_loader,
     train_transform,
 )
-from trainer.devicedata import EncodedImages, make_device_loader
 from trainer.engine import Trainer
 from trainer.errors import InvalidDatasetError, KfvisionError
-from trainer.imagedir import check_same_classes, read_image_directory
-from trainer.modeldir import atomic_torch_save, atomic_write_json, write_model_files
-from trainer.models import WEIGHTS_FILE, build_model, read_model_spec
+from trainer.fileio import atomic_write_json
+from trainer.model.arch import WEIGHTS_FILE, build_model, read_model_spec
+from trainer.model.trained import atomic_torch_save, write_model_files
 from trainer.runtime import describe, resolve_runtime
 
 log = logging.getLogger("trainer")

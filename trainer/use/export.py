@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from trainer.errors import ExportError, check_choice
-from trainer.modeldir import load_trained_model
+from trainer.model.trained import load_trained_model
 
 FORMATS = ("onnx", "torchscript", "torch-export")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".pt", "torch-export": ".pt2"}
@@ -50,7 +50,7 @@ class ServingModel(nn.Module):
 
 def preprocess_steps(eval_preset: str, size: int) -> list[dict]:
     """The resizing the export expects before it (the trainer's eval transform, as data)."""
-    if eval_preset == "standard":  # trainer.data.eval_transform: resize to size/0.875, crop
+    if eval_preset == "standard":  # data.transforms.eval_transform: resize to size/0.875, crop
         return [{"op": "resize_shorter_side", "size": int(size / 0.875), "antialias": True,
                  "interpolation": "bilinear"},
                 {"op": "center_crop", "size": [size, size]}]
@@ -189,8 +189,9 @@ def check_export(model_dir, path, fmt: str, data_dir, *, limit: int = 256,
     """Compare an export with the PyTorch model on (up to `limit`) images of an image directory,
     preprocessed from the export's own metadata. Returns compare()'s figures over all of them.
     """
-    from trainer.data import ImageDataset, eval_transform
-    from trainer.imagedir import read_image_directory
+    from trainer.data.datasets import ImageDataset
+    from trainer.data.imagedir import read_image_directory
+    from trainer.data.transforms import eval_transform
 
     model, info = load_trained_model(model_dir)
     reference = ServingModel(model, info["mean"], info["std"]).eval()

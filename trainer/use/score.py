@@ -11,10 +11,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from trainer.data import ImageDataset, Normalizer, eval_transform, make_loader
+from trainer.data.datasets import ImageDataset, make_loader
+from trainer.data.imagedir import read_image_directory
+from trainer.data.transforms import Normalizer, eval_transform
 from trainer.errors import InvalidDatasetError, check_range
-from trainer.imagedir import read_image_directory
-from trainer.modeldir import load_trained_model
+from trainer.model.trained import load_trained_model
 
 
 def score(model_dir, data_dir, out_csv, *, batch_size: int = 64, workers: int = 0,

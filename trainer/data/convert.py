@@ -24,11 +24,11 @@ from pathlib import Path
 
 from PIL import Image
 
-from trainer.archive import archive_kind, extract_archive
+from trainer.data.archive import archive_kind, extract_archive
+from trainer.data.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
+from trainer.data.sources import Item, plan_source
 from trainer.errors import DecompressionBombError, InvalidDatasetError
-from trainer.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
 from trainer.progress import progress_bar
-from trainer.sources import Item, plan_source
 
 UNLABELLED_NOTE = "no class folders and no labels: an UNLABELLED image directory (scoring only)"
 
@@ -68,7 +68,7 @@ def probe_image(data: bytes, where: str = "image") -> tuple[int, int]:
         ValueError: empty, not an image, truncated, or not convertible to RGB (skippable).
         DecompressionBombError: more pixels than PIL.Image.MAX_IMAGE_PIXELS (never skipped).
     """
-    from trainer.data import load_rgb  # the trainer's own decoder: same modes, same result
+    from trainer.data.decode import load_rgb
 
     if not data:
         raise ValueError("is empty (0 bytes)")

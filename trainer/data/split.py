@@ -17,8 +17,8 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from trainer.data.imagedir import ImageDirectory, read_image_directory, write_manifest
 from trainer.errors import InvalidDatasetError, InvalidParameterError
-from trainer.imagedir import ImageDirectory, read_image_directory, write_manifest
 
 
 def _order_key(seed: int, path: str) -> str:

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from trainer.errors import InvalidScoredTableError, NotLabeledDatasetError
-from trainer.modeldir import atomic_write_bytes, atomic_write_json
-from trainer.plot import confusion_matrix_png
+from trainer.fileio import atomic_write_bytes, atomic_write_json
+from trainer.use.plot import confusion_matrix_png
 
 PROB_PREFIX = "scored_probability_"
 TOP_K = 5

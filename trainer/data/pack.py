@@ -9,7 +9,7 @@ of the ~2.5 ms a training crop costs (docs/benchmarks.md). A pack trades disk fo
 
     kfvision-pack.rgb    uint8 RGB pixels of every manifest image, each height x width x 3
                          (row-major, channels last), concatenated in manifest order; exactly what
-                         `trainer.data.load_rgb` returns
+                         `trainer.data.decode.load_rgb` returns
     kfvision-pack.json   {"format": "kfvision.image-pack", "version": 1,
                           "images_sha256": "...",   # of the manifest's (path, sha256) list
                           "pixels": "kfvision-pack.rgb", "bytes": 677000000,
@@ -33,9 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trainer.data.decode import decode_file
+from trainer.data.imagedir import ImageDirectory, read_image_directory
 from trainer.errors import InvalidDatasetError
-from trainer.imagedir import ImageDirectory, read_image_directory
-from trainer.modeldir import atomic_write, atomic_write_bytes
+from trainer.fileio import atomic_write, atomic_write_bytes
 from trainer.progress import progress_bar
 
 PIXELS = "kfvision-pack.rgb"
@@ -164,8 +165,6 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
         InvalidDatasetError: not an image directory, an image changed since it was made, or not
             enough free disk for the pixels.
     """
-    from trainer.data import ImageDataset  # imports this module: the lazy import breaks the cycle
-
     imdir = read_image_directory(root)
     root, index = imdir.root, imdir.root / INDEX
     need = imdir.decoded_bytes()
@@ -179,14 +178,13 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
             f"per image) but {free / 2**30:.1f} GiB is free there. Free some space, or train "
             "without a pack (the images are then decoded every epoch).")
     index.unlink(missing_ok=True)
-    decoder = ImageDataset(imdir, None, pack=False)
     entries = []
 
     def write(f) -> None:
         offset = 0
         for i in progress_bar(range(len(imdir.images)), "pack", "img", progress):
             data = _read_unchanged(root, imdir.images[i])  # the bytes checked are those decoded
-            hwc = decoder.decode_bytes(i, data).permute(1, 2, 0).numpy()  # no copy if channels-last
+            hwc = decode_file(root / imdir.images[i].path, data).permute(1, 2, 0).numpy()
             f.write(np.ascontiguousarray(hwc).data)
             entries.append([offset, hwc.shape[0], hwc.shape[1]])
             offset += hwc.nbytes

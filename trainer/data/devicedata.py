@@ -5,7 +5,8 @@ On a GPU the CPU-side JPEG decode is what limits a ResNet-50 step (about 2 ms pe
 image per core, docs/benchmarks.md). Here workers hand over the encoded bytes; the training process
 decodes the whole batch with one `torchvision.io.decode_jpeg(list, device=...)` call (nvJPEG, the
 hardware decoder on A100/H100), crops, resizes and flips each image on the device as the
-`train_transform` presets of trainer/data.py do, and stacks a uint8 NCHW batch for `Normalizer`.
+`train_transform` presets of trainer/data/transforms.py do, and stacks a uint8 NCHW batch for
+`Normalizer`.
 
 What the device cannot decode goes to the CPU, per image, never failing the batch:
 - files that are not 8-bit grey or colour JPEGs (PNG, CMYK/YCCK or 12-bit JPEG, ...) are decoded
@@ -26,9 +27,12 @@ import torch
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms.v2 import functional as F
 
-from trainer.data import AUGMENTATIONS, CROP_PRESETS, ImageDataset, jpeg_frame, make_loader
+from trainer.data.datasets import ImageDataset, make_loader
+from trainer.data.decode import jpeg_frame
+from trainer.data.imagedir import ImageDirectory
+from trainer.data.transforms import CROP_PRESETS
 from trainer.errors import check_choice
-from trainer.imagedir import ImageDirectory
+from trainer.presets import AUGMENTATIONS
 
 log = logging.getLogger("trainer")
 
@@ -93,7 +97,7 @@ class DeviceDecodeLoader:
 
     Args:
         loader: a DataLoader with `collate_encoded` (see `make_device_loader`).
-        augment: a trainer.data preset name (standard, light, none).
+        augment: a trainer.presets augmentation name (standard, light, none).
         size: side of the square output images.
         device: where to decode and augment.
     """

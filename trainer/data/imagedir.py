@@ -160,7 +160,7 @@ def check_same_classes(train: ImageDirectory, val: ImageDirectory) -> None:
         )
 
 
-# --- writing (the converter itself lives in trainer.convert) ---------------------------------
+# --- writing (the converter itself lives in trainer.data.convert) -----------------------------
 
 
 def write_manifest(root: Path, classes, images) -> None:
@@ -168,21 +168,3 @@ def write_manifest(root: Path, classes, images) -> None:
     doc = {"format": FORMAT, "version": VERSION, "classes": list(classes),
            "images": [asdict(e) for e in images]}
     (root / MANIFEST).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-
-
-def convert_class_folders(src, out, *, strict: bool = False, overwrite: bool = False,
-                          progress: bool | None = None):
-    """Kept for existing callers: `trainer.convert.convert` without a labels file."""
-    from trainer.convert import convert
-
-    return convert(src, out, strict=strict, overwrite=overwrite, progress=progress)
-
-
-def __getattr__(name):
-    # ConvertReport and probe_image moved to trainer.convert (which imports this module, hence
-    # the lazy lookup instead of an import at the top).
-    if name in ("ConvertReport", "probe_image"):
-        import trainer.convert
-
-        return getattr(trainer.convert, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,164 @@
+"""Datasets and data loaders over an ImageDirectory.
+
+Small datasets are decoded once into memory (`cache`); augmentation then runs on tiny uint8
+tensors instead of re-opening and re-decoding files every epoch, and evaluation crops are computed
+once. That is most of why `kfvision train` beats an ImageFolder loop on small images.
+"""
+
+import math
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchvision.io import read_file
+from torchvision.transforms.v2 import functional as F
+
+from trainer.data.decode import JPEG_SUFFIXES, decode_file, jpeg_frame
+from trainer.data.imagedir import ImageDirectory
+from trainer.data.pack import INDEX, open_pack
+from trainer.data.transforms import EvalResize, TrainCrop, kept_size
+
+
+def cache_bytes(imdir: ImageDirectory, transform, dct_scaling: bool) -> int:
+    """RGB bytes that caching `imdir`'s images for `transform` takes (to decide whether to cache).
+
+    With `dct_scaling` and a `TrainCrop`, every image is kept at `kept_size` (JPEGs decoded at
+    that scale, others resized to it); at full size otherwise, and whenever a pack is there (the
+    cache then copies its full-size pixels).
+    """
+    if not (dct_scaling and isinstance(transform, TrainCrop)) or (imdir.root / INDEX).exists():
+        return imdir.decoded_bytes()
+    return sum(math.prod(kept_size(transform, e.height, e.width)) * 3 for e in imdir.images)
+
+
+class ImageDataset(Dataset):
+    """(uint8 CHW image, label) pairs of an ImageDirectory; label is -1 when unlabelled.
+
+    Args:
+        imdir: the image directory.
+        transform: applied to each uint8 CHW tensor.
+        cache: decode every image once up front and keep it in memory.
+        precompute: also apply the (deterministic) transform once up front; for evaluation.
+        pack: read the directory's pack (raw pixels, `kfvision pack`) when it has an up-to-date
+            one, instead of decoding the image files.
+        dct_scaling: decode each JPEG knowing what the transform makes of it, at reduced size
+            where that still only shrinks it: a `TrainCrop`'s random crop (`load_rgb_crop`) when
+            decoded every epoch; with `cache`, at the scale every crop the preset can draw
+            allows (`TrainCrop.decode_factor`); an `EvalResize`'s resize, also when
+            precomputed. Never for a pack, which holds the full-size pixels.
+    """
+
+    def __init__(self, imdir: ImageDirectory, transform, *, cache: bool = False,
+                 precompute: bool = False, pack: bool = True, dct_scaling: bool = False):
+        self.paths = [imdir.root / e.path for e in imdir.images]
+        self.labels = [(-1 if e.label is None else e.label) for e in imdir.images]
+        self.transform = transform
+        self.pack = open_pack(imdir) if pack else None
+        self.dct_scaling = (dct_scaling and self.pack is None
+                            and isinstance(transform, (TrainCrop, EvalResize)))
+        self.images = None
+        if cache or precompute:
+            self.images = [self._decode(i, transform if precompute else None)
+                           for i in range(len(self.paths))]
+            if precompute:
+                self.transform = None
+
+    def _load(self, i, crop=None, data=None, reduce: int = 1) -> torch.Tensor:
+        """Image i; with `crop` = (JPEG bytes, box, size), its crop (`load_rgb_crop`); `data`:
+        its file's bytes, already read; `reduce`: see `load_rgb`."""
+        if self.pack is not None:
+            return self.pack[i]  # a view of the memory-mapped pixels
+        if crop is not None:
+            return decode_file(self.paths[i], crop[0], crop=crop[1:])
+        return decode_file(self.paths[i], data, reduce)
+
+    def _decode(self, i, transform=None):
+        if self.dct_scaling:  # cached training images, or precomputed evaluation images
+            if transform is None:
+                return self._decode_for(i, self.transform, apply=False)
+            return self._decode_for(i, transform)
+        img = self._load(i)
+        img = transform(img) if transform is not None else img
+        return img.clone() if self.pack is not None else img  # kept: own memory, not the file
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        if self.images is None and self.dct_scaling:
+            return self._decode_for(i, self.transform), self.labels[i]
+        img = self.images[i] if self.images is not None else self._load(i)
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self.labels[i]
+
+    def _decode_for(self, i, transform, apply: bool = True) -> torch.Tensor:
+        """`transform` of image i (or, not `apply`, the image to keep for it), the JPEG decoded
+        knowing the output from its header's size: a TrainCrop's crop is drawn first; otherwise
+        the decode is scaled down as far as `transform.decode_factor` allows. An image kept is
+        always at that scale (`kept_size`), whatever its format: `cache_bytes` counts on it."""
+        path = self.paths[i]
+        frame = None
+        if str(path).lower().endswith(JPEG_SUFFIXES):
+            try:
+                data = read_file(str(path))
+                frame = jpeg_frame(data)
+            except RuntimeError:
+                pass  # unreadable: _load below says so
+        if frame is None or 0 in frame[1:3]:  # not a JPEG after all, or no height in the header
+            img = self._load(i)
+            full = tuple(img.shape[-2:])
+        elif apply and isinstance(transform, TrainCrop):
+            box, flip = transform.draw(frame[1], frame[2])
+            img = self._load(i, (data, box, transform.size))
+            return img.flip(-1) if flip else img
+        else:
+            full = frame[1:3]
+            img = self._load(i, data=data, reduce=transform.decode_factor(*full))
+        if apply:
+            return transform(img)
+        size = kept_size(transform, *full)
+        return img if img.shape[-2:] == size else F.resize(img, list(size), antialias=True)
+
+
+class EvalShard(Dataset):
+    """Every world_size-th item from rank on: each image evaluated exactly once across ranks
+    (DistributedSampler would pad with repeats and skew the metrics)."""
+
+    def __init__(self, base: Dataset, rank: int, world_size: int):
+        self.base, self.indices = base, range(rank, len(base), world_size)
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        return self.base[self.indices[i]]
+
+
+def _seed_worker(worker_id: int) -> None:
+    # torch seeds each worker from the loader's generator; numpy/random follow that seed so any
+    # user transform that uses them is reproducible too.
+    import random
+
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def make_loader(dataset: Dataset, *, batch_size: int, workers: int, shuffle: bool, seed: int,
+                rank: int = 0, world_size: int = 1, pin_memory: bool = False,
+                drop_last: bool = False, collate_fn=None):
+    """A DataLoader; with world_size > 1 and shuffle, a seeded DistributedSampler (returned too,
+    so the caller can `set_epoch`). `collate_fn`: None for the default (stacked tensors)."""
+    sampler = None
+    if shuffle and world_size > 1:
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                     seed=seed, drop_last=drop_last)
+    generator = torch.Generator().manual_seed(seed + rank)
+    loader = DataLoader(
+        dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler,
+        num_workers=workers, pin_memory=pin_memory, drop_last=drop_last, generator=generator,
+        worker_init_fn=_seed_worker if workers else None, collate_fn=collate_fn,
+        persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
+    )
+    return loader, sampler
