@@ -21,8 +21,7 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
 - dct_scaling: training JPEGs decoded on the CPU (not on the device) are decoded at 1/2, 1/4 or
   1/8 size where the crops stay that much larger than the image size: every epoch knowing the
   random crop (trainer/data/decode.py: load_rgb_crop), or once for the cache at the scale every
-  crop the
-  preset can draw allows (TrainCrop.decode_factor).
+  crop the preset can draw allows (TrainCrop.decode_factor).
 """
 
 import os
