@@ -2,5 +2,5 @@
 
 manifest: JobConfig -> PyTorchJob dict (pure); rules: the operator webhook's checks;
 local: `kfvision job run-local`; cluster: submit/wait/logs/delete through the Kubernetes API;
-commands: the `kfvision job ...` command line.
+the `kfvision job ...` command line is pipelines/cli/job.py.
 """

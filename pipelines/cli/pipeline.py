@@ -1,4 +1,5 @@
-"""`kfvision pipeline compile | submit | run-local`: the KFP pipeline from the command line.
+"""`kfvision pipeline compile | submit | run-local` and `kfvision demo`: the KFP pipeline from the
+command line.
 
 Every parameter of the `image-classification` pipeline is a flag (`train_source` is
 `--train-source`), with the pipeline's own default, so the three commands take the same
@@ -132,6 +133,22 @@ def _run_local(args) -> int:
     run = run_local_pipeline(pipeline_arguments(args), args.out)
     print(summary(run))
     return 0
+
+
+def _demo(args) -> int:
+    from pipelines.demo import run_demo
+
+    return run_demo(args.out, epochs=args.epochs)
+
+
+def register_demo(subparsers) -> None:
+    """Add `kfvision demo` (cheap: the pipeline is imported when it runs)."""
+    d = subparsers.add_parser("demo", help="the whole KFP pipeline, run locally, on "
+                              "scikit-learn's digits",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    d.add_argument("--out", default="build/demo", help="working folder (replaced)")
+    d.add_argument("--epochs", type=int, default=15, help="training epochs")
+    d.set_defaults(func=_demo)
 
 
 def register(subparsers, help: str) -> None:

@@ -1,0 +1,99 @@
+"""`kfvision score | evaluate | export`: using a trained model."""
+
+import argparse
+
+
+def _score(args) -> int:
+    from trainer.use.score import score
+
+    result = score(args.model, args.data, args.out, batch_size=args.batch_size,
+                   device=args.device, progress=False if args.quiet else None,
+                   dct_scaling=args.dct_scaling == "on")
+    acc = "" if result["accuracy"] is None else f"; top-1 accuracy {result['accuracy']:.4f}"
+    print(f"scored {result['rows']} images into {args.out}{acc}")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from trainer.use.evaluate import evaluate
+
+    m = evaluate(args.scored, args.out)
+    print(f"evaluated {m['rows']} images: accuracy {m['accuracy']:.4f}, top-{m['top_k']} "
+          f"{m['top5_accuracy']:.4f}, macro F1 {m['macro_avg']['f1']:.4f}")
+    print(f"wrote metrics.json, report.md and confusion_matrix.png to {args.out}")
+    return 0
+
+
+def _export(args) -> int:
+    from trainer.errors import ExportError
+    from trainer.use.export import TOLERANCE, check_export, export
+
+    meta = export(args.model, args.format, args.out)
+    size = meta["image_size"]
+    print(f"wrote the {args.format} export of {args.model} to {args.out}: input 'image' uint8 "
+          f"[batch, 3, {size}, {size}], output 'probabilities' over {len(meta['classes'])} "
+          "classes; classes and preprocessing are in its metadata ('kfvision')")
+    if args.check:
+        r = check_export(args.model, args.out, args.format, args.check, limit=args.check_limit)
+        print(f"checked against PyTorch on {r['images']} images of {args.check}: top-1 agrees on "
+              f"{r['top1_agree']}/{r['images']}, largest probability difference "
+              f"{r['max_abs_diff']:.2g}")
+        if r["max_abs_diff"] > TOLERANCE:
+            raise ExportError(f"{args.out} differs from the PyTorch model by more than "
+                              f"{TOLERANCE} on {args.check}; do not serve it.")
+    return 0
+
+
+def _export(args) -> int:
+    from trainer.errors import ExportError
+    from trainer.use.export import TOLERANCE, check_export, export
+
+    meta = export(args.model, args.format, args.out)
+    size = meta["image_size"]
+    print(f"wrote the {args.format} export of {args.model} to {args.out}: input 'image' uint8 "
+          f"[batch, 3, {size}, {size}], output 'probabilities' over {len(meta['classes'])} "
+          "classes; classes and preprocessing are in its metadata ('kfvision')")
+    if args.check:
+        r = check_export(args.model, args.out, args.format, args.check, limit=args.check_limit)
+        print(f"checked against PyTorch on {r['images']} images of {args.check}: top-1 agrees on "
+              f"{r['top1_agree']}/{r['images']}, largest probability difference "
+              f"{r['max_abs_diff']:.2g}")
+        if r["max_abs_diff"] > TOLERANCE:
+            raise ExportError(f"{args.out} differs from the PyTorch model by more than "
+                              f"{TOLERANCE} on {args.check}; do not serve it.")
+    return 0
+
+
+def register(sub) -> None:
+    """Add score, evaluate and export to the `kfvision` subparsers."""
+    s = sub.add_parser("score", help="score an image directory with a trained model -> CSV",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s.add_argument("--model", required=True, help="trained model directory")
+    s.add_argument("--data", required=True, help="image directory (labelled or not)")
+    s.add_argument("--out", required=True, help="output CSV file")
+    s.add_argument("--batch-size", type=int, default=64, help="images per batch")
+    s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run")
+    s.add_argument("--dct-scaling", choices=("on", "off"), default="on",
+                   help="decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT scaling) when "
+                   "the model's resize still shrinks it from there, as validation in training "
+                   "does: camera photos decode about twice as fast")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_score)
+
+    e = sub.add_parser("evaluate", help="metrics, report and confusion matrix of a scored CSV",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    e.add_argument("--scored", required=True, help="CSV written by `kfvision score` (labelled)")
+    e.add_argument("--out", required=True,
+                   help="folder for metrics.json, report.md and confusion_matrix.png")
+    e.set_defaults(func=_evaluate)
+
+    x = sub.add_parser("export", help="export a trained model: ONNX, TorchScript, torch.export",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    x.add_argument("--model", required=True, help="trained model directory")
+    x.add_argument("--format", choices=("onnx", "torchscript", "torch-export"), default="onnx",
+                   help="artifact type")
+    x.add_argument("--out", required=True, help="output file (.onnx, .pt, .pt2)")
+    x.add_argument("--check", metavar="DATA", help="image directory to compare the export with "
+                   "PyTorch on")
+    x.add_argument("--check-limit", type=int, default=256, help="images of DATA to compare")
+    x.set_defaults(func=_export)
