@@ -11,7 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import SHARED_REFERENCE
+from conftest import reference_file
 
 from pipelines.cli import main
 from pipelines.jobs.errors import InvalidJobError
@@ -50,7 +50,7 @@ def job_of(**kwargs) -> dict:
 
 @pytest.fixture(scope="module")
 def crd_schema() -> dict:
-    crd = yaml.safe_load((SHARED_REFERENCE / "kubeflow.org_pytorchjobs.yaml").read_text())
+    crd = yaml.safe_load(reference_file("kubeflow.org_pytorchjobs.yaml").read_text())
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
