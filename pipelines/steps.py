@@ -35,11 +35,12 @@ def run(step, *args, **kwargs):
     import sys
 
     from trainer.errors import KfvisionError
+    from trainer.exitcodes import error_line
 
     try:
         return step(*args, **kwargs)
     except KfvisionError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(error_line(e), file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
 
 

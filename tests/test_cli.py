@@ -47,19 +47,19 @@ def test_convert_model_train_score_end_to_end(tmp_path, tiny_digits):
     assert len(list(csv.reader((tmp_path / "scored.csv").open()))) == 61
 
 
-@pytest.mark.parametrize("args, message", [
-    (["convert", "/nonexistent/src", "/tmp/x"], "does not exist"),
+@pytest.mark.parametrize("args, name, message", [
+    (["convert", "/nonexistent/src", "/tmp/x"], "InvalidDatasetError", "does not exist"),
     (["train", "--model", "/nonexistent", "--train", "t", "--val", "v", "--out", "o"],
-     "not a model directory"),
+     "InvalidModelDirectoryError", "not a model directory"),
     (["train", "--model", "m", "--train", "t", "--val", "v", "--out", "o", "--epochs", "0"],
-     "1 <= epochs"),
+     "InvalidParameterError", "1 <= epochs"),
     (["score", "--model", "/nonexistent", "--data", "d", "--out", "o.csv"],
-     "not a trained model directory"),
+     "InvalidModelDirectoryError", "not a trained model directory"),
 ])
-def test_errors_are_one_message_and_a_nonzero_exit_without_a_traceback(args, message):
+def test_errors_are_one_named_message_and_a_nonzero_exit_without_a_traceback(args, name, message):
     run = kfvision(*args, check=False)
     assert run.returncode == 2
-    assert message in run.stderr and run.stderr.startswith("error: ")
+    assert run.stderr.startswith(f"error: {name}: ") and message in run.stderr
     assert "Traceback" not in run.stderr
 
 
@@ -80,3 +80,17 @@ def test_the_command_line_loads_torch_and_kfp_only_for_the_commands_that_need_th
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == str(heavy)
+
+
+def test_training_on_an_unlabelled_directory_names_the_error(tiny_digits, resnet18_dir, tmp_path):
+    from trainer.data.convert import convert
+
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    for f in sorted((tiny_digits["raw"] / "val" / "3").iterdir())[:4]:
+        (loose / f.name).write_bytes(f.read_bytes())
+    convert(loose, tmp_path / "unlabelled", progress=False)
+    run = kfvision("train", "--model", resnet18_dir, "--train", tmp_path / "unlabelled", "--val",
+                   tiny_digits["val"], "--out", tmp_path / "out", check=False)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "error: NotLabeledDatasetError: " in run.stderr

@@ -235,7 +235,8 @@ def test_render_command_writes_yaml_and_refuses_with_a_clear_error(tmp_path, cap
     capsys.readouterr()
     assert main([*argv[:-2], "--procs-per-node", "3"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --procs-per-node 3 is more than --gpus-per-node 2")
+    assert err.startswith("error: InvalidJobError: --procs-per-node 3 is more than "
+                          "--gpus-per-node 2")
     assert main([*argv[:-6], "--out", "/tmp/o", "--epochs", "3"]) == 0
     assert "warning: --out /tmp/o is not under a --pvc mount" in capsys.readouterr().err
 

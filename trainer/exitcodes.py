@@ -62,6 +62,12 @@ def describe(code: int) -> str:
                 code, "retried" if is_retryable(code) else "permanent")
 
 
+def error_line(exc: BaseException) -> str:
+    """The line a command prints when it stops on `exc`: `error: <ErrorName>: <message>`. The
+    name is what users search a log for and what docs/faults.md lists."""
+    return f"error: {type(exc).__name__}: {exc}"
+
+
 def for_exception(exc: BaseException) -> int | None:
     """The exit code for an exception that reached the top of a training process, or None when
     it is unexpected (then Python's traceback and exit code 1 are the right answer)."""

@@ -164,7 +164,7 @@ def _mark_failed(out: Path, e: BaseException) -> None:
 
 def _message(e: BaseException, code: int) -> str:
     if isinstance(e, KfvisionError):
-        return str(e)
+        return f"{type(e).__name__}: {e}"
     first = str(e).splitlines()[0] if str(e) else ""
     return (f"{type(e).__name__}: {first} -- exiting with {code} ({exitcodes.describe(code)}); "
             "a restarted job resumes from the last checkpoint.")

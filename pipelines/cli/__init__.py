@@ -13,6 +13,7 @@ import sys
 from pipelines.cli import data, model, use
 from pipelines.cli.pipeline import register_demo
 from trainer.errors import KfvisionError
+from trainer.exitcodes import error_line
 
 EPILOG = """\
 typical run (no cluster needed):
@@ -63,5 +64,5 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except KfvisionError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         return e.exit_code
