@@ -50,3 +50,25 @@ def test_same_seed_and_world_size_give_the_same_model(tmp_path, resnet18_dir, ti
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         runs.append(torch.load(tmp_path / name / "weights.pt", weights_only=True))
     assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+
+
+def _can_rename_host() -> bool:
+    try:
+        return subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _can_rename_host(), reason="needs `unshare --uts` (root, util-linux) to "
+                    "give the test its own host name")
+def test_several_processes_on_one_machine_meet_on_loopback(tmp_path, resnet18_dir, tiny_digits):
+    # A container whose host name is not in its /etc/hosts: torchrun's default rendezvous would
+    # hand the processes that name and wait out its timeout (300 s); kfvision uses loopback.
+    argv = ["train", "--nproc-per-node", "2",
+            *train_argv(resnet18_dir, tiny_digits, tmp_path / "out", **{**OPTIONS, "epochs": 1})]
+    script = ('hostname kfvision-test-unresolvable && ! getent hosts "$(hostname)" && '
+              'exec "$0" -m pipelines.cli "$@"')
+    run = subprocess.run(["unshare", "--uts", "sh", "-c", script, sys.executable, *map(str, argv)],
+                         cwd=REPO, capture_output=True, text=True, timeout=150)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "weights identical on all 2 rank(s)" in run.stdout

@@ -7,6 +7,7 @@ import sys
 
 HELP = "train a model (one process, or N with --nproc-per-node)"
 NPROC_FLAG = "--nproc-per-node"
+LOOPBACK = "127.0.0.1"
 
 
 def _train(args) -> int:
@@ -17,8 +18,11 @@ def _train(args) -> int:
     if nproc == 1:
         return train.main(rest)
     # Several processes on this machine: hand over to torchrun, exactly as a PyTorchJob would
-    # (through trainer.launch, which keeps the training processes' exit codes).
-    cmd = [sys.executable, "-m", "trainer.launch", "--standalone",
+    # (through trainer.launch, which keeps the training processes' exit codes). One machine needs
+    # no host name: the processes meet on loopback. Without --local-addr torchrun hands them
+    # this host's name, and where it does not resolve (a container's hostname missing from its
+    # /etc/hosts) they wait for the rendezvous timeout, then fail.
+    cmd = [sys.executable, "-m", "trainer.launch", "--standalone", f"--local-addr={LOOPBACK}",
            f"--nproc-per-node={nproc}", "-m", "trainer.train", *rest]
     return subprocess.call(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
