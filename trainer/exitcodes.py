@@ -10,6 +10,9 @@ retryable (the pod is recreated, up to `runPolicy.backoffLimit` times). So:
 | 2 | bad input or parameters (`KfvisionError`) | trainer | fails |
 | 3 | the loss became NaN/Inf (`NonFiniteLossError`) | trainer | fails |
 | 4 | the output location is read-only or full (`OutputError`) | trainer | fails |
+| 69 | a server did not answer (`EndpointUnreachableError`): retrying may help | command line | |
+| 76 | TLS with a server failed (`EndpointTLSError`): fix the certificate first | command line | |
+| 77 | a server refused the credentials (`EndpointAuthError`): fix them first | command line | |
 | 128+N | killed by signal N: 137 SIGKILL (OOM killer), 143 SIGTERM | kernel, launcher | retried |
 | 200 | lost a peer: a collective or the rendezvous failed or timed out | trainer | retried |
 
@@ -28,6 +31,10 @@ EXIT_BUG = 1
 EXIT_INPUT = 2
 EXIT_NONFINITE = 3
 EXIT_OUTPUT = 4
+# The command line's talks with servers (pipelines/connect.py), after sysexits.h
+EXIT_UNAVAILABLE = 69
+EXIT_TLS = 76
+EXIT_AUTH = 77
 EXIT_SIGNAL_BASE = 128
 EXIT_PEER_LOST = 200
 
@@ -58,7 +65,10 @@ def describe(code: int) -> str:
         return f"killed by {name}: retried"
     return {EXIT_BUG: "unexpected error: permanent", EXIT_INPUT: "bad input: permanent",
             EXIT_NONFINITE: "non-finite loss: permanent", EXIT_OUTPUT: "output not writable: "
-            "permanent", EXIT_PEER_LOST: "lost a peer: retried"}.get(
+            "permanent", EXIT_PEER_LOST: "lost a peer: retried",
+            EXIT_UNAVAILABLE: "server unreachable: retrying may help",
+            EXIT_TLS: "TLS failed: fix the certificate first",
+            EXIT_AUTH: "credentials refused: fix them first"}.get(
                 code, "retried" if is_retryable(code) else "permanent")
 
 

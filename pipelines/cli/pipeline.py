@@ -106,17 +106,47 @@ def validate_for_cluster(arguments: dict) -> None:
     check_parameters(**params, check_sources=False)
 
 
+HEALTHZ = "/apis/v2beta1/healthz"  # what kfp.Client asks first, too
+CHECK_ENDPOINT = ("the endpoint's address, and that the port-forward to it is running "
+                  "(kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80)")
+CHECK_AUTH = ("a multi-user Kubeflow needs a token: --token, --token-file (e.g. a service "
+              "account token) or --cookies (the authservice session cookie of a browser login)")
+
+
+def _read_token(path: str | None) -> str | None:
+    if not path:
+        return None
+    from trainer.errors import InvalidParameterError
+
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as e:
+        raise InvalidParameterError(f"cannot read --token-file {path}: {e.strerror or e}") from e
+
+
 def _submit(args) -> int:
     import tempfile
+    import warnings
 
     import kfp
 
+    from pipelines.connect import probe, talking_to
     from pipelines.pipeline import compile_pipeline
 
     arguments = pipeline_arguments(args)
     validate_for_cluster(arguments)
-    client = kfp.Client(host=args.endpoint, namespace=args.namespace)
-    with tempfile.TemporaryDirectory(prefix="kfvision-pipeline-") as tmp:
+    token = args.token or _read_token(args.token_file)
+    warnings.filterwarnings("ignore", message="This client only works with Kubeflow Pipeline",
+                            category=FutureWarning)  # kfp's note on every start; we need v2 too
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if args.cookies:
+        headers["Cookie"] = args.cookies
+    probe(args.endpoint, HEALTHZ, "the KFP API", CHECK_ENDPOINT, CHECK_AUTH,
+          headers=headers, cafile=args.ssl_ca_cert)
+    with talking_to(args.endpoint, "the KFP API", check=CHECK_ENDPOINT, auth_check=CHECK_AUTH), \
+            tempfile.TemporaryDirectory(prefix="kfvision-pipeline-") as tmp:
+        client = kfp.Client(host=args.endpoint, namespace=args.namespace, existing_token=token,
+                            cookies=args.cookies, ssl_ca_cert=args.ssl_ca_cert)
         package = Path(tmp) / "pipeline.yaml"
         compile_pipeline(package)
         run = client.create_run_from_pipeline_package(
@@ -172,6 +202,15 @@ def register(subparsers, help: str) -> None:
     s.add_argument("--experiment", default="kfvision", help="experiment (created if missing)")
     s.add_argument("--run-name", help="run name (default: pipeline name and time)")
     s.add_argument("--namespace", help="Kubeflow profile namespace (multi-user installs)")
+    auth = s.add_mutually_exclusive_group()
+    auth.add_argument("--token", help="bearer token for a multi-user Kubeflow (kfp.Client's "
+                      "existing_token)")
+    auth.add_argument("--token-file", metavar="FILE", help="read the bearer token from FILE, e.g. "
+                      "a projected service account token")
+    s.add_argument("--cookies", help="cookie header for a Kubeflow behind an auth proxy, e.g. "
+                   "'authservice_session=...'")
+    s.add_argument("--ssl-ca-cert", metavar="FILE", help="certificate authority that signed the "
+                   "endpoint's TLS certificate")
     add_parameter_flags(s)
     s.set_defaults(func=_submit)
     r = sub.add_parser("run-local", help="run the whole pipeline on this machine (KFP's local "

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from pipelines.connect import EndpointError, endpoint_error
 from pipelines.jobs.errors import JobFailedError, JobTimeoutError, KubernetesError
 from pipelines.jobs.rules import CONTAINER_NAME
 
@@ -32,9 +33,26 @@ _HINTS = {
 }
 
 
-def api_error(e: Exception, verb: str, kind: str, namespace: str, name: str) -> KubernetesError:
-    """A KubernetesError for a failed API call that names the object and says what to do."""
+def _api_host() -> str:
+    from kubernetes import client
+
+    return client.Configuration.get_default_copy().host or "the Kubernetes API server"
+
+
+def api_error(e: Exception, verb: str, kind: str, namespace: str,
+              name: str) -> KubernetesError | EndpointError:
+    """A KubernetesError for a failed API call that names the object and says what to do; an
+    EndpointError naming the API server when it could not be reached or refused the
+    credentials (pipelines/connect.py)."""
     status = getattr(e, "status", None)
+    if status in (None, 401):
+        unreachable = endpoint_error(
+            e, _api_host(), "the Kubernetes API", check="the kubeconfig context (`kubectl config "
+            "current-context`, `kubectl get nodes`) and any port-forward or VPN it needs",
+            auth_check=f"{verb} {kind} {namespace}/{name} was refused; refresh the kubeconfig's "
+            "credentials (or the pod's service account token).")
+        if unreachable is not None:
+            return unreachable
     detail = getattr(e, "reason", None) or str(e)
     body = getattr(e, "body", None)
     if body:
