@@ -1,5 +1,8 @@
-"""`kfvision pipeline submit` against a fake kfp.Client, and the flags every command shares."""
+"""`kfvision pipeline submit` against a fake kfp.Client (no KFP backend can run here; a loopback
+server answers the health check submit makes first), and the flags every command shares."""
 
+import http.server
+import threading
 import types
 
 import pytest
@@ -14,8 +17,10 @@ class FakeClient:
 
     made = []
 
-    def __init__(self, host=None, namespace=None):
+    def __init__(self, host=None, namespace=None, existing_token=None, cookies=None,
+                 ssl_ca_cert=None):
         self.host, self.namespace, self.calls = host, namespace, []
+        self.token = existing_token
         FakeClient.made.append(self)
 
     def create_run_from_pipeline_package(self, path, arguments, run_name, experiment_name,
@@ -28,30 +33,43 @@ class FakeClient:
         return types.SimpleNamespace(run_id="run-123")
 
 
+class _Healthy(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        self.send_response(200 if self.path == "/apis/v2beta1/healthz" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
 @pytest.fixture
 def fake_kfp(monkeypatch):
     import kfp
 
     FakeClient.made = []
     monkeypatch.setattr(kfp, "Client", FakeClient)
-    return FakeClient
+    srv = http.server.HTTPServer(("127.0.0.1", 0), _Healthy)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    FakeClient.endpoint = f"http://127.0.0.1:{srv.server_address[1]}"
+    yield FakeClient
+    srv.shutdown()
 
 
 def test_submit_compiles_and_starts_a_run_with_the_given_parameters(fake_kfp, capsys):
-    rc = cli.main(["pipeline", "submit", "--endpoint", "http://kfp.example:8080",
+    rc = cli.main(["pipeline", "submit", "--endpoint", fake_kfp.endpoint, "--token", "t0k",
                    "--experiment", "digits", "--namespace", "team-a",
                    "--train-source", "/kfvision-data/digits/train.tar.gz", "--epochs", "15",
                    "--gpus-per-node", "2", "--node-selector", "pool=gpu", "--pretrained"])
     assert rc == 0
     (client,) = fake_kfp.made
-    assert (client.host, client.namespace) == ("http://kfp.example:8080", "team-a")
+    assert (client.host, client.namespace, client.token) == (fake_kfp.endpoint, "team-a", "t0k")
     (call,) = client.calls
     assert call["pipeline"] == "image-classification" and call["experiment"] == "digits"
     args = call["arguments"]
     assert set(args) == set(parameter_defaults())  # every parameter, defaults included
     assert args["epochs"] == 15 and args["gpus_per_node"] == 2 and args["pretrained"] is True
     assert args["train_source"] == "/kfvision-data/digits/train.tar.gz"
-    assert "http://kfp.example:8080/#/runs/details/run-123" in capsys.readouterr().out
+    assert f"{fake_kfp.endpoint}/#/runs/details/run-123" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -61,7 +79,7 @@ def test_submit_compiles_and_starts_a_run_with_the_given_parameters(fake_kfp, ca
 ])
 def test_submit_refuses_bad_parameters_before_contacting_the_endpoint(fake_kfp, capsys, flags,
                                                                       message):
-    rc = cli.main(["pipeline", "submit", "--endpoint", "http://kfp.example:8080",
+    rc = cli.main(["pipeline", "submit", "--endpoint", fake_kfp.endpoint,
                    "--train-source", "/kfvision-data/x.tar.gz", *flags])
     assert rc == 2 and fake_kfp.made == []
     assert message in capsys.readouterr().err

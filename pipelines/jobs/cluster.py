@@ -42,15 +42,13 @@ def _api_host() -> str:
 def api_error(e: Exception, verb: str, kind: str, namespace: str,
               name: str) -> KubernetesError | EndpointError:
     """A KubernetesError for a failed API call that names the object and says what to do; an
-    EndpointError naming the API server when it could not be reached or refused the
-    credentials (pipelines/connect.py)."""
+    EndpointError naming the API server when it could not be reached (pipelines/connect.py)."""
     status = getattr(e, "status", None)
-    if status in (None, 401):
+    if status is None:
         unreachable = endpoint_error(
             e, _api_host(), "the Kubernetes API", check="the kubeconfig context (`kubectl config "
             "current-context`, `kubectl get nodes`) and any port-forward or VPN it needs",
-            auth_check=f"{verb} {kind} {namespace}/{name} was refused; refresh the kubeconfig's "
-            "credentials (or the pod's service account token).")
+            auth_check=_HINTS[401])
         if unreachable is not None:
             return unreachable
     detail = getattr(e, "reason", None) or str(e)
