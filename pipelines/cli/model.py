@@ -37,5 +37,5 @@ def register(sub) -> None:
                            help="zero-init the last BN of each residual block")
         else:
             f.add_argument("--memory-efficient", action="store_true",
-                           help="gradient checkpointing: less memory, ~20%% slower")
+                           help="gradient checkpointing: less memory, slower steps")
         f.set_defaults(func=_model)

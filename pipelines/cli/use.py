@@ -76,7 +76,7 @@ def register(sub) -> None:
     s.add_argument("--dct-scaling", choices=("on", "off"), default="on",
                    help="decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT scaling) when "
                    "the model's resize still shrinks it from there, as validation in training "
-                   "does: camera photos decode about twice as fast")
+                   "does (docs/benchmarks.md has the gain on camera photos)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_score)
 

@@ -29,7 +29,6 @@ warnings.filterwarnings("ignore", message="The image decoding and encoding capab
 JPEG_SUFFIXES = (".jpg", ".jpeg")
 # Start-of-frame markers (all JPEG processes; not DHT C4, JPG C8, DAC CC).
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
-# libjpeg's DCT scaling: a JPEG decodes at 1/8, 1/4 or 1/2 of its size for a fraction of the work
 DCT_FACTORS = (8, 4, 2)
 
 
@@ -84,11 +83,10 @@ def load_rgb(path, data: torch.Tensor | None = None, reduce: int = 1) -> torch.T
     """Any image Pillow reads (grayscale, RGBA, palette, CMYK, 16-bit) as a uint8 RGB CHW tensor.
 
     JPEGs go through torchvision's libjpeg-turbo decoder straight into a CHW tensor: the same
-    pixels as Pillow, without Pillow's image object, mode conversion and two array copies (1.6-1.9x
-    the decode + crop rate per core on the benchmark's JPEG set; see docs/benchmarks.md).
+    pixels as Pillow, without Pillow's image object, mode conversion and two array copies.
     `data`: the file's bytes (uint8 tensor), when the caller has read them already; then the
     file is not opened again. `reduce` (2, 4 or 8; with `data` of a JPEG): decode it at that
-    fraction of its size (libjpeg DCT scaling), for a caller that shrinks it at least as much.
+    fraction of its size (see the module doc), for a caller that shrinks it at least as much.
     """
     if reduce > 1 and data is not None:
         reduced = _draft_decode(data, reduce)
@@ -120,12 +118,10 @@ def load_rgb_crop(path, data: torch.Tensor, box, size: int) -> torch.Tensor:
     """The crop `box` (top, left, height, width) of the JPEG `data` (the bytes of `path`) resized
     to a size x size uint8 RGB CHW tensor, the JPEG decoded at reduced size where that allows.
 
-    When the crop is at least 2, 4 or 8 times `size` on both sides, libjpeg decodes the image at
-    1/2, 1/4 or 1/8 of its size (Pillow's `draft`: the inverse DCT on fewer coefficients, less
-    upsampling and colour conversion, and a smaller image to shrink); then Pillow resizes the
-    crop's box, antialiased as torchvision does. A 12-megapixel photo's 224 px crop costs about
-    half of a full decode (docs/benchmarks.md). Otherwise: `load_rgb` and torchvision's crop.
-    Same result up to resampling (tests/test_fastpath.py bounds the difference).
+    When the crop is at least 2, 4 or 8 times `size` on both sides, the JPEG is decoded at that
+    scale (`dct_factor`, `_draft_decode`) and Pillow resizes the crop's box, antialiased as
+    torchvision does; otherwise `load_rgb` and torchvision's crop. Same result up to resampling
+    (tests/test_fastpath.py bounds the difference).
     """
     factor = dct_factor(box, size)
     reduced = _draft_decode(data, factor) if factor > 1 else None

@@ -1,8 +1,8 @@
 """Device decoding of the training set (`--gpu-decode`): JPEGs decoded and augmented in batches on
 the training device, so DataLoader workers only read files.
 
-On a GPU the CPU-side JPEG decode is what limits a ResNet-50 step (about 2 ms per ImageNet-sized
-image per core, docs/benchmarks.md). Here workers hand over the encoded bytes; the training process
+On a GPU the CPU-side JPEG decode is what limits a ResNet-50 step (docs/benchmarks.md). Here
+workers hand over the encoded bytes; the training process
 decodes the whole batch with one `torchvision.io.decode_jpeg(list, device=...)` call (nvJPEG, the
 hardware decoder on A100/H100), crops, resizes and flips each image on the device as the
 `train_transform` presets of trainer/data/transforms.py do, and stacks a uint8 NCHW batch for

@@ -4,8 +4,8 @@
     kfvision convert photos/ data/all --pack # convert, then pack
 
 When the training images do not fit in memory they are decoded again every epoch, and decoding is
-the limit: libjpeg-turbo's entropy decoding of a quality-90 JPEG of ~570x400 takes ~1.7 ms, most
-of the ~2.5 ms a training crop costs (docs/benchmarks.md). A pack trades disk for that time:
+the limit: libjpeg-turbo's entropy decoding is most of what a training crop costs
+(docs/benchmarks.md). A pack trades disk for that time:
 
     kfvision-pack.rgb    uint8 RGB pixels of every manifest image, each height x width x 3
                          (row-major, channels last), concatenated in manifest order; exactly what

@@ -22,8 +22,8 @@ def score(model_dir, data_dir, out_csv, *, batch_size: int = 64, workers: int = 
           device: str = "cpu", progress: bool | None = None, dct_scaling: bool = True) -> dict:
     """Write the scored table; returns {"rows": n, "accuracy": top-1 or None when unlabelled}.
 
-    `dct_scaling`: decode a JPEG at 1/2, 1/4 or 1/8 of its size when the evaluation resize still
-    shrinks it from there (as validation during training does; see `EvalResize`).
+    `dct_scaling`: decode JPEGs at the reduced scale the evaluation resize allows, as validation
+    during training does (`EvalResize`, trainer/data/decode.py).
 
     Raises:
         InvalidModelDirectoryError: model_dir is not a trained model directory.
