@@ -1,0 +1,119 @@
+"""The shape of the code, checked: imports point one way (`pipelines` -> `trainer`), no import
+cycles among our modules (counting imports inside functions), leaf modules import nothing of
+ours, and the commands that need no torch do not load it."""
+
+import ast
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import REPO
+
+PACKAGES = ("trainer", "pipelines")
+LEAVES = ("trainer.errors", "trainer.fileio", "trainer.progress", "trainer.presets")
+
+
+def _module_name(path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict:
+    """module -> the project modules it imports anywhere in its file (functions included)."""
+    files = {_module_name(p): p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package of this module
+                    pkg = name.split(".")[: len(name.split(".")) - (0 if is_pkg else 1)]
+                    pkg = pkg[: len(pkg) - node.level + 1]
+                    base = ".".join(pkg + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            deps |= {t for t in targets if t in files and t != name}
+        graph[name] = deps
+    return graph
+
+
+def cycles(graph: dict) -> list:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_there_are_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_trainer_never_imports_the_pipelines():
+    graph = import_graph()
+    assert {m: sorted(d) for m, d in graph.items()
+            if m.startswith("trainer") and any(x.startswith("pipelines") for x in d)} == {}
+
+
+@pytest.mark.parametrize("leaf", LEAVES)
+def test_leaf_modules_import_nothing_of_ours(leaf):
+    assert import_graph()[leaf] == set()
+
+
+_RUN = textwrap.dedent("""
+    import csv, sys
+    from pipelines.cli import main
+    command, tmp, data = sys.argv[1:]
+    if command == "evaluate":
+        with open(tmp + "/scored.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["image", "label", "scored_label", "scored_probability_a",
+                        "scored_probability_b"])
+            w.writerows([["1.png", "a", "a", 0.9, 0.1], ["2.png", "b", "a", 0.6, 0.4]])
+        rc = main(["evaluate", "--scored", tmp + "/scored.csv", "--out", tmp + "/eval"])
+    else:
+        rc = main(["split", data, tmp + "/first", tmp + "/second", "--fraction", "0.5"])
+    print(rc, "torch" in sys.modules)
+""")
+
+
+@pytest.mark.parametrize("command", ["evaluate", "split"])
+def test_commands_that_need_no_torch_do_not_load_it(command, tmp_path, tiny_digits):
+    run = subprocess.run([sys.executable, "-c", _RUN, command, str(tmp_path),
+                          str(tiny_digits["train"])], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-2:] == ["0", "False"]
