@@ -23,15 +23,13 @@ from trainer.checkpoint import (
     FOLDER,
     Checkpointer,
     CheckpointStore,
-    capture_rng,
     check_writable,
     digest,
     output_error,
-    restore_rng,
 )
 from trainer.distributed import DistContext
-from trainer.engine import EarlyStopping
 from trainer.errors import CheckpointMismatchError, OutputError
+from trainer.rng import capture_rng, restore_rng
 from trainer.train import main
 
 CPU = torch.device("cpu")
@@ -152,7 +150,7 @@ def test_resuming_with_other_settings_is_refused_with_what_differs(tmp_path):
     ck = Checkpointer(store.folder, ALONE, {"epochs": 5, "lr": 0.1, "world_size": 1})
     with pytest.raises(CheckpointMismatchError,
                        match=r"epochs 3 \(now 5\); world_size 2 \(now 1\).*delete"):
-        ck.resume(None, EarlyStopping(3))
+        ck.load()
 
 
 @pytest.mark.parametrize("code, message", [

@@ -2,12 +2,13 @@
 
     <out>/checkpoints/epoch-0003.pt     the state after epoch 3
 
-A checkpoint holds the (unwrapped) model, the optimizer, the LR schedule, the early-stopping state,
-the epoch and history, the RNG states of every rank (python, numpy, torch, CUDA and the data
-loaders' generators: the data order of epoch N is a function of those and N), and the settings a
-resumed run must share. A restarted run (a PyTorchJob pod recreated after a lost peer, an OOM kill,
-a preemption) finds the newest readable one in its output folder and carries on from the next
-epoch, so at most one epoch of work is lost; on CPU it then ends with the very same weights.
+A checkpoint holds the trainer's `state_dict()` (the unwrapped model, the optimizer, the LR
+schedule, the early stopping, the epoch and history, every rank's RNG states: Trainer.state_dict)
+and the settings a resumed run must share. This module only saves, loads, verifies and rotates
+those dicts; what is in them is the trainer's business. A restarted run (a PyTorchJob pod
+recreated after a lost peer, an OOM kill, a preemption) finds the newest readable one in its
+output folder and carries on from the next epoch, so at most one epoch of work is lost; on CPU
+it then ends with the very same weights.
 
 Written by rank 0 alone, atomically: a temporary file in the same folder, fsync, rename, fsync of
 the folder, so a reader sees a whole file or none. Kept: the newest two and the best epoch's, so a
@@ -22,17 +23,15 @@ import errno
 import hashlib
 import logging
 import os
-import random
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from trainer.distributed import DistContext, all_gather_object, broadcast_object
-from trainer.errors import CheckpointMismatchError, KfvisionError, OutputError
+from trainer.distributed import DistContext, broadcast_object, on_main
+from trainer.errors import CheckpointMismatchError, OutputError
 from trainer.model.trained import atomic_torch_save
 
 log = logging.getLogger("trainer")
@@ -79,32 +78,6 @@ def _feed(h, obj) -> None:
         h.update(b"]")
     else:
         h.update(f"{type(obj).__name__}:{obj!r};".encode())
-
-
-def capture_rng(generators, device: torch.device) -> dict:
-    """This process's RNG states, as plain values and tensors (loadable with weights_only)."""
-    _, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"python": random.getstate(),
-             "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "gauss": float(gauss)},
-             "torch": torch.get_rng_state(),
-             "generators": [g.get_state() for g in generators]}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def restore_rng(state: dict, generators, device: torch.device) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    n = state["numpy"]
-    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["gauss"]))
-    torch.set_rng_state(state["torch"])
-    for g, s in zip(generators, state["generators"], strict=True):
-        g.set_state(s)
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def output_error(e: OSError, where) -> OutputError:
@@ -197,21 +170,6 @@ class CheckpointStore:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def on_main(ctx: DistContext, fn):
-    """Run fn() on rank 0; a KfvisionError it raises is raised on every rank (so that no rank
-    waits forever in a collective for one that has failed). Returns fn's result on rank 0."""
-    result, error = None, None
-    if ctx.is_main:
-        try:
-            result = fn()
-        except KfvisionError as e:
-            error = e
-    error = broadcast_object(error, ctx)
-    if error is not None:
-        raise error
-    return result
-
-
 def check_writable(out: Path, need_bytes: int) -> None:
     """Fail now, not after an epoch, when `out` cannot take the checkpoints and the model."""
     folder = out / FOLDER
@@ -231,30 +189,34 @@ def check_writable(out: Path, need_bytes: int) -> None:
 
 
 class Checkpointer:
-    """Saving and resuming, called by every rank (collectives); files only on rank 0.
+    """Saving and loading state dicts, called by every rank (collectives); files only on rank 0.
+
+    A state is a dict of tensors and plain values with an "epoch" (the epoch it is the state after)
+    and a "model" entry (the weights, for the best epoch's model on resume).
 
     Args:
         folder: where the checkpoint files go (<out>/checkpoints).
         ctx: this process's place in the job.
         settings: what a resumed run must share with the one that wrote the checkpoint (the
-            MUST_MATCH config values, world size, architecture, classes).
+            MUST_MATCH config values, world size, architecture, classes); saved in every file.
     """
 
     def __init__(self, folder, ctx: DistContext, settings: dict):
         self.store, self.ctx, self.settings = CheckpointStore(folder), ctx, settings
 
-    def save(self, trainer, epoch: int, stopper, history: list, resumed: list) -> None:
-        rngs = all_gather_object(capture_rng(_generators(trainer), self.ctx.device), self.ctx)
+    def path(self, epoch: int) -> Path:
+        """The file of the checkpoint after `epoch` (for messages)."""
+        return self.store.path(epoch)
 
+    def save(self, state: dict, best_epoch: int) -> None:
+        """Write `state` (with the settings) on rank 0, keeping the newest files and best_epoch's.
+
+        Raises:
+            OutputError: on every rank, when the file cannot be written (full, read-only).
+        """
         def write():
-            state = {"epoch": epoch, "settings": self.settings, "history": history,
-                     "resumed_from": resumed,
-                     "model": trainer.raw_model.state_dict(),
-                     "optimizer": trainer.optimizer.state_dict(),
-                     "scheduler": trainer.scheduler.state_dict(),
-                     "early_stopping": dict(vars(stopper)), "rng": rngs}
             try:
-                self.store.write(epoch, state, stopper.best_epoch)
+                self.store.write(state["epoch"], {**state, "settings": self.settings}, best_epoch)
             except OSError as e:
                 raise output_error(e, self.store.folder) from e
 
@@ -275,36 +237,22 @@ class Checkpointer:
                     "another --out.")
         return found
 
-    def resume(self, trainer, stopper) -> tuple:
-        """Load the newest readable checkpoint into `trainer` and `stopper`, if there is one.
+    def load(self) -> dict | None:
+        """The newest readable checkpoint's state on every rank (read by rank 0 and broadcast, so
+        workers need not see the folder), or None when there is none.
 
-        Returns:
-            (first epoch to run, history, the best epoch's model state on rank 0 (or None),
-            the epochs resumed from so far).
         Raises:
             CheckpointMismatchError: the checkpoint is from a run with other settings.
         """
         found = broadcast_object(on_main(self.ctx, self._latest), self.ctx)
-        if found is None:
-            return 1, [], None, []
-        epoch, state = found
-        trainer.raw_model.load_state_dict(state["model"])
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        trainer.scheduler.load_state_dict(state["scheduler"])
-        vars(stopper).update(state["early_stopping"])
-        restore_rng(state["rng"][self.ctx.rank], _generators(trainer), self.ctx.device)
-        resumed = [*state["resumed_from"], epoch]
-        best = None
-        if self.ctx.is_main:
-            best = self._best_model(state, epoch, stopper.best_epoch)
-            log.info("resuming from %s: epoch %d of %d done (best so far: epoch %d); training "
-                     "goes on from epoch %d", self.store.path(epoch), epoch, trainer.cfg.epochs,
-                     stopper.best_epoch, epoch + 1)
-        start = trainer.cfg.epochs + 1 if stopper.should_stop else epoch + 1
-        return start, state["history"], best, resumed
+        return None if found is None else found[1]
 
-    def _best_model(self, state: dict, epoch: int, best_epoch: int):
-        if best_epoch == epoch:
+    def best_model(self, state: dict, best_epoch: int) -> dict | None:
+        """The model state of `best_epoch` on rank 0 (from `state` when it is that epoch's), None on
+        the other ranks or when that file is unreadable (with a warning)."""
+        if not self.ctx.is_main:
+            return None
+        if best_epoch == state["epoch"]:
             return state["model"]
         try:
             return self.store.read(best_epoch)["model"]
@@ -315,10 +263,4 @@ class Checkpointer:
 
     def finish(self) -> None:
         """The run completed: remove the checkpoints (rank 0)."""
-        if self.ctx.is_main:
-            self.store.remove()
-
-
-def _generators(trainer) -> list:
-    return [g for g in (getattr(trainer.train_loader, "generator", None),
-                        getattr(trainer.val_loader, "generator", None)) if g is not None]
+        on_main(self.ctx, self.store.remove)

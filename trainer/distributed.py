@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.errors import DeviceError, check_choice
+from trainer.errors import DeviceError, KfvisionError, check_choice
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,25 @@ def broadcast_buffers(module: torch.nn.Module, ctx: DistContext) -> None:
     if ctx.distributed:
         for buf in module.buffers():
             dist.broadcast(buf, src=0)
+
+
+def on_main(ctx: DistContext, fn):
+    """Run fn() on rank 0 alone: the one way rank-0-only work (saving, metrics files) is done.
+
+    Every rank calls it: a KfvisionError that fn raises (a full disk, a read-only volume) is raised
+    on every rank, so that no rank waits forever in a collective for one that has failed.
+    Returns fn's result on rank 0, None elsewhere.
+    """
+    result, error = None, None
+    if ctx.is_main:
+        try:
+            result = fn()
+        except KfvisionError as e:
+            error = e
+    error = broadcast_object(error, ctx)
+    if error is not None:
+        raise error
+    return result
 
 
 def barrier(ctx: DistContext) -> None:

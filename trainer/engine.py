@@ -17,9 +17,16 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.config import TrainConfig
 from trainer.data.transforms import Normalizer
-from trainer.distributed import DistContext, all_gather_object, all_reduce_sum, broadcast_buffers
+from trainer.distributed import (
+    DistContext,
+    all_gather_object,
+    all_reduce_sum,
+    broadcast_buffers,
+    on_main,
+)
 from trainer.errors import NonFiniteLossError
 from trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
+from trainer.rng import capture_rng, restore_rng
 from trainer.runtime import Runtime
 
 log = logging.getLogger("trainer")
@@ -77,12 +84,19 @@ class EarlyStopping:
     def should_stop(self) -> bool:
         return self.bad_epochs >= self.patience
 
+    def state_dict(self) -> dict:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(state)
+
 
 class Trainer:
     """Trains `model` on `train_loader`, validating on `val_loader` every epoch.
 
-    `on_epoch(record, best_state)` is called on rank 0 after each epoch (to write metrics and the
-    best weights as they come, so nothing is lost if a later epoch fails).
+    `on_epoch(history, best_state)` is called on rank 0 after each epoch (to write metrics and the
+    best weights as they come, so nothing is lost if a later epoch fails). What a restarted run
+    needs to go on is `state_dict()`; a checkpointer (trainer.checkpoint) stores it.
     """
 
     def __init__(self, cfg: TrainConfig, ctx: DistContext, model: nn.Module, train_loader,
@@ -115,6 +129,37 @@ class Trainer:
             lambda s: lr_factor(s, cfg.warmup_epochs * steps, cfg.epochs * steps,
                                 cfg.lr_decay_power))
         self.topk = min(5, self._num_classes())
+        self.stopper = EarlyStopping(cfg.patience)
+        self.epoch, self.history, self.resumed_from = 0, [], []  # epochs done; checkpoints used
+
+    def state_dict(self) -> dict:
+        """Everything a restarted run needs to end as if it never stopped: the epochs done and
+        their history, the unwrapped model, optimizer, schedule, early stopping, and the RNG states
+        of every rank (including the data loaders' generators), in rank order.
+
+        A collective: every rank calls it (each contributes its RNG states); all get the same.
+        """
+        rng = all_gather_object(capture_rng(self._generators(), self.ctx.device), self.ctx)
+        return {"epoch": self.epoch, "history": list(self.history),
+                "resumed_from": list(self.resumed_from), "model": self.raw_model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "early_stopping": self.stopper.state_dict(), "rng": rng}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from `state` (what state_dict returned, maybe from a file): this rank takes its
+        own RNG states; the run is recorded as resumed from state's epoch."""
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.stopper.load_state_dict(state["early_stopping"])
+        restore_rng(state["rng"][self.ctx.rank], self._generators(), self.ctx.device)
+        self.epoch, self.history = state["epoch"], list(state["history"])
+        self.resumed_from = [*state["resumed_from"], state["epoch"]]
+
+    def _generators(self) -> list:
+        return [g for g in (getattr(self.train_loader, "generator", None),
+                            getattr(self.val_loader, "generator", None)) if g is not None]
 
     def _num_classes(self) -> int:
         head = getattr(self.raw_model, "fc", None) or self.raw_model.classifier
@@ -196,58 +241,75 @@ class Trainer:
             sums += self._counts(logits, labels, self.criterion(logits, labels))
         return self._global(sums)
 
+    def _resume(self, checkpointer, on_epoch) -> None:
+        """Go on from the checkpointer's newest state, if it has one."""
+        state = checkpointer.load()
+        if state is None:
+            return
+        self.load_state_dict(state)
+        best_state = checkpointer.best_model(state, self.stopper.best_epoch)
+        if self.ctx.is_main:
+            log.info("resuming from %s: epoch %d of %d done (best so far: epoch %d); training "
+                     "goes on from epoch %d", checkpointer.path(self.epoch), self.epoch,
+                     self.cfg.epochs, self.stopper.best_epoch, self.epoch + 1)
+        if on_epoch:  # weights.pt and metrics.json as of that epoch
+            on_main(self.ctx, lambda: on_epoch(self.history, best_state))
+
     def fit(self, on_epoch=None, checkpointer=None) -> dict:
         """Train until the last epoch or early stop; returns the summary (best epoch etc.).
 
         With a `checkpointer` (trainer.checkpoint), a run first resumes from the newest readable
         checkpoint, and saves one after every epoch."""
-        cfg = self.cfg
-        stopper, best_state, history = EarlyStopping(cfg.patience), None, []
-        start, resumed = 1, []
+        cfg, stopper, best_state = self.cfg, self.stopper, None
         if checkpointer is not None:  # a restarted run goes on from its last checkpoint
-            start, history, best_state, resumed = checkpointer.resume(self, stopper)
-            if resumed and self.ctx.is_main and on_epoch:
-                on_epoch(history, best_state)  # weights.pt and metrics.json as of that epoch
-        for epoch in range(start, cfg.epochs + 1):
+            self._resume(checkpointer, on_epoch)
+        while self.epoch < cfg.epochs and not stopper.should_stop:
+            epoch = self.epoch + 1
             lr = self.scheduler.get_last_lr()[0]
             tr = self.train_one_epoch(epoch)
             va = self.evaluate()
-            record = {"epoch": epoch, "lr": lr, "train_loss": tr["loss"], "train_top1": tr["top1"],
-                      "train_top5": tr["top5"], "train_images_per_sec": tr["images_per_sec"],
-                      "train_seconds": tr["seconds"], "val_loss": va["loss"],
-                      "val_top1": va["top1"], "val_top5": va["top5"]}
-            history.append(record)
+            self.history.append({
+                "epoch": epoch, "lr": lr, "train_loss": tr["loss"], "train_top1": tr["top1"],
+                "train_top5": tr["top5"], "train_images_per_sec": tr["images_per_sec"],
+                "train_seconds": tr["seconds"], "val_loss": va["loss"], "val_top1": va["top1"],
+                "val_top5": va["top5"]})
+            self.epoch = epoch
             improved = stopper.step(epoch, va["loss"])
             if improved:
                 best_state = {k: v.detach().to("cpu", copy=True)
                               for k, v in self.raw_model.state_dict().items()}
             if checkpointer is not None:  # first: weights.pt is rewritten from it on resume
-                checkpointer.save(self, epoch, stopper, history, resumed)
+                checkpointer.save(self.state_dict(), stopper.best_epoch)
             if self.ctx.is_main:
                 log.info("epoch %d done: train loss %.4f top1 %.4f | val loss %.4f top1 %.4f "
                          "top5 %.4f | %.1f img/s%s", epoch, tr["loss"], tr["top1"], va["loss"],
                          va["top1"], va["top5"], tr["images_per_sec"],
                          "  (best so far)" if improved else "")
-                if on_epoch:
-                    on_epoch(history, best_state if improved else None)
-            if stopper.should_stop and epoch < cfg.epochs:
-                if self.ctx.is_main:
-                    log.info("early stop: validation loss has not decreased for %d epoch(s); "
-                             "best epoch %d", cfg.patience, stopper.best_epoch)
-                break
+            if on_epoch:
+                on_main(self.ctx, lambda b=best_state if improved else None:
+                        on_epoch(self.history, b))
+            if stopper.should_stop and epoch < cfg.epochs and self.ctx.is_main:
+                log.info("early stop: validation loss has not decreased for %d epoch(s); "
+                         "best epoch %d", cfg.patience, stopper.best_epoch)
+        self._check_replicas()
+        return self._summary(best_state)
+
+    def _check_replicas(self) -> None:
         digests = all_gather_object(state_digest(self.raw_model), self.ctx)
         if len(set(digests)) != 1:  # DDP must keep replicas identical; anything else is a bug
             raise RuntimeError(f"model replicas diverged across ranks: {digests}")
         if self.ctx.is_main:
             log.info("weights identical on all %d rank(s) (sha256 %s)", len(digests),
                      digests[0][:16])
-        best_epoch = stopper.best_epoch
+
+    def _summary(self, best_state) -> dict:
+        history, best_epoch = self.history, self.stopper.best_epoch
         best = history[best_epoch - 1]
         seconds = sum(h["train_seconds"] for h in history)
         images = sum(h["train_images_per_sec"] * h["train_seconds"] for h in history)
         return {"history": history, "best_epoch": best_epoch, "epochs_run": len(history),
-                "stopped_early": len(history) < cfg.epochs, "world_size": self.ctx.world_size,
-                "resumed_from": resumed,
+                "stopped_early": len(history) < self.cfg.epochs,
+                "world_size": self.ctx.world_size, "resumed_from": self.resumed_from,
                 "final": {"val_loss": best["val_loss"], "val_top1": best["val_top1"],
                           "val_top5": best["val_top5"],
                           "train_images_per_sec": images / max(seconds, 1e-9)},

@@ -8,23 +8,13 @@ Kubeflow PyTorchJob: the same torchrun command; torchrun reads the operator's PE
 
 import json
 import logging
-import random
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from trainer import distributed, exitcodes
-from trainer.checkpoint import (
-    FOLDER,
-    KEEP,
-    MUST_MATCH,
-    Checkpointer,
-    check_writable,
-    on_main,
-    output_error,
-)
+from trainer.checkpoint import FOLDER, KEEP, MUST_MATCH, Checkpointer, check_writable, output_error
 from trainer.config import TrainConfig, config_from_args, get_args_parser
 from trainer.data.datasets import EvalShard, ImageDataset, cache_bytes, make_loader
 from trainer.data.decode import JPEG_SUFFIXES
@@ -42,15 +32,10 @@ from trainer.errors import InvalidDatasetError, KfvisionError
 from trainer.fileio import atomic_write_json
 from trainer.model.arch import WEIGHTS_FILE, build_model, read_model_spec
 from trainer.model.trained import atomic_torch_save, write_model_files
+from trainer.rng import seed_everything
 from trainer.runtime import describe, resolve_runtime
 
 log = logging.getLogger("trainer")
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def _suggest_pack(cfg: TrainConfig, train_dir, cached: int) -> None:
@@ -131,9 +116,10 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
             _mark_failed(out, e)
         raise
     summary.pop("best_state")
+    distributed.on_main(ctx, lambda: atomic_write_json(out / "metrics.json",
+                                                       {"status": "completed", **summary}))
+    checkpointer.finish()  # the model directory is the result now
     if ctx.is_main:
-        atomic_write_json(out / "metrics.json", {"status": "completed", **summary})
-        checkpointer.finish()  # the model directory is the result now
         f = summary["final"]
         log.info("done: best epoch %d of %d, val top1 %.4f top5 %.4f loss %.4f, %.1f train img/s; "
                  "model in %s", summary["best_epoch"], summary["epochs_run"], f["val_top1"],
@@ -145,7 +131,7 @@ def _checkpointer(cfg: TrainConfig, ctx, out: Path, arch: str, classes, model) -
     """Fail fast (every rank) when `out` cannot take the run's files; then a Checkpointer."""
     model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     # at worst KEEP + 1 checkpoints of model + momentum, one more being written, weights.pt twice
-    on_main(ctx, lambda: check_writable(out, (2 * (KEEP + 2) + 2) * model_bytes))
+    distributed.on_main(ctx, lambda: check_writable(out, (2 * (KEEP + 2) + 2) * model_bytes))
     settings = {**{k: getattr(cfg, k) for k in MUST_MATCH}, "world_size": ctx.world_size,
                 "arch": arch, "classes": list(classes)}
     return Checkpointer(out / FOLDER, ctx, settings)
