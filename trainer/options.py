@@ -141,11 +141,11 @@ def check_options(config) -> None:
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Each flag's default said once: the one its help already names, else argparse's unless
-    there is none (None, or no item of a repeatable flag)."""
+    there is none (None, '', or no item of a repeatable flag)."""
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "(default:" in text or action.default is None or action.default == []:
+        if "(default:" in text or action.default in (None, "", []):
             return text
         return super()._get_help_string(action)
 
