@@ -25,8 +25,9 @@ from trainer.errors import InvalidParameterError, check_choice, check_range, fla
 class Option:
     """One option. `default` MISSING: required. `high` may name another option of the same
     config (its value is the bound). `pipeline`: the pipeline parameter's name (True: the same
-    name; False: not a pipeline parameter). `many`: a repeatable flag of `parse`d items (in the
-    pipeline one string, items separated by commas). `unset`: what no value (None) means."""
+    name; False: not a pipeline parameter). `many`: a repeatable flag of items that `parse`
+    reads and `show` writes back (in the pipeline one string, items separated by commas).
+    `unset`: what no value (None) means."""
 
     name: str
     type: type
@@ -41,6 +42,7 @@ class Option:
     metavar: str | None = None
     many: bool = False
     parse: object = None
+    show: object = None
     unset: str | None = None
 
     @property

@@ -35,13 +35,6 @@ def job_config(args) -> JobConfig:
     return JobConfig(train=config_from_args(args), **given)
 
 
-def _item(opt, item) -> str:
-    """The flag value of one item of a repeatable option (what its `parse` reads back)."""
-    if opt.name == "tolerations":
-        return f"{item.key}{'' if item.value is None else '=' + item.value}:{item.effect}"
-    return ("=" if opt.name == "node_selector" else ":").join(item)
-
-
 def render_argv(cfg: JobConfig) -> list:
     """The canonical `kfvision job render` arguments that give `cfg` (for the YAML's header)."""
     from pipelines.jobs.manifest import train_flags
@@ -54,7 +47,7 @@ def render_argv(cfg: JobConfig) -> list:
     for opt in JOB_OPTIONS:
         if opt.many:
             argv += [a for item in getattr(cfg, opt.name) for a in (opt.flag_name,
-                                                                    _item(opt, item))]
+                                                                    opt.show(item))]
     return argv + train_flags(cfg.train)
 
 

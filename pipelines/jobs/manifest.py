@@ -87,6 +87,11 @@ def parse_toleration(text: str) -> Toleration:
     return Toleration(key, value if has_value else None, effect)
 
 
+def show_toleration(t: Toleration) -> str:
+    """What parse_toleration reads back."""
+    return f"{t.key}{'' if t.value is None else '=' + t.value}:{t.effect}"
+
+
 def parse_volume(text: str) -> Volume:
     """'claim:/mount/path' -> Volume."""
     claim, sep, mount = text.partition(":")
@@ -111,11 +116,12 @@ class JobConfig:
                                         unset="one per GPU, or 1", pipeline=True)
     gpus_per_node: int = option(0, "nvidia.com/gpu per pod", low=0, high=64, pipeline=True)
     node_selector: tuple = option((), "node label the pods require", many=True,
-                                  parse=parse_key_value, metavar="KEY=VALUE", pipeline=True)
+                                  parse=parse_key_value, show="=".join, metavar="KEY=VALUE",
+                                  pipeline=True)
     tolerations: tuple = option((), "taint the pods tolerate (nvidia.com/gpu:NoSchedule is "
                                 "added when GPUs are asked for)", flag="--toleration",
-                                many=True, parse=parse_toleration, metavar="KEY[=VALUE]:EFFECT",
-                                pipeline=True)
+                                many=True, parse=parse_toleration, show=show_toleration,
+                                metavar="KEY[=VALUE]:EFFECT", pipeline=True)
     cpu: str | None = option(None, "CPU request per pod (e.g. 8, 500m)", pipeline="cpu_per_node")
     memory: str | None = option(None, "memory request per pod (e.g. 32Gi)",
                                 pipeline="memory_per_node")
@@ -132,7 +138,7 @@ class JobConfig:
     ttl: int | None = option(None, "delete the finished job after this many seconds", low=0,
                              metavar="SECONDS")
     volumes: tuple = option((), "PersistentVolumeClaim to mount in every pod", flag="--pvc",
-                            many=True, parse=parse_volume, metavar="CLAIM:MOUNT")
+                            many=True, parse=parse_volume, show=":".join, metavar="CLAIM:MOUNT")
     run_as_user: int = option(1000, "non-root uid (and gid) of the pods", low=1)  # 0: root
     labels: tuple = ()  # extra ((key, value), ...) on the job and its pods
 
