@@ -117,23 +117,16 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
                         pvc_name: str = "kfvision-data", execution_mode: str = "auto"):
     """Train PyTorch Model: a PyTorchJob (Master + Workers, torchrun, DDP), on the cluster inside
     Kubernetes and as local processes elsewhere; the trained model, its metrics and curves."""
+    params = dict(locals())  # first statement: exactly the parameters
+    from pipelines.params import job_settings, train_options
     from pipelines.report import curves_html
-    from pipelines.steps import run, train_options, unique_run_key
+    from pipelines.steps import run, unique_run_key
     from pipelines.train_step import job_summary, train_step
 
-    options = train_options(epochs=epochs, batch_size=batch_size, warmup_epochs=warmup_epochs,
-                            learning_rate=learning_rate, random_seed=random_seed,
-                            patience=patience, print_frequency=print_frequency,
-                            image_size=image_size, augment=augment)
-    settings = {"image": image, "nodes": nodes, "procs_per_node": procs_per_node,
-                "gpus_per_node": gpus_per_node, "node_selector": node_selector,
-                "tolerations": tolerations, "cpu_per_node": cpu_per_node,
-                "memory_per_node": memory_per_node, "shm_size": shm_size,
-                "timeout_seconds": timeout_seconds}
     summary = run(train_step, model.path, train.path, validation.path, trained_model.path,
-                  pytorchjob.path, options=options, settings=settings,
-                  run_key=unique_run_key(run_id, task_name), mode=execution_mode,
-                  pvc_name=pvc_name)
+                  pytorchjob.path, options=train_options(**params),
+                  settings=job_settings(**params), run_key=unique_run_key(run_id, task_name),
+                  mode=execution_mode, pvc_name=pvc_name)
     final = summary["final"]
     for key in ("val_top1", "val_top5", "val_loss", "train_images_per_sec"):
         metrics.log_metric(key, round(float(final[key]), 6))

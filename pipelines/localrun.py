@@ -100,8 +100,7 @@ def run_local_pipeline(arguments: dict, out) -> LocalPipelineRun:
 
     arguments = local_arguments(arguments)
     params = {**parameter_defaults(), **arguments}
-    check_parameters(**{k: v for k, v in params.items()
-                        if k not in ("pretrained", "zero_init_residual", "memory_efficient")})
+    check_parameters(**params)
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in out.iterdir()}

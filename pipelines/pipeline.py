@@ -42,6 +42,11 @@ def _step(task, image, *, cache: bool = True, pvc=None, name: str | None = None)
     return task
 
 
+def _inputs(component, params: dict) -> dict:
+    """The pipeline's parameters that `component` takes, by name."""
+    return {k: v for k, v in params.items() if k in component.component_spec.inputs}
+
+
 @dsl.pipeline(name=PIPELINE_NAME, description="Convert labelled images to an image directory, "
               "split it, train a ResNet/DenseNet with PyTorch DDP as a Kubeflow PyTorchJob, "
               "score and evaluate it.")
@@ -76,18 +81,9 @@ def image_classification(
     pvc_name: str = "kfvision-data",
     execution_mode: str = "auto",
 ):
-    job = {"nodes": nodes, "procs_per_node": procs_per_node, "gpus_per_node": gpus_per_node,
-           "node_selector": node_selector, "tolerations": tolerations,
-           "cpu_per_node": cpu_per_node, "memory_per_node": memory_per_node,
-           "shm_size": shm_size, "timeout_seconds": timeout_seconds}
-    training = {"epochs": epochs, "batch_size": batch_size, "warmup_epochs": warmup_epochs,
-                "learning_rate": learning_rate, "random_seed": random_seed,
-                "patience": patience, "print_frequency": print_frequency,
-                "image_size": image_size, "augment": augment}
-    check = _step(c.check_parameters(
-        train_source=train_source, validation_source=validation_source, test_source=test_source,
-        fraction=fraction, model_name=model_name, image=image, pvc_name=pvc_name,
-        execution_mode=execution_mode, **training, **job), image, pvc=pvc_name)
+    params = dict(locals())  # first statement: every parameter, by name
+    check = _step(c.check_parameters(**_inputs(c.check_parameters, params)), image,
+                  pvc=pvc_name)
 
     with dsl.If(validation_source == "", name="split-train-source"):
         whole = _step(c.convert_to_image_directory(source=train_source), image, cache=False,
@@ -112,10 +108,9 @@ def image_classification(
     untrained = dsl.OneOf(res.outputs["model"], dense.outputs["model"])
 
     train = _step(c.train_pytorch_model(
-        model=untrained, train=train_data, validation=val_data, image=image,
+        model=untrained, train=train_data, validation=val_data,
         run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-        pvc_name=pvc_name, execution_mode=execution_mode, **training, **job), image,
-        pvc=pvc_name)
+        **_inputs(c.train_pytorch_model, params)), image, pvc=pvc_name)
     trained = train.outputs["trained_model"]
 
     with dsl.If(test_source == "", name="score-validation-data"):

@@ -2,36 +2,38 @@
 
 The KFP components in `pipelines/components.py` are thin shells over these: each component
 imports one function from here, calls it with its inputs' local paths and parameters, and logs
-what it returns. So everything here runs (and is tested) without KFP.
-
-Parameter names are those of the Azure ML designer modules kfvision stands in for (`epochs`,
-`batch_size`, `warmup_epochs`, `learning_rate`, `random_seed`, `patience`, `print_frequency`;
-`model_name`, `pretrained`, `zero_init_residual`, `memory_efficient`; `fraction`), mapped here onto
-the trainer's own names (`lr`, `seed`, `print_freq`).
+what it returns. So everything here runs (and is tested) without KFP. Which option each
+parameter is, and its name (those of the Azure ML designer modules kfvision stands in for), is
+in pipelines/params.py.
 """
 
-import re
 import shutil
 import tempfile
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.manifest import JobConfig, Toleration, Volume, job_name
+from pipelines.jobs.manifest import JobConfig, Volume, job_name
+from pipelines.params import (
+    EXECUTION_MODES,
+    job_options,
+    job_settings,
+    parameter_name,
+    train_options,
+)
 from trainer.config import TrainConfig
-from trainer.errors import InvalidDatasetError, InvalidParameterError, check_choice
+from trainer.errors import InvalidDatasetError, InvalidParameterError, check_choice, ref
 
 # Where the train step (and the PyTorchJob's pods) mount the shared ReadWriteMany PVC on a cluster.
 DATA_MOUNT = "/kfvision-data"
-EXECUTION_MODES = ("auto", "local", "cluster")
 JOB_PREFIX = "kfvision-train"
 URL_SCHEMES = ("http", "https")
 
 
 def run(step, *args, **kwargs):
     """Call `step`; a kfvision error ends the process with one line saying what to fix (and the
-    error's exit code) instead of a traceback, in the step's log and the pipeline's."""
+    error's exit code) instead of a traceback, in the step's log and the pipeline's. Options
+    are named as the pipeline's parameters."""
     import sys
 
     from trainer.errors import KfvisionError
@@ -40,62 +42,21 @@ def run(step, *args, **kwargs):
     try:
         return step(*args, **kwargs)
     except KfvisionError as e:
-        print(error_line(e), file=sys.stderr, flush=True)
+        text = e.named(parameter_name) if isinstance(e, InvalidParameterError) else str(e)
+        print(error_line(e, text), file=sys.stderr, flush=True)
         sys.exit(e.exit_code)
 
 
-def train_options(*, epochs: int, batch_size: int, warmup_epochs: int, learning_rate: float,
-                  random_seed: int, patience: int, print_frequency: int, image_size: int,
-                  augment: str) -> dict:
-    """The TrainConfig fields (trainer names) for the pipeline's training parameters."""
-    return {"epochs": epochs, "batch_size": batch_size, "warmup_epochs": warmup_epochs,
-            "lr": learning_rate, "seed": random_seed, "patience": patience,
-            "print_freq": print_frequency, "image_size": image_size, "augment": augment}
-
-
-def parse_node_selector(text: str) -> tuple:
-    """'k=v,k2=v2' -> (('k', 'v'), ('k2', 'v2')); '' -> ()."""
-    pairs = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidParameterError(f"node_selector item {item!r} is not KEY=VALUE; give "
-                                        "e.g. 'cloud.google.com/gke-accelerator=nvidia-l4'.")
-        pairs.append((key, value))
-    return tuple(pairs)
-
-
-def parse_tolerations(text: str) -> tuple:
-    """'key[=value]:Effect,...' -> (Toleration, ...); '' -> ()."""
-    out = []
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        keyvalue, sep, effect = item.rpartition(":")
-        if not sep or not keyvalue:
-            raise InvalidParameterError(f"tolerations item {item!r} is not KEY[=VALUE]:EFFECT; "
-                                        "give e.g. 'nvidia.com/gpu:NoSchedule'.")
-        key, has_value, value = keyvalue.partition("=")
-        out.append(Toleration(key, value if has_value else None, effect))
-    return tuple(out)
-
-
-def job_config(cfg: TrainConfig, *, run_id: str, image: str, nodes: int, procs_per_node: int,
-               gpus_per_node: int, node_selector: str, tolerations: str, cpu_per_node: str,
-               memory_per_node: str, shm_size: str, timeout_seconds: int,
-               pvc_name: str | None, mount: str = DATA_MOUNT) -> JobConfig:
-    """The PyTorchJob settings of a pipeline run (0 / '' mean "not set"); validated.
+def job_config(cfg: TrainConfig, *, run_id: str, pvc_name: str | None, mount: str = DATA_MOUNT,
+               **settings) -> JobConfig:
+    """The PyTorchJob of a pipeline run (settings: params.job_settings); validated.
 
     The job name derives from the run (see pipelines.jobs.manifest.job_name), so a retried step
     finds its own job again. `pvc_name` None: no volume (a local run); else it is mounted at
     `mount` in every pod.
     """
-    return JobConfig(
-        name=job_name(JOB_PREFIX, run_id), image=image, train=cfg, nodes=nodes,
-        procs_per_node=procs_per_node or None, gpus_per_node=gpus_per_node,
-        node_selector=parse_node_selector(node_selector),
-        tolerations=parse_tolerations(tolerations), cpu=cpu_per_node or None,
-        memory=memory_per_node or None, shm_size=shm_size or None,
-        active_deadline=timeout_seconds or None,
-        volumes=(Volume(pvc_name, mount),) if pvc_name else ()).validate()
+    return JobConfig(name=job_name(JOB_PREFIX, run_id), train=cfg, **job_options(**settings),
+                     volumes=(Volume(pvc_name, mount),) if pvc_name else ()).validate()
 
 
 def resolve_mode(mode: str, environ=None) -> str:
@@ -103,7 +64,7 @@ def resolve_mode(mode: str, environ=None) -> str:
     step in one, and Kubernetes sets KUBERNETES_SERVICE_HOST in each), local anywhere else."""
     import os
 
-    check_choice("execution_mode", mode, EXECUTION_MODES)
+    check_choice(ref("execution_mode"), mode, EXECUTION_MODES)
     if mode != "auto":
         return mode
     env = os.environ if environ is None else environ
@@ -113,8 +74,9 @@ def resolve_mode(mode: str, environ=None) -> str:
 def _check_source(name: str, source: str, required: bool, exists: bool) -> None:
     if not source:
         if required:
-            raise InvalidParameterError(f"{name} is empty: give a folder or archive of labelled "
-                                        "images (a path this step can read, or an http(s) URL).")
+            raise InvalidParameterError(f"{ref(name)} is empty: give a folder or archive of "
+                                        "labelled images (a path this step can read, or an "
+                                        "http(s) URL).")
         return
     if urllib.parse.urlparse(source).scheme in URL_SCHEMES or not exists:
         return
@@ -125,42 +87,35 @@ def _check_source(name: str, source: str, required: bool, exists: bool) -> None:
             "http(s) URL.")
 
 
-def check_parameters(*, train_source: str, validation_source: str, test_source: str,
-                     fraction: float, model_name: str, check_sources: bool = True,
-                     **settings) -> str:
+def check_parameters(*, check_sources: bool = True, **params) -> str:
     """Validate every pipeline parameter before any heavy work; return the model family.
 
-    `settings`: the training parameters (see train_options) and the job settings (see
-    job_config, less run_id), plus `execution_mode`. check_sources: whether the sources must
-    exist here (not when checking a cluster run from outside the cluster).
+    `params`: every parameter of the pipeline (pipelines.params), by name. check_sources:
+    whether the sources must exist here (not when checking a cluster run from outside the
+    cluster).
     Raises:
         InvalidParameterError: a value out of range or not one of the choices (the message names
             the parameter and the valid values). InvalidDatasetError: a source that is not there.
     """
     from trainer.model.arch import family_of
 
-    family = family_of(model_name)
-    for name, source in (("train_source", train_source), ("validation_source", validation_source),
-                         ("test_source", test_source)):
-        _check_source(name, source, required=name == "train_source", exists=check_sources)
-    if not validation_source and not 0 < fraction < 1:
-        raise InvalidParameterError(f"fraction = {fraction} is out of range: it must be "
-                                    "0 < fraction < 1 (the share of each class kept for "
-                                    "training when no validation_source is given, e.g. 0.9).")
-    settings = dict(settings)
-    mode = resolve_mode(settings.pop("execution_mode", "auto"))
-    option_names = ("epochs", "batch_size", "warmup_epochs", "learning_rate", "random_seed",
-                    "patience", "print_frequency", "image_size", "augment")
-    options = train_options(**{k: settings.pop(k) for k in option_names})
-    cfg = TrainConfig(model="model", train="train", val="val", out="out", **options).validate()
-    pvc_name = settings.pop("pvc_name")
+    family = family_of(params["model_name"])
+    for name in ("train_source", "validation_source", "test_source"):
+        _check_source(name, params[name], required=name == "train_source", exists=check_sources)
+    fraction = params["fraction"]
     try:
-        job_config(cfg, run_id="check", pvc_name=pvc_name if mode == "cluster" else None,
-                   **settings)
-    except InvalidJobError as e:
-        # The job builder names its command-line flags; name the pipeline's parameters instead.
-        text = re.sub(r"--([a-z-]+)", lambda m: m.group(1).replace("-", "_"), str(e))
-        raise InvalidParameterError(f"{text} (a PyTorchJob setting of the pipeline)") from e
+        if not params["validation_source"] and not 0 < fraction < 1:
+            raise InvalidParameterError(
+                f"{ref('fraction')} = {fraction} is out of range: it must be 0 < "
+                f"{ref('fraction')} < 1 (the share of each class kept for training when no "
+                f"{ref('validation_source')} is given, e.g. 0.9).")
+        mode = resolve_mode(params["execution_mode"])
+        cfg = TrainConfig(model="model", train="train", val="val", out="out",
+                          **train_options(**params)).validate()
+        job_config(cfg, run_id="check", pvc_name=params["pvc_name"] if mode == "cluster"
+                   else None, **job_settings(**params))
+    except InvalidParameterError as e:  # named as the pipeline's parameters, not the fields
+        raise e.renamed(parameter_name) from e
     return family
 
 

@@ -44,8 +44,8 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
         model_dir, train_dir, val_dir: the untrained model and image directories (local paths).
         out_dir: where the trained model directory goes (the step's Model output path).
         job_yaml: where the rendered PyTorchJob is written (the step's job artifact).
-        options: training options (steps.train_options); settings: the job settings of
-            steps.job_config (image, nodes, ...); run_key: what the job name derives from.
+        options: training options (params.train_options); settings: the job settings
+            (params.job_settings: image, nodes, ...); run_key: what the job name derives from.
         mode: auto, local or cluster (steps.resolve_mode); pvc_name: the data PVC (cluster).
     Returns:
         the trained model's metrics.json (history, best_epoch, final figures).

@@ -52,7 +52,7 @@ def test_convert_model_train_score_end_to_end(tmp_path, tiny_digits):
     (["train", "--model", "/nonexistent", "--train", "t", "--val", "v", "--out", "o"],
      "InvalidModelDirectoryError", "not a model directory"),
     (["train", "--model", "m", "--train", "t", "--val", "v", "--out", "o", "--epochs", "0"],
-     "InvalidParameterError", "1 <= epochs"),
+     "InvalidParameterError", "1 <= --epochs"),
     (["score", "--model", "/nonexistent", "--data", "d", "--out", "o.csv"],
      "InvalidModelDirectoryError", "not a trained model directory"),
 ])

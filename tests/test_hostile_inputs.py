@@ -183,11 +183,11 @@ CASES = {
     "trained model, scoring data of other classes": Case(_scoring_classes_differ,
                                                          InvalidDatasetError, "trained on"),
     "learning rate 0": Case(lambda inp, out, fx: _train(fx, out, lr=0.0), InvalidParameterError,
-                            "0 < lr"),
+                            "0 < --lr"),
     "batch size 0": Case(lambda inp, out, fx: _train(fx, out, batch_size=0),
-                         InvalidParameterError, "1 <= batch-size"),
+                         InvalidParameterError, "1 <= --batch-size"),
     "image size 8": Case(lambda inp, out, fx: _train(fx, out, image_size=8),
-                         InvalidParameterError, "32 <= image-size"),
+                         InvalidParameterError, "32 <= --image-size"),
 }
 
 

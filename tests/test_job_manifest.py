@@ -154,7 +154,7 @@ def test_training_flags_give_back_the_same_training_config():
     (dict(volumes=(Volume("data", "/d"), Volume("more", "/d/"))), "used once"),
     (dict(volumes=(Volume("Bad_Claim", "/d"),)), "DNS-1123 subdomain"),
     (dict(node_selector=(("gpu", "a b"),)), "label value"),
-    (dict(restart_policy="Sometimes"), "--restart-policy 'Sometimes'"),
+    (dict(restart_policy="Sometimes"), "--restart-policy = 'Sometimes' is not valid; choose"),
 ])
 def test_render_refuses_what_the_cluster_would(kwargs, message):
     with pytest.raises(InvalidJobError, match=message):
@@ -163,8 +163,8 @@ def test_render_refuses_what_the_cluster_would(kwargs, message):
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(nodes=0), "nodes = 0 is out of range"),
-    (dict(run_as_user=0), "run-as-user = 0"),
-    (dict(backoff_limit=-1), "backoff-limit = -1"),
+    (dict(run_as_user=0), "--run-as-user = 0"),
+    (dict(backoff_limit=-1), "--backoff-limit = -1"),
 ])
 def test_render_refuses_out_of_range_numbers(kwargs, message):
     with pytest.raises(InvalidParameterError, match=message):

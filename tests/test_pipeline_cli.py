@@ -74,8 +74,9 @@ def test_submit_compiles_and_starts_a_run_with_the_given_parameters(fake_kfp, ca
 
 @pytest.mark.parametrize("flags, message", [
     (["--model-name", "vgg16"], "choose one of: resnet18"),
-    (["--gpus-per-node", "1", "--procs-per-node", "2"], "procs_per_node 2 is more than"),
-    (["--pvc-name", "Data_PVC"], "not a DNS-1123 subdomain"),
+    (["--gpus-per-node", "1", "--procs-per-node", "2"], "--procs-per-node 2 is more than"),
+    (["--pvc-name", "Data_PVC"], "--pvc-name claim 'Data_PVC' is not a DNS-1123 subdomain"),
+    (["--learning-rate", "0"], "0 < --learning-rate <= 10"),  # its flag here, not --lr
 ])
 def test_submit_refuses_bad_parameters_before_contacting_the_endpoint(fake_kfp, capsys, flags,
                                                                       message):

@@ -13,6 +13,7 @@ import yaml
 
 from pipelines import steps, train_step
 from pipelines.jobs.errors import KubernetesError
+from pipelines.params import job_options, train_options
 from pipelines.pipeline import parameter_defaults
 from pipelines.report import curves_html, evaluation_html
 from trainer.errors import InvalidDatasetError, InvalidParameterError
@@ -20,10 +21,8 @@ from trainer.errors import InvalidDatasetError, InvalidParameterError
 
 def params(source, **over) -> dict:
     """Every check_parameters argument: the pipeline's defaults, a real source, `over`."""
-    p = {**parameter_defaults(), "train_source": str(source), "execution_mode": "local", **over}
-    for key in ("pretrained", "zero_init_residual", "memory_efficient"):
-        p.pop(key)
-    return p
+    return {**parameter_defaults(), "train_source": str(source), "execution_mode": "local",
+            **over}
 
 
 def test_check_parameters_returns_the_model_family(tiny_digits):
@@ -36,22 +35,34 @@ def test_check_parameters_returns_the_model_family(tiny_digits):
 @pytest.mark.parametrize("over, message", [
     ({"model_name": "resnet19"}, "choose one of: resnet18, resnet34"),
     ({"epochs": 0}, "1 <= epochs"),
-    ({"learning_rate": -1.0}, "0 < lr"),
-    ({"warmup_epochs": 9}, "warmup-epochs = 9"),
-    ({"augment": "heavy"}, "choose one of: standard, light, none"),
+    ({"learning_rate": -1.0}, "learning_rate = -1.0 is out of range: it must be 0 < "
+                              "learning_rate <= 10"),
+    ({"warmup_epochs": 9}, "warmup_epochs = 9 is out of range: it must be 0 <= warmup_epochs "
+                           "<= 5 (5: epochs)"),
+    ({"print_frequency": 0}, "1 <= print_frequency"),
+    ({"augment": "heavy"}, "augment = 'heavy' is not valid; choose one of: standard, light, none"),
     ({"fraction": 1.0}, "0 < fraction < 1"),
-    ({"execution_mode": "cloud"}, "choose one of: auto, local, cluster"),
+    ({"execution_mode": "cloud"}, "execution_mode = 'cloud' is not valid; choose one of: auto, "
+                                  "local, cluster"),
     ({"gpus_per_node": 2, "procs_per_node": 4}, "procs_per_node 4 is more than gpus_per_node 2"),
-    ({"node_selector": "gpu"}, "is not KEY=VALUE"),
+    ({"node_selector": "gpu"}, "node_selector item 'gpu' is not KEY=VALUE"),
     ({"tolerations": "nvidia.com/gpu:Sometimes"}, "is not one of NoSchedule"),
-    ({"cpu_per_node": "lots"}, "is not a Kubernetes quantity"),
+    ({"cpu_per_node": "lots"}, "cpu_per_node 'lots' is not a Kubernetes quantity"),
+    ({"shm_size": "big"}, "shm_size 'big' is not a Kubernetes quantity"),
+    ({"timeout_seconds": -5}, "timeout_seconds = -5 is out of range"),
     ({"nodes": 0}, "1 <= nodes"),
-    ({"image": "has space"}, "is not an image reference"),
-    ({"execution_mode": "cluster", "pvc_name": "Bad_Name"}, "is not a DNS-1123 subdomain"),
+    ({"image": "has space"}, "image 'has space' is not an image reference"),
+    ({"execution_mode": "cluster", "pvc_name": "Bad_Name"},
+     "pvc_name claim 'Bad_Name' is not a DNS-1123 subdomain"),
 ])
-def test_bad_parameters_are_refused_with_what_to_do(tiny_digits, over, message):
-    with pytest.raises(InvalidParameterError, match=message.replace("(", r"\(")):
-        steps.check_parameters(**params(tiny_digits["raw"] / "train", **over))
+def test_bad_parameters_are_refused_naming_the_parameter(tiny_digits, capsys, over, message):
+    """The check step's log names the pipeline's parameters, never the trainer's fields or
+    flags (learning_rate, not lr or --lr)."""
+    with pytest.raises(SystemExit) as e:
+        steps.run(steps.check_parameters, **params(tiny_digits["raw"] / "train", **over))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and message in err, err
+    assert "--" not in err
 
 
 def test_fraction_does_not_matter_with_a_validation_source(tiny_digits):
@@ -70,22 +81,25 @@ def test_a_missing_source_is_refused_before_anything_runs(tiny_digits, tmp_path,
 
 
 def test_an_empty_train_source_is_refused():
-    with pytest.raises(InvalidParameterError, match="train_source is empty"):
+    with pytest.raises(InvalidParameterError) as e:
         steps.check_parameters(**params(""))
+    assert e.value.named(str).startswith("train_source is empty")
+    assert str(e.value).startswith("--train-source is empty")  # kfvision pipeline's flag
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("", ()), ("gpu=a100", (("gpu", "a100"),)),
-    (" a=1 , b/c=x ,", (("a", "1"), ("b/c", "x"))),
+@pytest.mark.parametrize("settings, expected", [
+    ({"node_selector": ""}, {"node_selector": ()}),
+    ({"node_selector": " a=1 , b/c=x ,"}, {"node_selector": (("a", "1"), ("b/c", "x"))}),
+    ({"tolerations": "nvidia.com/gpu:NoSchedule, pool=gpu:NoExecute"},
+     {"tolerations": (("nvidia.com/gpu", None, "NoSchedule"), ("pool", "gpu", "NoExecute"))}),
+    ({"procs_per_node": 0, "cpu_per_node": "", "timeout_seconds": 0},
+     {"procs_per_node": None, "cpu": None, "active_deadline": None}),  # KFP has no None
+    ({"procs_per_node": 2, "memory_per_node": "8Gi", "timeout_seconds": 60},
+     {"procs_per_node": 2, "memory": "8Gi", "active_deadline": 60}),
 ])
-def test_parse_node_selector(text, expected):
-    assert steps.parse_node_selector(text) == expected
-
-
-def test_parse_tolerations():
-    got = steps.parse_tolerations("nvidia.com/gpu:NoSchedule, pool=gpu:NoExecute")
-    assert [(t.key, t.value, t.effect) for t in got] == [
-        ("nvidia.com/gpu", None, "NoSchedule"), ("pool", "gpu", "NoExecute")]
+def test_job_parameters_become_job_options(settings, expected):
+    got = job_options(**_job_settings(**settings))
+    assert {k: got[k] for k in expected} == expected
 
 
 @pytest.mark.parametrize("mode, env, expected", [
@@ -219,7 +233,7 @@ def test_the_cluster_path_stages_submits_and_copies_the_model_back(tmp_path, mon
     settings = _job_settings(gpus_per_node=2, node_selector="pool=gpu")
     summary = train_step.train_step(
         resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "trained",
-        tmp_path / "job.yaml", options=steps.train_options(
+        tmp_path / "job.yaml", options=train_options(
             epochs=2, batch_size=8, warmup_epochs=0, learning_rate=0.01, random_seed=1,
             patience=3, print_frequency=10, image_size=32, augment="none"),
         settings=settings, run_key="run-1/train", mode="cluster", pvc_name="data")
@@ -244,7 +258,7 @@ def test_the_cluster_path_needs_the_data_pvc(tmp_path, monkeypatch, tiny_digits,
     with pytest.raises(KfvisionError, match="is not mounted in this step.*pvc_name"):
         train_step.train_step(resnet18_dir, tiny_digits["train"], tiny_digits["val"],
                               tmp_path / "o", tmp_path / "job.yaml",
-                              options=steps.train_options(
+                              options=train_options(
                                   epochs=1, batch_size=8, warmup_epochs=0, learning_rate=0.01,
                                   random_seed=1, patience=3, print_frequency=10, image_size=32,
                                   augment="none"),

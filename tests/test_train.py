@@ -54,20 +54,21 @@ def test_defaults_are_the_azure_modules():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("epochs", 0, "1 <= epochs"),
-    ("batch_size", 0, "1 <= batch-size"),
-    ("lr", 0.0, "0 < lr <= 10"),
-    ("lr", 11.0, "0 < lr <= 10"),
-    ("warmup_epochs", 9, "warmup-epochs <= 5"),
-    ("patience", 0, "1 <= patience"),
-    ("momentum", 1.5, "momentum <= 0.999"),
-    ("image_size", 8, "32 <= image-size"),
-    ("augment", "heavy", "standard, light, none"),
+    ("epochs", 0, "--epochs = 0 is out of range: it must be 1 <= --epochs <= 100000."),
+    ("batch_size", 0, "1 <= --batch-size"),
+    ("lr", 0.0, "0 < --lr <= 10"),
+    ("lr", 11.0, "0 < --lr <= 10"),
+    ("warmup_epochs", 9, "0 <= --warmup-epochs <= 5 (5: --epochs)."),
+    ("patience", 0, "1 <= --patience"),
+    ("momentum", 1.5, "--momentum <= 0.999"),
+    ("image_size", 8, "32 <= --image-size"),
+    ("augment", "heavy", "--augment = 'heavy' is not valid; choose one of: standard, light, none"),
     ("device", "tpu", "auto, cpu, cuda"),
 ])
 def test_out_of_range_parameters_name_the_valid_range(field, value, message):
-    with pytest.raises(InvalidParameterError, match=message.replace("(", r"\(")):
+    with pytest.raises(InvalidParameterError) as e:
         TrainConfig("m", "t", "v", "o", **{field: value}).validate()
+    assert message in str(e.value) and e.value.field == field
 
 
 def test_yaml_config_is_read_and_flags_win(tmp_path, resnet18_dir, tiny_digits):

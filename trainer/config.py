@@ -1,113 +1,97 @@
 """Training configuration: one dataclass, built once from flags (and optionally a YAML file).
 
-Defaults are those of Azure ML designer's Train PyTorch Model (epochs 5, batch size 16, warmup 0,
-learning rate 0.001, seed 1, patience 3, print frequency 10).
+The options' defaults are those of Azure ML designer's Train PyTorch Model; the options are
+declared once, as TrainConfig's fields (see trainer/options.py).
 """
 
 import argparse
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from trainer.errors import InvalidParameterError, check_choice, check_range
+from trainer.errors import InvalidParameterError, ref
+from trainer.options import HelpFormatter, add_flags, check_options, option, options_of
 from trainer.presets import AUGMENTATIONS
+
+ON_OFF = ("on", "off")
+AUTO_ON_OFF = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """The training run's configuration: the four paths, then the options (each declared once
+    here: flags, checks and the pipeline's parameters come from these fields)."""
+
     model: str
     train: str
     val: str
     out: str
-    epochs: int = 5
-    batch_size: int = 16
-    warmup_epochs: int = 0
-    lr: float = 0.001
-    seed: int = 1
-    patience: int = 3
-    print_freq: int = 10
-    image_size: int = 224
-    augment: str = "standard"
-    workers: int = -1
-    device: str = "auto"
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    lr_decay_power: float = 1.0
-    cache: str = "auto"
-    channels_last: str = "auto"
-    amp: str = "auto"
-    compile: str = "off"
-    gpu_decode: str = "auto"
-    conv_gemm: str = "auto"
-    dct_scaling: str = "on"
+    epochs: int = option(5, "number of passes over the training data", low=1, high=100_000,
+                         pipeline=True)
+    batch_size: int = option(16, "images per process per step; the global batch is this x "
+                             "world size", low=1, high=65_536, pipeline=True)
+    warmup_epochs: int = option(0, "epochs of linear learning-rate warm-up before polynomial "
+                                "decay", low=0, high="epochs", pipeline=True)
+    lr: float = option(0.001, "base learning rate of SGD; multiplied by the world size (number "
+                       "of processes)", low=0, high=10, low_open=True, pipeline="learning_rate")
+    seed: int = option(1, "random seed; same seed + same world size gives the same model on CPU "
+                       "(the pipeline's split uses it too)", low=0, high=2**63 - 1,
+                       pipeline="random_seed")
+    patience: int = option(3, "stop after this many epochs without a decrease of the validation "
+                           "loss", low=1, high=100_000, pipeline=True)
+    print_freq: int = option(10, "print training metrics every this many steps", low=1,
+                             high=1_000_000, pipeline="print_frequency")
+    image_size: int = option(224, "side of the square training crop in pixels", low=32,
+                             high=2048, pipeline=True)
+    augment: str = option("standard", f"training augmentation preset, one of "
+                          f"{', '.join(AUGMENTATIONS)}: standard = random resized crop + "
+                          "horizontal flip (ImageNet recipe), light = mild crops, no flip "
+                          "(digits, text), none = resize only", choices=AUGMENTATIONS,
+                          pipeline=True)
+    workers: int = option(-1, "DataLoader worker processes per training process (-1: pick from "
+                          "the cores)", low=-1, high=128)
+    device: str = option("auto", "auto (CUDA when available), cpu or cuda",
+                         choices=("auto", "cpu", "cuda"))
+    momentum: float = option(0.9, "SGD momentum", low=0, high=0.999)
+    weight_decay: float = option(1e-4, "SGD weight decay (L2)", low=0, high=1)
+    lr_decay_power: float = option(1.0, "power of the polynomial decay of the learning rate to "
+                                   "0 at the last epoch", low=0, high=10)
+    cache: str = option("auto", "keep decoded images in memory: on, off, or auto (when they fit "
+                        "in a quarter of the free memory)", choices=AUTO_ON_OFF)
+    channels_last: str = option("auto", "NHWC memory layout: on, off, or auto (on for CUDA and "
+                                "for bf16 on CPU)", choices=AUTO_ON_OFF)
+    amp: str = option("auto", "mixed precision: bf16 autocast, off (fp32), or auto (bf16 where "
+                      "the hardware has native bf16: CUDA, CPUs with AMX)",
+                      choices=("auto", "bf16", "off"))
+    compile: str = option("off", "torch.compile the model: on or off", choices=ON_OFF)
+    gpu_decode: str = option("auto", "decode and augment the training JPEGs in batches on the "
+                             "device, workers only read files: on, off, or auto (on for CUDA "
+                             "when most training images are JPEGs and they are not cached)",
+                             choices=AUTO_ON_OFF)
+    conv_gemm: str = option("auto", "convolutions whose output is a single pixel (e.g. resnet's "
+                            "last stage on 32 px images) run as one matrix multiply, and only "
+                            "the kernel taps that pixel sees are trained (the others only "
+                            "multiply padding): on, off, or auto (on for CPU)",
+                            choices=AUTO_ON_OFF)
+    dct_scaling: str = option("on", "decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT "
+                              "scaling) when what is made of it still only shrinks from there, "
+                              "instead of decoding it whole: a training image's random crop "
+                              "(decoded every epoch on the CPU), a cached training image "
+                              "(every crop the preset can draw) and a validation image's "
+                              "resize: on or off", choices=ON_OFF)
 
     def validate(self) -> "TrainConfig":
-        check_range("epochs", self.epochs, 1, 100_000)
-        check_range("batch-size", self.batch_size, 1, 65_536)
-        check_range("warmup-epochs", self.warmup_epochs, 0, self.epochs)
-        check_range("lr", self.lr, 0, 10, low_open=True)
-        check_range("seed", self.seed, 0, 2**63 - 1)
-        check_range("patience", self.patience, 1, 100_000)
-        check_range("print-freq", self.print_freq, 1, 1_000_000)
-        check_range("image-size", self.image_size, 32, 2048)
-        check_range("workers", self.workers, -1, 128)
-        check_range("momentum", self.momentum, 0, 0.999)
-        check_range("weight-decay", self.weight_decay, 0, 1)
-        check_range("lr-decay-power", self.lr_decay_power, 0, 10)
-        check_choice("augment", self.augment, AUGMENTATIONS)
-        check_choice("device", self.device, ("auto", "cpu", "cuda"))
-        check_choice("cache", self.cache, ("auto", "on", "off"))
-        check_choice("channels-last", self.channels_last, ("auto", "on", "off"))
-        check_choice("amp", self.amp, ("auto", "bf16", "off"))
-        check_choice("compile", self.compile, ("on", "off"))
-        check_choice("gpu-decode", self.gpu_decode, ("auto", "on", "off"))
-        check_choice("conv-gemm", self.conv_gemm, ("auto", "on", "off"))
-        check_choice("dct-scaling", self.dct_scaling, ("on", "off"))
+        """Raise InvalidParameterError for an option out of range, not one of its choices, or
+        excluded by another."""
+        check_options(self)
         if self.gpu_decode == "on" and self.cache == "on":
             raise InvalidParameterError(
-                "--gpu-decode on and --cache on exclude each other: the first decodes the training "
-                "JPEGs on the device every epoch, the second keeps them decoded in memory. Pick "
-                "one (or leave either at auto).")
+                f"{ref('gpu_decode')} on and {ref('cache')} on exclude each other: the first "
+                "decodes the training JPEGs on the device every epoch, the second keeps them "
+                "decoded in memory. Pick one (or leave either at auto).")
         return self
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-_HELP = {
-    "epochs": "number of passes over the training data",
-    "batch_size": "images per process per step; the global batch is this x world size",
-    "warmup_epochs": "epochs of linear learning-rate warm-up before polynomial decay",
-    "lr": "base learning rate of SGD; multiplied by the world size (number of processes)",
-    "seed": "random seed; same seed + same world size gives the same model on CPU",
-    "patience": "stop after this many epochs without a decrease of the validation loss",
-    "print_freq": "print training metrics every this many steps",
-    "image_size": "side of the square training crop in pixels",
-    "augment": f"training augmentation preset, one of {', '.join(AUGMENTATIONS)}: standard = "
-               "random resized crop + horizontal flip (ImageNet recipe), light = mild crops, "
-               "no flip (digits, text), none = resize only",
-    "workers": "DataLoader worker processes per training process (-1: pick from the cores)",
-    "device": "auto (CUDA when available), cpu or cuda",
-    "momentum": "SGD momentum",
-    "weight_decay": "SGD weight decay (L2)",
-    "lr_decay_power": "power of the polynomial decay of the learning rate to 0 at the last epoch",
-    "cache": "keep decoded images in memory: on, off, or auto (when they fit in a quarter of the "
-             "free memory)",
-    "channels_last": "NHWC memory layout: on, off, or auto (on for CUDA and for bf16 on CPU)",
-    "amp": "mixed precision: bf16 autocast, off (fp32), or auto (bf16 where the hardware has "
-           "native bf16: CUDA, CPUs with AMX)",
-    "compile": "torch.compile the model: on or off",
-    "gpu_decode": "decode and augment the training JPEGs in batches on the device, workers only "
-                  "read files: on, off, or auto (on for CUDA when most training images are JPEGs "
-                  "and they are not cached)",
-    "conv_gemm": "convolutions whose output is a single pixel (e.g. resnet's last stage on 32 px "
-                 "images) run as one matrix multiply, and only the kernel taps that pixel sees "
-                 "are trained (the others only multiply padding): on, off, or auto (on for CPU)",
-    "dct_scaling": "decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT scaling) when "
-                   "what is made of it still only shrinks from there, instead of decoding it "
-                   "whole: a training image's random crop (decoded every epoch on the CPU), a "
-                   "cached training image (every crop the preset can draw) and a validation "
-                   "image's resize: on or off",
-}
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -119,12 +103,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     req.add_argument("--out", required=True, help="output: the trained model directory")
     opt = parser.add_argument_group("training options")
     opt.add_argument("--config", help="YAML file of options (flags given here win)")
-    for f in fields(TrainConfig):
-        if f.name in ("model", "train", "val", "out"):
-            continue
-        opt.add_argument("--" + f.name.replace("_", "-"), type=f.type,
-                         default=None, metavar=f.name.upper(),
-                         help=f"{_HELP[f.name]} (default: {f.default})")
+    add_flags(opt, options_of(TrainConfig), defaults=False)  # None: not given, see --config
     return parser
 
 
@@ -132,7 +111,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     """The trainer's parser (`python -m trainer.train`); torch-free, for the command line."""
     parser = argparse.ArgumentParser(
         description="Train a ResNet/DenseNet image classifier with PyTorch DDP.",
-        add_help=add_help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add_help=add_help, formatter_class=HelpFormatter)
     return add_train_arguments(parser)
 
 
@@ -170,6 +149,5 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 values[f.name] = f.type(values[f.name])
             except (TypeError, ValueError) as e:
                 raise InvalidParameterError(
-                    f"{f.name.replace('_', '-')} = {values[f.name]!r} is not a {f.type.__name__}."
-                ) from e
+                    f"{ref(f.name)} = {values[f.name]!r} is not a {f.type.__name__}.") from e
     return TrainConfig(**values).validate()

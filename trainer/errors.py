@@ -13,8 +13,59 @@ class KfvisionError(Exception):
     exit_code = 2
 
 
+# Marks an option's field name in a message (ASCII unit and record separators: nothing a user
+# types), and the flag after it where that is not the field's kebab-case.
+_REF, _FLAG = "\x1f", "\x1e"
+
+
+def ref(field: str, flag: str | None = None) -> str:
+    """Option `field` (a config field, e.g. "warmup_epochs") as an InvalidParameterError message
+    names it: each front end writes it its own way (the command line `--warmup-epochs`, or
+    `flag` where given; the pipeline `warmup_epochs`), so a message is written once for all."""
+    return f"{_REF}{field}{_FLAG + flag if flag else ''}{_REF}"
+
+
+def flag_name(field: str) -> str:
+    """The command-line flag of a field: warmup_epochs -> --warmup-epochs."""
+    return "--" + field.replace("_", "-")
+
+
+def _as_flag(field: str) -> str:
+    name, _, flag = field.partition(_FLAG)
+    return flag or flag_name(name)
+
+
 class InvalidParameterError(KfvisionError, ValueError):
-    """A parameter is out of its valid range or not one of the valid choices."""
+    """A parameter is out of its valid range or not one of the valid choices.
+
+    The message may name options through `ref(field)`; `str()` writes them as flags, `named()`
+    as a front end names them, `renamed()` re-targets them (e.g. onto pipeline parameters).
+    `field`: the first option the message names (None if it names none).
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.template = message
+        self.field = (self._fields() or [None])[0]
+
+    def _fields(self) -> list:
+        return [f.partition(_FLAG)[0] for f in self.template.split(_REF)[1::2]]
+
+    def _render(self, write) -> str:
+        parts = self.template.split(_REF)
+        parts[1::2] = [write(f) for f in parts[1::2]]
+        return "".join(parts)
+
+    def named(self, name_of) -> str:
+        """The message with each option written as `name_of(field)`."""
+        return self._render(lambda f: name_of(f.partition(_FLAG)[0]))
+
+    def renamed(self, rename) -> "InvalidParameterError":
+        """The same error (same class) naming `rename(field)` wherever it named `field`."""
+        return type(self)(self.named(lambda f: ref(rename(f))))
+
+    def __str__(self) -> str:
+        return self._render(_as_flag)
 
 
 class InvalidDatasetError(KfvisionError):
@@ -40,7 +91,9 @@ class DeviceError(KfvisionError):
 
 
 def check_range(name, value, low=None, high=None, *, low_open=False):
-    """Raise InvalidParameterError unless low <= value <= high (or low < value if low_open)."""
+    """Raise InvalidParameterError unless low <= value <= high (or low < value if low_open).
+
+    `name`: how the message names the parameter (`ref(field)` for an option)."""
     too_low = low is not None and (value <= low if low_open else value < low)
     too_high = high is not None and value > high
     if too_low or too_high:

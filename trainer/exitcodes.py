@@ -72,10 +72,11 @@ def describe(code: int) -> str:
                 code, "retried" if is_retryable(code) else "permanent")
 
 
-def error_line(exc: BaseException) -> str:
-    """The line a command prints when it stops on `exc`: `error: <ErrorName>: <message>`. The
-    name is what users search a log for and what docs/faults.md lists."""
-    return f"error: {type(exc).__name__}: {exc}"
+def error_line(exc: BaseException, text: str | None = None) -> str:
+    """The line a command prints when it stops on `exc`: `error: <ErrorName>: <message>` (`text`:
+    the message as this front end words it; str(exc) by default). The name is what users search
+    a log for and what docs/faults.md lists."""
+    return f"error: {type(exc).__name__}: {exc if text is None else text}"
 
 
 def for_exception(exc: BaseException) -> int | None:

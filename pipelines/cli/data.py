@@ -1,6 +1,6 @@
 """`kfvision convert | pack | split`: making and preparing image directories."""
 
-import argparse
+from trainer.options import HelpFormatter
 
 
 def _convert(args) -> int:
@@ -70,7 +70,7 @@ def register(sub) -> None:
     pk.set_defaults(func=_pack)
 
     sp = sub.add_parser("split", help="split an image directory in two, stratified by class",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                        formatter_class=HelpFormatter)
     sp.add_argument("src", help="input image directory")
     sp.add_argument("train_out", help="first output (FRACTION of each class)")
     sp.add_argument("val_out", help="second output (the rest)")

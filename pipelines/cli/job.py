@@ -9,8 +9,8 @@ from pathlib import Path
 
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
-from pipelines.jobs.manifest import JobConfig, Toleration, Volume, build_pytorchjob, to_yaml
-from pipelines.jobs.rules import RESTART_POLICIES
+from pipelines.jobs.manifest import JobConfig, build_pytorchjob, to_yaml
+from trainer.options import HelpFormatter, add_flags, options_of
 
 EPILOG = """\
 the same job, three ways:
@@ -23,41 +23,16 @@ See docs/jobs.md (and manifests/rbac.yaml for the service account's permissions)
 """
 
 
-def _key_value(text: str) -> tuple:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key, value
-
-
-def _toleration(text: str) -> Toleration:
-    keyvalue, sep, effect = text.rpartition(":")
-    if not sep or not keyvalue:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY[=VALUE]:EFFECT "
-                                         "(e.g. nvidia.com/gpu:NoSchedule)")
-    key, has_value, value = keyvalue.partition("=")
-    return Toleration(key, value if has_value else None, effect)
-
-
-def _volume(text: str) -> Volume:
-    claim, sep, mount = text.partition(":")
-    if not sep or not claim or not mount:
-        raise argparse.ArgumentTypeError(f"{text!r} is not CLAIM:MOUNT (e.g. data:/mnt/data)")
-    return Volume(claim, mount)
+JOB_OPTIONS = options_of(JobConfig)
 
 
 def job_config(args) -> JobConfig:
     """The JobConfig of `kfvision job render`'s arguments (training flags validated)."""
     from trainer.config import config_from_args
 
-    return JobConfig(
-        name=args.name, image=args.image, train=config_from_args(args),
-        namespace=args.namespace, nodes=args.nodes, procs_per_node=args.procs_per_node,
-        gpus_per_node=args.gpus_per_node, node_selector=tuple(args.node_selector),
-        tolerations=tuple(args.toleration), cpu=args.cpu, memory=args.memory,
-        restart_policy=args.restart_policy, backoff_limit=args.backoff_limit,
-        active_deadline=args.active_deadline, ttl=args.ttl, volumes=tuple(args.pvc),
-        shm_size=args.shm_size, run_as_user=args.run_as_user)
+    given = {o.name: getattr(args, o.name) for o in JOB_OPTIONS}
+    given.update({o.name: tuple(given[o.name]) for o in JOB_OPTIONS if o.many})
+    return JobConfig(train=config_from_args(args), **given)
 
 
 def render_argv(cfg: JobConfig) -> list:
@@ -65,22 +40,14 @@ def render_argv(cfg: JobConfig) -> list:
     from pipelines.jobs.manifest import train_flags
 
     argv = ["--name", cfg.name, "--image", cfg.image]
-    defaults = JobConfig(name="", image="", train=cfg.train)
-    for flag, attr in (("--namespace", "namespace"), ("--nodes", "nodes"),
-                       ("--procs-per-node", "procs_per_node"),
-                       ("--gpus-per-node", "gpus_per_node"), ("--cpu", "cpu"),
-                       ("--memory", "memory"), ("--shm-size", "shm_size"),
-                       ("--restart-policy", "restart_policy"),
-                       ("--backoff-limit", "backoff_limit"),
-                       ("--active-deadline", "active_deadline"), ("--ttl", "ttl"),
-                       ("--run-as-user", "run_as_user")):
-        value = getattr(cfg, attr)
-        if value != getattr(defaults, attr):
-            argv += [flag, str(value)]
-    argv += [a for k, v in cfg.node_selector for a in ("--node-selector", f"{k}={v}")]
-    argv += [a for t in cfg.tolerations for a in (
-        "--toleration", f"{t.key}{'' if t.value is None else '=' + t.value}:{t.effect}")]
-    argv += [a for v in cfg.volumes for a in ("--pvc", f"{v.claim}:{v.mount}")]
+    for opt in JOB_OPTIONS:
+        value = getattr(cfg, opt.name)
+        if not (opt.required or opt.many) and value != opt.default:
+            argv += [opt.flag_name, str(value)]
+    for opt in JOB_OPTIONS:
+        if opt.many:
+            argv += [a for item in getattr(cfg, opt.name) for a in (opt.flag_name,
+                                                                    opt.show(item))]
     return argv + train_flags(cfg.train)
 
 
@@ -113,35 +80,9 @@ def _add_render(sub) -> None:
         description="Write a kubeflow.org/v1 PyTorchJob: Master (+ Workers when --nodes > 1), "
         "each running `torchrun -m trainer.train` with the training flags below. Paths are as "
         "the pods see them (e.g. under a --pvc mount).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     g = r.add_argument_group("job")
-    g.add_argument("--name", required=True, help="job name (DNS-1035: a-z, 0-9, '-')")
-    g.add_argument("--image", required=True, help="trainer image the pods run")
-    g.add_argument("--namespace", help="namespace (default: the one kubectl/submit uses)")
-    g.add_argument("--nodes", type=int, default=1, help="pods: 1 Master + (N-1) Workers")
-    g.add_argument("--procs-per-node", type=int, help="training processes per pod "
-                   "(default: --gpus-per-node, or 1 without GPUs)")
-    g.add_argument("--gpus-per-node", type=int, default=0, help="nvidia.com/gpu per pod")
-    g.add_argument("--node-selector", type=_key_value, action="append", default=[],
-                   metavar="KEY=VALUE", help="node label the pods require (repeatable)")
-    g.add_argument("--toleration", type=_toleration, action="append", default=[],
-                   metavar="KEY[=VALUE]:EFFECT", help="taint the pods tolerate (repeatable; "
-                   "nvidia.com/gpu:NoSchedule is added when GPUs are asked for)")
-    g.add_argument("--cpu", help="CPU request per pod (e.g. 8, 500m)")
-    g.add_argument("--memory", help="memory request per pod (e.g. 32Gi)")
-    g.add_argument("--shm-size", help="size limit of the memory-backed /dev/shm (e.g. 8Gi)")
-    g.add_argument("--restart-policy", choices=RESTART_POLICIES, default="ExitCode",
-                   help="what a failed pod gets: ExitCode retries only exit codes 128-255 "
-                   "(killed, evicted), not kfvision's own errors")
-    g.add_argument("--backoff-limit", type=int, default=3, help="restarts before the job fails")
-    g.add_argument("--active-deadline", type=int, metavar="SECONDS",
-                   help="fail the job after this long")
-    g.add_argument("--ttl", type=int, metavar="SECONDS",
-                   help="delete the finished job after this long")
-    g.add_argument("--pvc", type=_volume, action="append", default=[], metavar="CLAIM:MOUNT",
-                   help="PersistentVolumeClaim to mount in every pod (repeatable)")
-    g.add_argument("--run-as-user", type=int, default=1000, help="non-root uid (and gid) of "
-                   "the pods")
+    add_flags(g, JOB_OPTIONS)
     g.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
     r.set_defaults(func=_render)
 
@@ -248,7 +189,7 @@ def register(subparsers, help: str) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
     _add_render(sub)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     r = sub.add_parser("run-local", formatter_class=fmt,
                        help="run a PyTorchJob YAML on this machine, as the operator would")
     r.add_argument("manifest", help="PyTorchJob YAML ('-': standard input)")

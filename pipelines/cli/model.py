@@ -1,7 +1,6 @@
 """`kfvision model resnet|densenet`: untrained model directories."""
 
-import argparse
-
+from trainer.options import HelpFormatter
 from trainer.presets import ARCHITECTURES
 
 
@@ -24,7 +23,7 @@ def register(sub) -> None:
     msub = m.add_subparsers(dest="family", required=True, metavar="FAMILY")
     for family, names in ARCHITECTURES.items():  # torch-free names: cheap for every command
         f = msub.add_parser(family, help=f"{family}: {', '.join(names)}",
-                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                            formatter_class=HelpFormatter)
         f.add_argument("out", help="output model directory")
         f.add_argument("--name", default=names[0], choices=names, help="architecture")
         w = f.add_mutually_exclusive_group()

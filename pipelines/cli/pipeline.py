@@ -7,8 +7,9 @@ arguments as the KFP UI's run form and `kfp run create ... key=value`.
 """
 
 import argparse
-import inspect
 from pathlib import Path
+
+from trainer.options import HelpFormatter, add_flags
 
 EPILOG = """\
 examples:
@@ -20,59 +21,16 @@ examples:
 See docs/pipeline.md.
 """
 
-PARAM_HELP = {
-    "train_source": "labelled images: a folder or archive (.zip/.tar[.gz|.bz2]) of class folders,"
-                    " or an http(s) URL of one; on a cluster a path on the data PVC",
-    "validation_source": "labelled validation images (empty: split the training images)",
-    "test_source": "images to score and evaluate (empty: the validation images)",
-    "fraction": "share of each class kept for training when splitting",
-    "model_name": "torchvision architecture: resnet18 ... resnet152, resnext*, wide_resnet*, "
-                  "densenet121/161/169/201",
-    "pretrained": "start from torchvision's ImageNet weights (downloaded: needs network)",
-    "zero_init_residual": "ResNet: zero-init the last BN of each residual block",
-    "memory_efficient": "DenseNet: gradient checkpointing (less memory, slower)",
-    "epochs": "passes over the training data",
-    "batch_size": "images per process per step",
-    "warmup_epochs": "epochs of linear learning-rate warm-up",
-    "learning_rate": "base SGD learning rate (multiplied by the number of processes)",
-    "random_seed": "seed of the split and of training",
-    "patience": "stop after this many epochs without a lower validation loss",
-    "print_frequency": "log training metrics every this many steps",
-    "image_size": "side of the square training crop in pixels",
-    "augment": "training augmentation: standard, light or none",
-    "nodes": "PyTorchJob pods: 1 Master + (N-1) Workers",
-    "procs_per_node": "training processes per pod (0: one per GPU, or 1)",
-    "gpus_per_node": "nvidia.com/gpu per pod",
-    "node_selector": "node labels the training pods require: k=v,k2=v2",
-    "tolerations": "taints the training pods tolerate: key[=value]:Effect,...",
-    "cpu_per_node": "CPU request per training pod (e.g. 8)",
-    "memory_per_node": "memory request per training pod (e.g. 32Gi)",
-    "shm_size": "size limit of the training pods' memory-backed /dev/shm (e.g. 8Gi)",
-    "timeout_seconds": "fail the training job after this long (0: no limit)",
-    "image": "container image of every step and of the PyTorchJob",
-    "pvc_name": "ReadWriteMany PVC shared by the steps and the PyTorchJob (cluster runs)",
-    "execution_mode": "where training runs: auto (cluster inside Kubernetes), local or cluster",
-}
 
+def add_parameter_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per pipeline parameter (pipelines.params), with the pipeline's default."""
+    from pipelines.params import pipeline_options
+    from pipelines.pipeline import parameter_defaults
 
-def add_parameter_flags(parser: argparse.ArgumentParser, required_source: bool = True) -> None:
-    """One flag per pipeline parameter, with the pipeline's default and type."""
-    from pipelines.pipeline import image_classification, parameter_defaults
-
-    sig = inspect.signature(image_classification.pipeline_func)
-    g = parser.add_argument_group("pipeline parameters")
-    for name, default in parameter_defaults().items():
-        kind = sig.parameters[name].annotation
-        flag = "--" + name.replace("_", "-")
-        if kind is bool:
-            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
-                           help=PARAM_HELP[name])
-        elif default is None:
-            g.add_argument(flag, type=kind, required=required_source, metavar=name.upper(),
-                           help=PARAM_HELP[name])
-        else:
-            g.add_argument(flag, type=kind, default=default, metavar=name.upper(),
-                           help=f"{PARAM_HELP[name]} (default: {default!r})")
+    options = pipeline_options()
+    defaults = parameter_defaults()
+    add_flags(parser.add_argument_group("pipeline parameters"),
+              [options[name] for name in defaults], pipeline=defaults)
 
 
 def pipeline_arguments(args) -> dict:
@@ -101,8 +59,6 @@ def validate_for_cluster(arguments: dict) -> None:
     params = {**parameter_defaults(), **arguments}
     if params["execution_mode"] == "auto":
         params["execution_mode"] = "cluster"  # what auto resolves to inside the cluster's pods
-    for key in ("pretrained", "zero_init_residual", "memory_efficient"):
-        params.pop(key)
     check_parameters(**params, check_sources=False)
 
 
@@ -175,7 +131,7 @@ def register_demo(subparsers) -> None:
     """Add `kfvision demo` (cheap: the pipeline is imported when it runs)."""
     d = subparsers.add_parser("demo", help="the whole KFP pipeline, run locally, on "
                               "scikit-learn's digits",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=HelpFormatter)
     d.add_argument("--out", default="build/demo", help="working folder (replaced)")
     d.add_argument("--epochs", type=int, default=15, help="training epochs")
     d.set_defaults(func=_demo)
@@ -183,20 +139,23 @@ def register_demo(subparsers) -> None:
 
 def register(subparsers, help: str) -> None:
     """Add `kfvision pipeline ...` to the `kfvision` command line's subparsers."""
+    from pipelines.components import DEFAULT_IMAGE
+
     p = subparsers.add_parser(
         "pipeline", help=help,
         description="The image-classification KFP v2 pipeline: convert -> split -> model -> "
         "train (PyTorchJob) -> score -> evaluate.", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     c = sub.add_parser("compile", formatter_class=fmt,
                        help="write the pipeline's IR YAML (for the KFP UI or kfp run create)")
     c.add_argument("-o", "--output", default="pipeline.yaml", help="YAML file to write")
     c.add_argument("--image", help="default of the pipeline's image parameter (default: "
-                   "registry.example.com/kfvision-trainer:0.1.0)")
+                   f"{DEFAULT_IMAGE})")
     c.set_defaults(func=_compile)
-    s = sub.add_parser("submit", help="compile and start a run on a KFP endpoint (kfp.Client)")
+    s = sub.add_parser("submit", formatter_class=fmt,
+                       help="compile and start a run on a KFP endpoint (kfp.Client)")
     s.add_argument("--endpoint", required=True, help="KFP API endpoint, e.g. "
                    "http://localhost:8080 (kubectl port-forward svc/ml-pipeline-ui)")
     s.add_argument("--experiment", default="kfvision", help="experiment (created if missing)")
@@ -213,8 +172,8 @@ def register(subparsers, help: str) -> None:
                    "endpoint's TLS certificate")
     add_parameter_flags(s)
     s.set_defaults(func=_submit)
-    r = sub.add_parser("run-local", help="run the whole pipeline on this machine (KFP's local "
-                       "runner; training as local processes)")
+    r = sub.add_parser("run-local", formatter_class=fmt, help="run the whole pipeline on this "
+                       "machine (KFP's local runner; training as local processes)")
     r.add_argument("--out", default="build/pipeline", help="folder for every step's outputs")
     add_parameter_flags(r)
     r.set_defaults(func=_run_local)

@@ -1,9 +1,10 @@
 """`kfvision train`: the trainer core's flags, in one process or several (torchrun)."""
 
-import argparse
 import os
 import subprocess
 import sys
+
+from trainer.options import HelpFormatter
 
 HELP = "train a model (one process, or N with --nproc-per-node)"
 NPROC_FLAG = "--nproc-per-node"
@@ -48,7 +49,7 @@ def register(sub, argv: list) -> None:
     t = sub.add_parser("train", parents=[get_args_parser(add_help=False)], help=HELP,
                        description="Train with DDP. Same flags as `python -m trainer.train` "
                        "(the torchrun entrypoint).",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter)
     t.add_argument(NPROC_FLAG, type=int, default=1,
                    help="processes on this machine (starts torchrun --standalone when > 1)")
     t.set_defaults(func=_train, argv=argv)

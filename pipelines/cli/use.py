@@ -1,6 +1,6 @@
 """`kfvision score | evaluate | export`: using a trained model."""
 
-import argparse
+from trainer.options import HelpFormatter
 
 
 def _score(args) -> int:
@@ -67,7 +67,7 @@ def _export(args) -> int:
 def register(sub) -> None:
     """Add score, evaluate and export to the `kfvision` subparsers."""
     s = sub.add_parser("score", help="score an image directory with a trained model -> CSV",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter)
     s.add_argument("--model", required=True, help="trained model directory")
     s.add_argument("--data", required=True, help="image directory (labelled or not)")
     s.add_argument("--out", required=True, help="output CSV file")
@@ -81,14 +81,14 @@ def register(sub) -> None:
     s.set_defaults(func=_score)
 
     e = sub.add_parser("evaluate", help="metrics, report and confusion matrix of a scored CSV",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter)
     e.add_argument("--scored", required=True, help="CSV written by `kfvision score` (labelled)")
     e.add_argument("--out", required=True,
                    help="folder for metrics.json, report.md and confusion_matrix.png")
     e.set_defaults(func=_evaluate)
 
     x = sub.add_parser("export", help="export a trained model: ONNX, TorchScript, torch.export",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       formatter_class=HelpFormatter)
     x.add_argument("--model", required=True, help="trained model directory")
     x.add_argument("--format", choices=("onnx", "torchscript", "torch-export"), default="onnx",
                    help="artifact type")

@@ -35,7 +35,8 @@ from pipelines.jobs.rules import (
     validate_pytorchjob,
 )
 from trainer.config import TrainConfig
-from trainer.errors import check_range
+from trainer.errors import InvalidParameterError, ref
+from trainer.options import check_options, option, ref_of
 
 PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT from the port with this name
 DEFAULT_PORT = 23456  # the operator's default; written out so the manifest says what it uses
@@ -67,28 +68,78 @@ class Volume(NamedTuple):
     mount: str
 
 
+def parse_key_value(text: str) -> tuple:
+    """A node selector's 'key=value' -> (key, value)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise InvalidJobError(f"{ref_of(JobConfig, 'node_selector')} item {text!r} is not "
+                              "KEY=VALUE; give e.g. cloud.google.com/gke-accelerator=nvidia-l4.")
+    return key, value
+
+
+def parse_toleration(text: str) -> Toleration:
+    """'key[=value]:Effect' -> Toleration."""
+    keyvalue, sep, effect = text.rpartition(":")
+    if not sep or not keyvalue:
+        raise InvalidJobError(f"{ref_of(JobConfig, 'tolerations')} item {text!r} is not "
+                              "KEY[=VALUE]:EFFECT; give e.g. nvidia.com/gpu:NoSchedule.")
+    key, has_value, value = keyvalue.partition("=")
+    return Toleration(key, value if has_value else None, effect)
+
+
+def show_toleration(t: Toleration) -> str:
+    """What parse_toleration reads back."""
+    return f"{t.key}{'' if t.value is None else '=' + t.value}:{t.effect}"
+
+
+def parse_volume(text: str) -> Volume:
+    """'claim:/mount/path' -> Volume."""
+    claim, sep, mount = text.partition(":")
+    if not sep or not claim or not mount:
+        raise InvalidJobError(f"{ref_of(JobConfig, 'volumes')} item {text!r} is not "
+                              "CLAIM:MOUNT; give e.g. data:/mnt/data.")
+    return Volume(claim, mount)
+
+
 @dataclass(frozen=True)
 class JobConfig:
-    """Everything a training PyTorchJob depends on. `procs_per_node` None: one per GPU (or 1)."""
+    """Everything a training PyTorchJob depends on. Its options are declared once, here: the
+    `kfvision job render` flags and the pipeline's job parameters come from these fields."""
 
-    name: str
-    image: str
+    name: str = option(help="job name (DNS-1035: a-z, 0-9, '-')")
+    image: str = option(help="the trainer image the pods run (the pipeline's steps too)",
+                        pipeline=True)
     train: TrainConfig
-    namespace: str | None = None
-    nodes: int = 1
-    procs_per_node: int | None = None
-    gpus_per_node: int = 0
-    node_selector: tuple = ()  # ((key, value), ...)
-    tolerations: tuple = ()  # (Toleration, ...)
-    cpu: str | None = None
-    memory: str | None = None
-    restart_policy: str = "ExitCode"
-    backoff_limit: int = 3
-    active_deadline: int | None = None
-    ttl: int | None = None
-    volumes: tuple = ()  # (Volume, ...)
-    shm_size: str | None = None
-    run_as_user: int = 1000
+    namespace: str | None = option(None, "namespace", unset="the one kubectl/submit uses")
+    nodes: int = option(1, "pods: 1 Master + (N-1) Workers", low=1, high=10_000, pipeline=True)
+    procs_per_node: int | None = option(None, "training processes per pod", low=1, high=1024,
+                                        unset="one per GPU, or 1", pipeline=True)
+    gpus_per_node: int = option(0, "nvidia.com/gpu per pod", low=0, high=64, pipeline=True)
+    node_selector: tuple = option((), "node label the pods require", many=True,
+                                  parse=parse_key_value, show="=".join, metavar="KEY=VALUE",
+                                  pipeline=True)
+    tolerations: tuple = option((), "taint the pods tolerate (nvidia.com/gpu:NoSchedule is "
+                                "added when GPUs are asked for)", flag="--toleration",
+                                many=True, parse=parse_toleration, show=show_toleration,
+                                metavar="KEY[=VALUE]:EFFECT", pipeline=True)
+    cpu: str | None = option(None, "CPU request per pod (e.g. 8, 500m)", pipeline="cpu_per_node")
+    memory: str | None = option(None, "memory request per pod (e.g. 32Gi)",
+                                pipeline="memory_per_node")
+    shm_size: str | None = option(None, "size limit of the memory-backed /dev/shm (e.g. 8Gi)",
+                                  pipeline=True)
+    restart_policy: str = option("ExitCode", f"what a failed pod gets, one of "
+                                 f"{', '.join(RESTART_POLICIES)}: ExitCode retries only exit "
+                                 "codes 128-255 (killed, evicted), not kfvision's own errors",
+                                 choices=RESTART_POLICIES)
+    backoff_limit: int = option(3, "restarts before the job fails", low=0, high=1000)
+    active_deadline: int | None = option(None, "fail the job after this many seconds", low=1,
+                                         metavar="SECONDS", unset="no limit",
+                                         pipeline="timeout_seconds")
+    ttl: int | None = option(None, "delete the finished job after this many seconds", low=0,
+                             metavar="SECONDS")
+    volumes: tuple = option((), "PersistentVolumeClaim to mount in every pod", flag="--pvc",
+                            many=True, parse=parse_volume, show=":".join, metavar="CLAIM:MOUNT")
+    run_as_user: int = option(1000, "non-root uid (and gid) of the pods", low=1)  # 0: root
     labels: tuple = ()  # extra ((key, value), ...) on the job and its pods
 
     @property
@@ -99,52 +150,48 @@ class JobConfig:
 
     def validate(self) -> "JobConfig":
         """Raise InvalidJobError (InvalidParameterError) for anything the cluster refuses."""
-        problem = dns1035_problem("--name", self.name)
+        name = ref_of(JobConfig, "name")
+        problem = dns1035_problem(name, self.name)
         if problem:
             raise InvalidJobError(problem + ".")
         longest = (f"{self.name}-worker-{self.nodes - 2}" if self.nodes > 1
                    else f"{self.name}-master-0")
         if len(longest) > 63:
             raise InvalidJobError(
-                f"--name {self.name!r} is too long for {self.nodes} node(s): the operator names "
+                f"{name} {self.name!r} is too long for {self.nodes} node(s): the operator names "
                 f"a Service per pod, up to {longest!r} ({len(longest)} characters, limit 63). "
                 f"Use a name of at most {63 - len(longest) + len(self.name)} characters.")
-        if self.namespace is not None and dns1123_problem("--namespace", self.namespace):
-            raise InvalidJobError(dns1123_problem("--namespace", self.namespace) + ".")
+        namespace = ref_of(JobConfig, "namespace")
+        if self.namespace is not None and dns1123_problem(namespace, self.namespace):
+            raise InvalidJobError(dns1123_problem(namespace, self.namespace) + ".")
         if not self.image or any(ch.isspace() for ch in self.image):
-            raise InvalidJobError(f"--image {self.image!r} is not an image reference; give one "
-                                  "such as registry.example.com/kfvision-trainer:0.1.0.")
-        check_range("nodes", self.nodes, 1, 10_000)
-        check_range("gpus-per-node", self.gpus_per_node, 0, 64)
-        check_range("procs-per-node", self.nproc, 1, 1024)
+            raise InvalidJobError(f"{ref_of(JobConfig, 'image')} {self.image!r} is not an image "
+                                  "reference; give one such as "
+                                  "registry.example.com/kfvision-trainer:0.1.0.")
+        try:
+            check_options(self)  # ranges and choices, as declared
+        except InvalidParameterError as e:
+            raise InvalidJobError(e.template) from None
         self._check_devices()
-        for flag, value in (("--cpu", self.cpu), ("--memory", self.memory),
-                            ("--shm-size", self.shm_size)):
+        for field in ("cpu", "memory", "shm_size"):
+            value = getattr(self, field)
             if value is not None and not _QUANTITY.fullmatch(value):
-                raise InvalidJobError(f"{flag} {value!r} is not a Kubernetes quantity "
-                                      "(examples: 4, 500m, 16Gi, 1.5G).")
-        if self.restart_policy not in RESTART_POLICIES:
-            raise InvalidJobError(f"--restart-policy {self.restart_policy!r} is not valid; "
-                                  f"choose one of: {', '.join(RESTART_POLICIES)}.")
-        check_range("backoff-limit", self.backoff_limit, 0, 1000)
-        if self.active_deadline is not None:
-            check_range("active-deadline", self.active_deadline, 1)
-        if self.ttl is not None:
-            check_range("ttl", self.ttl, 0)
-        check_range("run-as-user", self.run_as_user, 1)  # 0 would be root
+                raise InvalidJobError(f"{ref_of(JobConfig, field)} {value!r} is not a "
+                                      "Kubernetes quantity (examples: 4, 500m, 16Gi, 1.5G).")
         self._check_scheduling()
         self._check_volumes()
         return self
 
     def _check_devices(self) -> None:
         g, p = self.gpus_per_node, self.nproc
+        gpus, procs = ref_of(JobConfig, "gpus_per_node"), ref_of(JobConfig, "procs_per_node")
         if g > 0 and p > g:
             raise InvalidJobError(
-                f"--procs-per-node {p} is more than --gpus-per-node {g}: each training process "
-                f"drives one GPU. Use --procs-per-node {g} (or fewer), or ask for {p} GPUs.")
+                f"{procs} {p} is more than {gpus} {g}: each training process drives one GPU. "
+                f"Use {procs} {g} (or fewer), or ask for {p} GPUs.")
         if g == 0 and self.train.device == "cuda":
-            raise InvalidJobError("--device cuda needs GPUs but --gpus-per-node is 0; give "
-                                  "--gpus-per-node N, or use --device auto/cpu.")
+            raise InvalidJobError(f"{ref('device')} cuda needs GPUs but {gpus} is 0; give {gpus} "
+                                  f"N, or use {ref('device')} auto/cpu.")
 
     def _check_scheduling(self) -> None:
         for key, value in (*self.node_selector, *self.labels):
@@ -154,21 +201,23 @@ class JobConfig:
             if not (_LABEL_VALUE.fullmatch(value) and len(value) <= 63):
                 raise InvalidJobError(f"label value {value!r} (of {key}) is not valid: at most "
                                       "63 letters, digits, '-', '_' and '.'.")
+        tolerations = ref_of(JobConfig, "tolerations")
         for t in self.tolerations:
             if t.effect not in TAINT_EFFECTS:
-                raise InvalidJobError(f"--toleration {t.key}: effect {t.effect!r} is not one "
+                raise InvalidJobError(f"{tolerations} {t.key}: effect {t.effect!r} is not one "
                                       f"of {', '.join(TAINT_EFFECTS)}.")
             if not _LABEL_KEY.fullmatch(t.key):
-                raise InvalidJobError(f"--toleration key {t.key!r} is not a valid taint key.")
+                raise InvalidJobError(f"{tolerations} key {t.key!r} is not a valid taint key.")
 
     def _check_volumes(self) -> None:
         mounts = ["/dev/shm", TMP_MOUNT]
+        pvc = ref_of(JobConfig, "volumes")
         for v in self.volumes:
-            problem = dns1123_problem("--pvc claim", v.claim, subdomain=True)
+            problem = dns1123_problem(f"{pvc} claim", v.claim, subdomain=True)
             if problem:
                 raise InvalidJobError(problem + ".")
             if not v.mount.startswith("/") or v.mount.rstrip("/") in mounts:
-                raise InvalidJobError(f"--pvc {v.claim}:{v.mount}: the mount path must be "
+                raise InvalidJobError(f"{pvc} {v.claim}:{v.mount}: the mount path must be "
                                       "absolute and used once (and not /dev/shm or /tmp).")
             mounts.append(v.mount.rstrip("/"))
 

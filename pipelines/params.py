@@ -1,0 +1,81 @@
+"""The `image-classification` pipeline's parameters: which option each one is.
+
+A training parameter is a TrainConfig field and a PyTorchJob parameter a JobConfig field (each
+says its pipeline name where it differs: `learning_rate` is `lr`); the parameters of the pipeline
+alone are PipelineInputs' fields below. The flags of `kfvision pipeline ...`, their help, the
+checks and the steps' plumbing come from these. KFP needs literal signatures (the pipeline
+function, the components): tests/test_options.py checks them against these declarations.
+"""
+
+from dataclasses import dataclass
+
+from pipelines.jobs.manifest import JobConfig
+from trainer.config import TrainConfig
+from trainer.options import option, options_of
+
+EXECUTION_MODES = ("auto", "local", "cluster")
+
+
+@dataclass(frozen=True)
+class PipelineInputs:
+    """The parameters that only the pipeline has: its sources, the model, where training runs."""
+
+    train_source: str = option(help="labelled images: a folder or archive (.zip/.tar[.gz|.bz2]) "
+                               "of class folders, or an http(s) URL of one; on a cluster a path "
+                               "on the data PVC", pipeline=True)
+    validation_source: str = option("", "labelled validation images (empty: split the training "
+                                    "images)", pipeline=True)
+    test_source: str = option("", "images to score and evaluate (empty: the validation images)",
+                              pipeline=True)
+    fraction: float = option(0.9, "share of each class kept for training when splitting",
+                             pipeline=True)
+    model_name: str = option("resnet18", "torchvision architecture: resnet18 ... resnet152, "
+                             "resnext*, wide_resnet*, densenet121/161/169/201", pipeline=True)
+    pretrained: bool = option(False, "start from torchvision's ImageNet weights (downloaded: "
+                              "needs network)", pipeline=True)
+    zero_init_residual: bool = option(False, "ResNet: zero-init the last BN of each residual "
+                                      "block", pipeline=True)
+    memory_efficient: bool = option(False, "DenseNet: gradient checkpointing (less memory, "
+                                    "slower)", pipeline=True)
+    pvc_name: str = option("kfvision-data", "ReadWriteMany PVC shared by the steps and the "
+                           "PyTorchJob (cluster runs)", pipeline=True)
+    execution_mode: str = option("auto", "where training runs: auto (cluster inside "
+                                 "Kubernetes), local or cluster", choices=EXECUTION_MODES,
+                                 pipeline=True)
+
+
+TRAIN_OPTIONS = tuple(o for o in options_of(TrainConfig) if o.param)
+JOB_OPTIONS = tuple(o for o in options_of(JobConfig) if o.param)
+# The parameter a JobConfig field comes from where it is no option of its own: the data PVC
+# is the pipeline's one volume.
+_FROM = {"volumes": "pvc_name"}
+
+
+def pipeline_options() -> dict:
+    """{parameter name: Option} of every parameter of the pipeline."""
+    every = (*options_of(PipelineInputs), *TRAIN_OPTIONS, *JOB_OPTIONS)
+    return {o.param: o for o in every}
+
+
+def parameter_name(field: str) -> str:
+    """The pipeline's name of a config field (how its errors name it): lr -> learning_rate."""
+    names = {o.name: o.param for o in (*TRAIN_OPTIONS, *JOB_OPTIONS)}
+    return names.get(field) or _FROM.get(field, field)
+
+
+def train_options(**params) -> dict:
+    """The TrainConfig options (field names) of the pipeline's training parameters in `params`
+    (other keys are ignored)."""
+    return {o.name: params[o.param] for o in TRAIN_OPTIONS}
+
+
+def job_settings(**params) -> dict:
+    """The pipeline's PyTorchJob parameters in `params`, by their pipeline names (other keys are
+    ignored): what pipelines.steps.job_config takes."""
+    return {o.param: params[o.param] for o in JOB_OPTIONS}
+
+
+def job_options(**settings) -> dict:
+    """The JobConfig options (field names) of job settings: '' and 0 mean "not set" (KFP has
+    no None), a list is one comma-separated string."""
+    return {o.name: o.from_param(settings[o.param]) for o in JOB_OPTIONS}

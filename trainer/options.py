@@ -1,0 +1,191 @@
+"""Options declared once: a config dataclass's field is the option (type, default) and carries the
+rest (help, choices, range, the pipeline's name for it) in its metadata.
+
+    @dataclass(frozen=True)
+    class TrainConfig:
+        lr: float = option(0.001, "base learning rate", low=0, high=10, low_open=True,
+                           pipeline="learning_rate")
+
+    options_of(TrainConfig)   # -> (Option("lr", float, 0.001, ...), ...)
+
+From that one declaration come the command-line flags (add_flags), the range and choice checks
+of `validate()` (check_options) and, in pipelines/, the pipeline's parameters and their help.
+Torch-free and a leaf: it imports nothing of ours but trainer.errors.
+"""
+
+import argparse
+import functools
+import types
+from dataclasses import MISSING, dataclass, field, fields
+
+from trainer.errors import InvalidParameterError, check_choice, check_range, flag_name, ref
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. `default` MISSING: required. `high` may name another option of the same
+    config (its value is the bound). `pipeline`: the pipeline parameter's name (True: the same
+    name; False: not a pipeline parameter). `many`: a repeatable flag of items that `parse`
+    reads and `show` writes back (in the pipeline one string, items separated by commas).
+    `unset`: what no value (None) means."""
+
+    name: str
+    type: type
+    default: object
+    help: str
+    choices: tuple = ()
+    low: float | None = None
+    high: float | str | None = None
+    low_open: bool = False
+    pipeline: bool | str = False
+    flag: str | None = None
+    metavar: str | None = None
+    many: bool = False
+    parse: object = None
+    show: object = None
+    unset: str | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+    @property
+    def param(self) -> str | None:
+        """The pipeline parameter's name, or None when the pipeline has no such parameter."""
+        return self.name if self.pipeline is True else (self.pipeline or None)
+
+    @property
+    def flag_name(self) -> str:
+        return self.flag or flag_name(self.name)
+
+    @property
+    def ref(self) -> str:
+        """How an error message names this option (see trainer.errors.ref)."""
+        return ref(self.name, self.flag)
+
+    @property
+    def param_default(self):
+        """The pipeline's default: KFP parameters cannot be None, so "not set" is 0 or ''."""
+        if self.many:
+            return ""
+        return self.type() if self.default is None else self.default
+
+    def from_param(self, value):
+        """A pipeline parameter's value as the config takes it ('' / 0 -> None, 'a,b' -> items)."""
+        if self.many:
+            return tuple(self.parse(item) for item in filter(None, (
+                s.strip() for s in value.split(","))))
+        return None if self.default is None and not value else value
+
+    def check(self, value, config=None) -> None:
+        """Raise InvalidParameterError unless `value` is one of the choices and in range."""
+        if value is None or self.many:
+            return
+        if self.choices:
+            check_choice(self.ref, value, self.choices)
+        high = getattr(config, self.high) if isinstance(self.high, str) else self.high
+        if self.low is None and high is None:
+            return
+        try:
+            check_range(self.ref, value, self.low, high, low_open=self.low_open)
+        except InvalidParameterError as e:
+            if not isinstance(self.high, str):
+                raise
+            raise InvalidParameterError(f"{e.template[:-1]} ({high}: {ref(self.high)}).") from None
+
+    def default_text(self, pipeline_default=MISSING) -> str:
+        """' (default: X)' for the help, or '' when there is no default worth showing.
+        pipeline_default: the pipeline parameter's default, for its flag."""
+        pipeline = pipeline_default is not MISSING
+        default = pipeline_default if pipeline else self.default
+        if self.unset is not None and self.default is None:
+            return f" (default: {f'{default!r}: ' if pipeline else ''}{self.unset})"
+        if default is MISSING or default in (None, (), ""):
+            return ""
+        return f" (default: {default})"
+
+
+def option(default=MISSING, help: str = "", **spec):
+    """A dataclass field that is an option (see Option for `spec`)."""
+    return field(default=default, metadata={"option": {"help": help, **spec}})
+
+
+def _scalar(annotation) -> type:
+    """int for `int | None`; the annotation itself otherwise."""
+    if isinstance(annotation, types.UnionType):
+        return next(a for a in annotation.__args__ if a is not type(None))
+    return annotation
+
+
+@functools.cache
+def options_of(config_class) -> tuple:
+    """The Options of a config dataclass, in field order (fields without option metadata are
+    not options, e.g. TrainConfig's paths)."""
+    out = []
+    for f in fields(config_class):
+        spec = f.metadata.get("option")
+        if spec is not None:
+            kind = str if spec.get("many") else _scalar(f.type)
+            out.append(Option(name=f.name, type=kind, default=f.default, **spec))
+    return tuple(out)
+
+
+def ref_of(config_class, name: str) -> str:
+    """How an error message names option `name` of a config dataclass (see trainer.errors.ref)."""
+    return next(o.ref for o in options_of(config_class) if o.name == name)
+
+
+def check_options(config) -> None:
+    """Check every option of a config dataclass instance (range, choices)."""
+    for opt in options_of(type(config)):
+        opt.check(getattr(config, opt.name), config)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default said once: the one its help already names, else argparse's unless
+    there is none (None, '', or no item of a repeatable flag)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "(default:" in text or action.default in (None, "", []):
+            return text
+        return super()._get_help_string(action)
+
+
+def _item_parser(opt: Option):
+    def parse(text: str):
+        try:
+            return opt.parse(text)
+        except InvalidParameterError as e:  # argparse shows this message, not "invalid value"
+            raise argparse.ArgumentTypeError(str(e)) from e
+    parse.__name__ = opt.name  # what argparse's own errors call the type
+    return parse
+
+
+def add_flags(group, options, *, defaults: bool = True, pipeline: dict | None = None) -> None:
+    """Add one flag per option to an argparse parser or group; the help shows the default once.
+
+    defaults False: every flag defaults to None, so a caller can tell what was given (and let a
+    YAML file fill the rest); the help still shows the option's default. pipeline: the pipeline's
+    {parameter: default (None: required)}, for the flags of its parameters (`--learning-rate`,
+    dest `learning_rate`; a `many` option is one comma-separated string there).
+    """
+    for opt in options:
+        if pipeline is None:
+            dest, flag, default, text = opt.name, opt.flag_name, opt.default, opt.default_text()
+        else:
+            dest, default = opt.param, pipeline[opt.param]
+            flag, text = flag_name(dest), opt.default_text(default)
+        kwargs = {"dest": dest, "help": opt.help + text}
+        required = default is MISSING or (pipeline is not None and default is None)
+        if opt.many and pipeline is None:
+            kwargs.update(action="append", type=_item_parser(opt), default=[],
+                          metavar=opt.metavar, help=kwargs["help"] + " (repeatable)")
+        elif opt.type is bool:
+            kwargs.update(action=argparse.BooleanOptionalAction,
+                          default=default if defaults else None)
+        else:
+            metavar = f"{opt.metavar},..." if opt.many else opt.metavar or dest.upper()
+            kwargs.update(type=opt.type, metavar=metavar, required=required and defaults,
+                          default=None if required or not defaults else default)
+        group.add_argument(flag, **kwargs)
