@@ -82,7 +82,7 @@ class Batcher:
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), left)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # not the builtin before Python 3.11
                 return
 
     def _take(self) -> list:
