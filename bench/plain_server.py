@@ -66,6 +66,7 @@ def main(argv=None) -> int:
               if info["eval_preset"] == "standard" else [transforms.Resize((size, size))])
     preprocess = transforms.Compose([*resize, transforms.ToTensor(),
                                      transforms.Normalize(info["mean"], info["std"])])
+    ThreadingHTTPServer.request_queue_size = 128  # the default 5 resets 16 clients' connects
     server = ThreadingHTTPServer(("127.0.0.1", a.port),
                                  make_handler(model, info["classes"], preprocess))
     print(f"plain server on port {a.port}", flush=True)

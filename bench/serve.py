@@ -11,7 +11,9 @@ throughput does not depend on them) to clients that each send one v1 request wit
 a time, back to back, over a kept-alive connection, for `--seconds`, at 1, 4 and 16 clients. The
 images are generated camera photos (4032x3024 JPEGs, bench/jpegset.py) or, with `--small`,
 ImageNet-sized ones. Rounds alternate the contenders' order; ratios (kfvision / plain) are taken
-within a round and the table gives their median and range over rounds.
+within a round and the table gives their median and range over rounds. Beside images per second
+it gives images per CPU-second of the server process, which the machine's other load changes
+far less (the load averages before and after are printed with the table).
 
     python -m bench.serve [--rounds 3 --seconds 15 --clients 1 4 16 --runtimes torch onnx]
 """
@@ -20,6 +22,7 @@ import argparse
 import base64
 import http.client
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -70,6 +73,10 @@ class Plain:
                 time.sleep(0.2)
         raise RuntimeError(f"the plain server did not start; see {log}")
 
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
     def stop(self):
         self.proc.terminate()
         self.proc.wait(30)
@@ -78,16 +85,28 @@ class Plain:
 class Kfvision:
     """`kfvision serve` in its own process (the model directory, or its ONNX export)."""
 
-    def __init__(self, model: Path, log: Path):
-        self.server = Server(["--model", model, "--name", "bench"], log)
+    def __init__(self, model: Path, log: Path, extra: list):
+        self.server = Server(["--model", model, "--name", "bench", *extra], log)
         self.url = f"{self.server.url}/v1/models/bench:predict"
+
+    @property
+    def pid(self) -> int:
+        return self.server.proc.pid
 
     def stop(self):
         self.server.stop()
 
 
-def load(url: str, bodies: list[bytes], clients: int, seconds: float) -> dict:
-    """`clients` threads posting `bodies` in turn for `seconds`: images/s, p50 and p99 in ms."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load(url: str, bodies: list[bytes], clients: int, seconds: float, pid: int) -> dict:
+    """`clients` threads posting `bodies` in turn for `seconds`: images/s, p50 and p99 in ms,
+    and images per CPU-second of the server process (what the machine's other load cannot
+    change much: a busy shared machine gives a process a share of the cores, not of the work)."""
     host, port = url.split("/")[2].split(":")
     path = "/" + url.split("/", 3)[3]
     latencies, errors = [], []
@@ -98,23 +117,30 @@ def load(url: str, bodies: list[bytes], clients: int, seconds: float) -> dict:
         i = k
         while time.perf_counter() < deadline:
             start = time.perf_counter()
-            conn.request("POST", path, bodies[i % len(bodies)],
-                         {"Content-Type": "application/json"})
-            r = conn.getresponse()
-            r.read()
-            (latencies if r.status == 200 else errors).append(time.perf_counter() - start)
+            try:
+                conn.request("POST", path, bodies[i % len(bodies)],
+                             {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                r.read()
+                ok = r.status == 200
+            except OSError:  # counted, and the client reconnects
+                conn.close()
+                conn = http.client.HTTPConnection(host, int(port), timeout=300)
+                ok = False
+            (latencies if ok else errors).append(time.perf_counter() - start)
             i += 1
         conn.close()
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds(pid)
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, cpu_seconds(pid) - cpu
     lat = sorted(latencies)
-    return {"images_per_s": len(lat) / elapsed, "p50_ms": 1000 * lat[len(lat) // 2],
+    return {"images_per_s": len(lat) / elapsed, "images_per_cpu_s": len(lat) / max(cpu, 1e-9),
+            "p50_ms": 1000 * lat[len(lat) // 2],
             "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
             "requests": len(lat), "errors": len(errors)}
 
@@ -138,17 +164,21 @@ def _range(values: list[float], fmt: str = "{:.2f}") -> str:
 def table(results: dict, names: list, clients: list) -> str:
     """Markdown: per contender and clients, median (range) of images/s, p50, p99; ratios."""
     lines = ["| server | clients | images/s | p50 ms | p99 ms | x plain images/s | "
-             "plain p99 / p99 |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "plain p99 / p99 | images/CPU-s | x plain images/CPU-s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in names:
         for c in clients:
             runs = results[name][c]
             plain = results["plain"][c]
             ratio = [r["images_per_s"] / p["images_per_s"] for r, p in zip(runs, plain)]
             p99 = [p["p99_ms"] / r["p99_ms"] for r, p in zip(runs, plain)]
+            per_cpu = [r["images_per_cpu_s"] for r in runs]
+            cpu_ratio = [r / p["images_per_cpu_s"] for r, p in zip(per_cpu, plain)]
             lines.append(f"| {name} | {c} | {_range([r['images_per_s'] for r in runs])} | "
                          f"{_range([r['p50_ms'] for r in runs], '{:.0f}')} | "
                          f"{_range([r['p99_ms'] for r in runs], '{:.0f}')} | "
-                         f"{_range(ratio)} | {_range(p99)} |")
+                         f"{_range(ratio)} | {_range(p99)} | {_range(per_cpu)} | "
+                         f"{_range(cpu_ratio)} |")
     return "\n".join(lines)
 
 
@@ -160,6 +190,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=15)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runtimes", nargs="+", choices=("torch", "onnx"), default=["torch"])
+    p.add_argument("--serve-args", default="", help="more `kfvision serve` flags, one string")
     a = p.parse_args(argv)
     BENCH.mkdir(parents=True, exist_ok=True)
     model = bench_model(BENCH / "resnet18-224")
@@ -175,27 +206,31 @@ def main(argv=None) -> int:
         if "torch" not in a.runtimes:
             del sources["kfvision"]
     servers = {"plain": Plain(model, BENCH / "plain.log")}
-    servers.update({n: Kfvision(m, BENCH / f"{n}.log") for n, m in sources.items()})
+    servers.update({n: Kfvision(m, BENCH / f"{n}.log", a.serve_args.split())
+                    for n, m in sources.items()})
     names = list(servers)
+    load_before = os.getloadavg()[0]
     results = {n: {c: [] for c in a.clients} for n in names}
     try:
         for s in servers.values():  # warm-up: first requests pay for allocations
-            load(s.url, bodies, 2, 3)
+            load(s.url, bodies, 2, 3, s.pid)
         for r in range(a.rounds):
             for c in a.clients:
                 for n in (names if r % 2 == 0 else names[::-1]):
-                    res = load(servers[n].url, bodies, c, a.seconds)
+                    res = load(servers[n].url, bodies, c, a.seconds, servers[n].pid)
                     results[n][c].append(res)
                     print(f"round {r + 1} {n:14s} {c:2d} clients: "
                           f"{res['images_per_s']:6.2f} images/s  p50 {res['p50_ms']:6.0f} ms  "
-                          f"p99 {res['p99_ms']:6.0f} ms  ({res['requests']} requests, "
+                          f"p99 {res['p99_ms']:6.0f} ms  {res['images_per_cpu_s']:5.2f} images/"
+                          f"CPU-s  ({res['requests']} requests, "
                           f"{res['errors']} errors)", flush=True)
     finally:
         for s in servers.values():
             s.stop()
     size = "ImageNet-sized" if a.small else f"{PHOTO[0]}x{PHOTO[1]}"
     text = (f"Serving ResNet-18 (224 px) on {size} JPEGs, one image per request; median (range) "
-            f"over {a.rounds} rounds of {a.seconds:g} s\n\n"
+            f"over {a.rounds} rounds of {a.seconds:g} s; {os.cpu_count()} CPUs, load average "
+            f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after\n\n"
             + table(results, [n for n in names if n != "plain"] + ["plain"], a.clients))
     print("\n" + text)
     (BENCH / "serve.md").write_text(text + "\n")

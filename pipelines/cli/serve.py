@@ -17,8 +17,8 @@ def _serve(args) -> int:
     from pipelines.serve.server import serve
 
     serve(args.model, name=args.name, http_port=args.http_port, workers=args.workers,
-          device=args.device, runtime=args.runtime, max_batch_size=args.max_batch_size,
-          batch_wait_ms=args.batch_wait_ms)
+          model_threads=args.model_threads, device=args.device, runtime=args.runtime,
+          max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)
     return 0
 
 
@@ -36,6 +36,8 @@ def register(subparsers, help: str) -> None:
     s.add_argument("--workers", type=int,
                    help="threads that decode images (default: the number of CPUs); one process "
                    "holds the model")
+    s.add_argument("--model-threads", type=int,
+                   help="threads of the forward pass (default: half the CPUs; the others decode)")
     s.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the model runs (default: cpu)")
     s.add_argument("--runtime", choices=("torch", "onnx"),

@@ -43,6 +43,7 @@ async def _invalid_request(request, exc):
 
 def build_model(model, *, name: str | None = None, runtime: str | None = None,
                 device: str = "cpu", workers: int | None = None,
+                model_threads: int | None = None,
                 max_batch_size: int = DEFAULTS["max_batch_size"],
                 batch_wait_ms: float = DEFAULTS["batch_wait_ms"]):
     """The loaded `ImageClassifier` for a trained model directory or an ONNX export."""
@@ -56,9 +57,14 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     check_choice("device", device, ("cpu", "cuda"))
     check_range("max-batch-size", max_batch_size, 1, 1024)
     check_range("batch-wait-ms", batch_wait_ms, 0, 1000)
-    workers = workers or os.cpu_count() or 1
+    cpus = os.cpu_count() or 1
+    workers = workers or cpus
     check_range("workers", workers, 1, 256)
-    predictor = Predictor(model, runtime, device)
+    # The forward pass shares the cores with the decoding threads: an OpenMP team as wide as the
+    # machine stalls at every barrier whenever a decoder holds one of its cores.
+    model_threads = model_threads or max(1, cpus // 2)
+    check_range("model-threads", model_threads, 1, 256)
+    predictor = Predictor(model, runtime, device, threads=model_threads)
     batcher = Batcher(predictor.probabilities, max_batch=max_batch_size,
                       max_wait_s=batch_wait_ms / 1000, decode_threads=workers)
     return ImageClassifier(name or default_name(model), predictor, batcher)

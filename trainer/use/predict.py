@@ -85,6 +85,27 @@ def _decode_jpeg(im: Image.Image, factor: int) -> torch.Tensor:
     return torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
 
 
+def _onnx_session(path, threads: int):
+    """(run: uint8 batch -> probabilities, metadata) of an ONNX export on onnxruntime's CPU
+    provider. Its threads do not spin while idle: a server decodes images on the same cores."""
+    import json
+
+    import onnxruntime as ort
+
+    from trainer.use.export import META_KEY
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    meta = json.loads(session.get_modelmeta().custom_metadata_map[META_KEY])
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(session.run(None, {"image": x.contiguous().numpy()})[0])
+
+    return run, meta
+
+
 class Predictor:
     """A trained model (or its ONNX export) with its classes and evaluation transform, loaded
     once: `preprocess` one file's bytes, `probabilities` of a uint8 batch.
@@ -93,10 +114,13 @@ class Predictor:
         model: a trained model directory (runtime "torch") or an ONNX export ("onnx").
         runtime: "torch" or "onnx"; None picks "onnx" for a file, "torch" for a folder.
         device: "cpu" or "cuda" (torch runtime only).
+        threads: intra-op threads of the forward pass (None: the runtime's default).
     """
 
-    def __init__(self, model, runtime: str | None = None, device: str = "cpu"):
+    def __init__(self, model, runtime: str | None = None, device: str = "cpu",
+                 threads: int | None = None):
         model = Path(model)
+        self.threads = threads
         runtime = runtime or ("onnx" if model.is_file() else "torch")
         check_choice("runtime", runtime, RUNTIMES)
         self.runtime, self.source = runtime, model
@@ -109,9 +133,7 @@ class Predictor:
             self._normalize = Normalizer(tuple(info["mean"]), tuple(info["std"]))
             self._run = self._run_torch
         else:
-            from trainer.use.export import load_exported
-
-            self._run, info = load_exported(model, "onnx")
+            self._run, info = _onnx_session(model, threads or torch.get_num_threads())
         self.classes = list(info["classes"])
         self.image_size = int(info["image_size"])
         self.transform = eval_transform(info["eval_preset"], self.image_size)
@@ -126,6 +148,8 @@ class Predictor:
 
     def probabilities(self, batch: torch.Tensor) -> np.ndarray:
         """float32 [n, classes] for a uint8 [n, 3, S, S] batch."""
+        if self.threads and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)  # OpenMP's setting is the calling thread's
         with torch.inference_mode():
             return self._run(batch).numpy().astype(np.float32, copy=False)
 
