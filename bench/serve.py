@@ -23,6 +23,7 @@ import base64
 import http.client
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -191,8 +192,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runtimes", nargs="+", choices=("torch", "onnx"), default=["torch"])
     p.add_argument("--serve-args", default="", help="more `kfvision serve` flags, one string")
+    p.add_argument("--variants", nargs="*", default=[], metavar="NAME=FLAGS",
+                   help="more kfvision contenders (PyTorch runtime) with these serve flags, "
+                   "e.g. 'w8=--workers 8'")
     a = p.parse_args(argv)
     BENCH.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
     model = bench_model(BENCH / "resnet18-224")
     bodies = [_body(b) for b in _photos(a.images, a.small)]
     sources = {"kfvision": model}
@@ -208,6 +213,10 @@ def main(argv=None) -> int:
     servers = {"plain": Plain(model, BENCH / "plain.log")}
     servers.update({n: Kfvision(m, BENCH / f"{n}.log", a.serve_args.split())
                     for n, m in sources.items()})
+    for v in a.variants:
+        n, _, flags = v.partition("=")
+        servers[f"kfvision-{n}"] = Kfvision(model, BENCH / f"kfvision-{n}.log",
+                                            (a.serve_args + " " + flags).split())
     names = list(servers)
     load_before = os.getloadavg()[0]
     results = {n: {c: [] for c in a.clients} for n in names}

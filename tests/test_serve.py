@@ -9,6 +9,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 from PIL import Image
 
 from pipelines.serve.client import Server, request, v1_body, v2_body
@@ -185,3 +186,19 @@ def test_concurrent_requests_each_get_their_own_answers(server, tiny_digits):
         got = list(pool.map(lambda s: _v1_labels(server, files[s[0]:s[0] + s[1]])[0],
                             zip(starts, sizes)))
     assert [label for labels in got for label in labels] == alone
+
+
+@pytest.mark.slow
+def test_the_onnx_runtime_gives_the_torch_runtime_labels(trained_tiny, large_jpegs, tmp_path):
+    from trainer.use.export import export
+    from trainer.use.predict import Predictor
+
+    export(trained_tiny, "onnx", tmp_path / "model.onnx")
+    torch_rt, onnx_rt = Predictor(trained_tiny), Predictor(tmp_path / "model.onnx", threads=1)
+    assert (torch_rt.runtime, onnx_rt.runtime) == ("torch", "onnx")
+    assert onnx_rt.classes == torch_rt.classes and onnx_rt.image_size == torch_rt.image_size
+    _, files = _files(large_jpegs)
+    batch = torch.stack([torch_rt.preprocess(f) for f in files])
+    assert torch.equal(batch, torch.stack([onnx_rt.preprocess(f) for f in files]))
+    a, b = torch_rt.probabilities(batch), onnx_rt.probabilities(batch)
+    assert (a.argmax(1) == b.argmax(1)).all() and abs(a - b).max() < 1e-4
