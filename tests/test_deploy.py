@@ -151,3 +151,13 @@ def test_cli_help(argv, capsys):
         main(argv)
     assert e.value.code == 0
     assert "usage: kfvision" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_predictor_pod_meets_the_restricted_pod_security_standard(config):
+    from test_least_privilege import restricted_problems
+
+    predictor = build_inference_service(DeployConfig(**{**BASE, **CONFIGS[config]})
+                                        )["spec"]["predictor"]
+    assert restricted_problems(predictor) == []
+    assert restricted_problems({**predictor, "securityContext": {}}) != []  # the check bites
