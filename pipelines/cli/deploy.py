@@ -1,7 +1,8 @@
-"""`kfvision deploy render`: the KServe InferenceService that serves a trained model."""
+"""`kfvision deploy render | submit | delete`: the KServe InferenceService of a trained model."""
 
 import argparse
 import sys
+from pathlib import Path
 
 from pipelines.serve.deploy import DeployConfig
 
@@ -9,7 +10,8 @@ EPILOG = """\
 render, then apply (docs/serving.md):
   kfvision deploy render --model pvc://kfvision-data/models/digits-resnet18 --name digits \\
       --image registry.example.com/kfvision-trainer:0.1.0 -o isvc.yaml
-  kubectl apply -f isvc.yaml && kubectl wait --for=condition=Ready inferenceservice/digits
+  kfvision deploy submit isvc.yaml --wait        # or: kubectl apply -f isvc.yaml
+  kfvision deploy delete digits
 """
 
 
@@ -28,6 +30,35 @@ def _render(args) -> int:
 
         atomic_write_bytes(args.output, text.encode())
         print(f"wrote InferenceService {args.name} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _submit(args) -> int:
+    import yaml
+
+    from pipelines.serve import cluster
+
+    text = sys.stdin.read() if args.manifest == "-" else Path(args.manifest).read_text()
+    isvc = yaml.safe_load(text)
+    if not isinstance(isvc, dict) or isvc.get("kind") != cluster.KIND:
+        from trainer.errors import InvalidParameterError
+
+        raise InvalidParameterError(f"{args.manifest} is not an InferenceService manifest; "
+                                    "write one with `kfvision deploy render`.")
+    client = cluster.connect(args.namespace or isvc["metadata"].get("namespace"))
+    name = isvc["metadata"]["name"]
+    print(f"{client.apply(isvc)} InferenceService {client.namespace}/{name}")
+    if args.wait:
+        client.wait_ready(name, args.timeout, args.poll)
+    return 0
+
+
+def _delete(args) -> int:
+    from pipelines.serve import cluster
+
+    client = cluster.connect(args.namespace)
+    client.delete(args.name)
+    print(f"deleted InferenceService {client.namespace}/{args.name}")
     return 0
 
 
@@ -55,3 +86,17 @@ def register(subparsers, help: str) -> None:
     r.add_argument("--batch-wait-ms", type=float, help="passed to `kfvision serve`")
     r.add_argument("-o", "--output", help="output file ('-' or none: standard output)")
     r.set_defaults(func=_render)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    s = sub.add_parser("submit", formatter_class=fmt,
+                       help="create (or update) the InferenceService on the cluster")
+    s.add_argument("manifest", help="InferenceService YAML ('-': standard input)")
+    s.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else the "
+                   "kubeconfig's)")
+    s.add_argument("--wait", action="store_true", help="wait until it is Ready")
+    s.add_argument("--timeout", type=float, default=600, help="seconds to wait at most")
+    s.add_argument("--poll", type=float, default=5, help="seconds between status reads")
+    s.set_defaults(func=_submit)
+    x = sub.add_parser("delete", formatter_class=fmt, help="delete the InferenceService")
+    x.add_argument("name")
+    x.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
+    x.set_defaults(func=_delete)
