@@ -32,6 +32,8 @@ HELP = {
     "train": "train a model (one process, or N with --nproc-per-node)",
     "job": "train as a Kubeflow PyTorchJob: render, run-local, submit, logs, delete",
     "pipeline": "the Kubeflow Pipelines pipeline: compile, submit, run-local",
+    "serve": "serve a trained model with KServe's model server (v1 and v2 protocols)",
+    "deploy": "deploy a trained model on KServe: render, submit, delete an InferenceService",
 }
 
 

@@ -1,0 +1,51 @@
+"""`kfvision serve`: a trained model (or its ONNX export) behind KServe's model server."""
+
+import argparse
+
+from pipelines.serve.server import DEFAULTS
+
+EPILOG = """\
+serve, then query (docs/serving.md):
+  kfvision serve --model models/r18-trained --name digits --http-port 8080
+  curl localhost:8080/v2/health/ready
+  curl -H 'Content-Type: application/json' localhost:8080/v1/models/digits:predict \\
+      -d "{\\"instances\\": [{\\"image\\": {\\"b64\\": \\"$(base64 -w0 cat.jpg)\\"}}]}"
+"""
+
+
+def _serve(args) -> int:
+    from pipelines.serve.server import serve
+
+    serve(args.model, name=args.name, http_port=args.http_port, workers=args.workers,
+          model_threads=args.model_threads, device=args.device, runtime=args.runtime,
+          max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)
+    return 0
+
+
+def register(subparsers, help: str) -> None:
+    """Add `kfvision serve` to the `kfvision` command line's subparsers."""
+    s = subparsers.add_parser("serve", help=help, epilog=EPILOG,
+                              description="Serve a trained model with KServe's model server: "
+                              "the v1 and v2 inference protocols over REST.",
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("--model", required=True,
+                   help="trained model directory, or an ONNX file `kfvision export` wrote")
+    s.add_argument("--name", help="model name in the URLs (default: from the model's path)")
+    s.add_argument("--http-port", type=int, default=DEFAULTS["http_port"],
+                   help=f"port to listen on, all interfaces (default: {DEFAULTS['http_port']})")
+    s.add_argument("--workers", type=int,
+                   help="threads that decode images (default: the number of CPUs); one process "
+                   "holds the model")
+    s.add_argument("--model-threads", type=int,
+                   help="threads of the forward pass (default: half the CPUs; the others decode)")
+    s.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the model runs (default: cpu)")
+    s.add_argument("--runtime", choices=("torch", "onnx"),
+                   help="torch for a model directory, onnx for an ONNX file (default: by --model)")
+    s.add_argument("--max-batch-size", type=int, default=DEFAULTS["max_batch_size"],
+                   help="images per forward pass at most, across concurrent requests "
+                   f"(default: {DEFAULTS['max_batch_size']})")
+    s.add_argument("--batch-wait-ms", type=float, default=DEFAULTS["batch_wait_ms"],
+                   help="how long an idle model waits for requests still decoding before it "
+                   f"runs a batch (default: {DEFAULTS['batch_wait_ms']})")
+    s.set_defaults(func=_serve)

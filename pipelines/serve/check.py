@@ -1,0 +1,80 @@
+"""What the pipeline's deploy step runs, as ordinary functions (the KFP component is a thin shell).
+
+On a cluster the step deploys only a model good enough (`deploy_decision`); locally it starts
+`kfvision serve` on a free port, sends the validation images through the v1 and v2 protocols,
+checks the served labels equal the scored ones, and stops the server (`serve_and_check`).
+"""
+
+import csv
+import time
+from pathlib import Path
+
+from pipelines.serve.client import Server, request, v1_body, v2_body
+from trainer.errors import KfvisionError
+
+CHUNK = 16  # images per request (under the server's per-request limit)
+
+
+class ServedLabelsDifferError(KfvisionError):
+    """The served labels are not the scored labels for the same images."""
+
+    exit_code = 1
+
+
+def deploy_decision(accuracy: float | None, min_accuracy: float) -> tuple[bool, str]:
+    """(deploy?, why): deploy only when the evaluated accuracy reaches `min_accuracy`."""
+    if accuracy is None:
+        return False, "not deployed: no evaluated accuracy (the validation data has no labels)"
+    if accuracy < min_accuracy:
+        return False, (f"not deployed: accuracy {accuracy:.4f} is below deploy_min_accuracy "
+                       f"{min_accuracy:.4f}")
+    return True, f"deploying: accuracy {accuracy:.4f} >= deploy_min_accuracy {min_accuracy:.4f}"
+
+
+def _post(url: str, body: bytes) -> dict:
+    status, answer = request(url, body)
+    if status != 200:
+        raise ServedLabelsDifferError(f"the server answered {status} to {url}: {answer}")
+    return answer
+
+
+def serve_and_check(model_dir, data_dir, scored_csv, log, name: str = "model") -> dict:
+    """Serve `model_dir` locally, send every image `scored_csv` lists (relative to `data_dir`)
+    through v1 and v2, and compare with the table's `scored_label`. Returns the figures.
+
+    Raises:
+        ServedLabelsDifferError: a served label differs from the scored one, or a request failed.
+    """
+    with Path(scored_csv).open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    files = [(Path(data_dir) / r["image"]).read_bytes() for r in rows]
+    scored = [r["scored_label"] for r in rows]
+    start = time.perf_counter()
+    server = Server(["--model", model_dir, "--name", name], log)
+    started = time.perf_counter() - start
+    try:
+        served, seconds = {"v1": [], "v2": []}, {}
+        for protocol in served:
+            start = time.perf_counter()
+            for i in range(0, len(files), CHUNK):
+                part = files[i:i + CHUNK]
+                if protocol == "v1":
+                    answer = _post(f"{server.url}/v1/models/{name}:predict", v1_body(part))
+                    served["v1"] += [p["label"] for p in answer["predictions"]]
+                else:
+                    answer = _post(f"{server.url}/v2/models/{name}/infer", v2_body(part))
+                    out = {o["name"]: o for o in answer["outputs"]}
+                    served["v2"] += out["label"]["data"]
+            seconds[protocol] = time.perf_counter() - start
+    finally:
+        server.stop()
+    figures = {"images": len(files), "server_start_s": round(started, 3)}
+    for protocol, labels in served.items():
+        differ = [rows[i]["image"] for i, (a, b) in enumerate(zip(labels, scored)) if a != b]
+        if differ or len(labels) != len(scored):
+            raise ServedLabelsDifferError(
+                f"{protocol}: {len(differ)} of {len(scored)} served labels differ from "
+                f"{scored_csv} (first: {differ[:3]}); the server's log is {log}.")
+        figures[f"{protocol}_labels_equal_scored"] = len(labels)
+        figures[f"{protocol}_images_per_s"] = round(len(files) / seconds[protocol], 3)
+    return figures

@@ -1,0 +1,122 @@
+"""The KServe InferenceService (`serving.kserve.io/v1beta1`) that serves a trained model.
+
+A pure function of its config (`DeployConfig` in, dict out). The predictor is a custom container:
+the kfvision image running `kfvision serve` on the model KServe's storage initializer fetches from
+`STORAGE_URI` (pvc://, s3://, gs://, https://) into /mnt/models. Readiness is the v2 health
+endpoint; the pod runs as the image's non-root user with a read-only root filesystem.
+"""
+
+import re
+from dataclasses import dataclass
+
+from trainer.errors import InvalidParameterError, check_range
+
+API_VERSION = "serving.kserve.io/v1beta1"
+KIND = "InferenceService"
+CONTAINER_NAME = "kserve-container"  # the name KServe expects for a custom predictor
+MODEL_MOUNT = "/mnt/models"  # where the storage initializer puts STORAGE_URI's contents
+PORT = 8080
+READY_PATH = "/v2/health/ready"
+GPU_RESOURCE = "nvidia.com/gpu"
+RUN_AS = 1000  # the image's user (images/Dockerfile: USER 1000:1000)
+STORAGE_SCHEMES = ("pvc://", "s3://", "gs://", "https://", "http://", "hdfs://", "webhdfs://")
+# DNS-1035 label: the InferenceService name becomes a Service (and a host name)
+NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+NAME_MAX = 63
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """What `kfvision deploy render` takes (flags of the same names)."""
+
+    name: str
+    model: str  # storage URI of a trained model directory
+    image: str
+    namespace: str | None = None
+    gpus: int = 0
+    min_replicas: int = 1
+    max_replicas: int = 1
+    cpu: str = "1"
+    memory: str = "2Gi"
+    max_batch_size: int | None = None
+    batch_wait_ms: float | None = None
+
+    def check(self) -> "DeployConfig":
+        """Raise InvalidParameterError naming the first bad field; returns self."""
+        if not NAME.match(self.name) or len(self.name) > NAME_MAX:
+            raise InvalidParameterError(
+                f"name = {self.name!r} is not valid: an InferenceService name is lower-case "
+                f"letters, digits and '-', starts with a letter, at most {NAME_MAX} characters.")
+        if not self.model.startswith(STORAGE_SCHEMES) or self.model.endswith("://"):
+            raise InvalidParameterError(
+                f"model = {self.model!r} is not a storage URI KServe can fetch; use one of "
+                f"{', '.join(s + '...' for s in STORAGE_SCHEMES)} (e.g. pvc://CLAIM/models/r18).")
+        if self.model.startswith("pvc://") and not self.model[len("pvc://"):].split("/")[0]:
+            raise InvalidParameterError(f"model = {self.model!r} names no claim: "
+                                        "pvc://CLAIM/path")
+        if not self.image:
+            raise InvalidParameterError("image is empty: give the kfvision image to run")
+        check_range("gpus", self.gpus, 0, 16)
+        check_range("min-replicas", self.min_replicas, 0, 1000)
+        check_range("max-replicas", self.max_replicas, max(self.min_replicas, 1), 1000)
+        return self
+
+
+def serve_args(cfg: DeployConfig) -> list[str]:
+    """The container's arguments: `kfvision serve` on the mounted model."""
+    args = ["serve", "--model", MODEL_MOUNT, "--name", cfg.name, "--http-port", str(PORT)]
+    if cfg.gpus:
+        args += ["--device", "cuda"]
+    if cfg.max_batch_size is not None:
+        args += ["--max-batch-size", str(cfg.max_batch_size)]
+    if cfg.batch_wait_ms is not None:
+        args += ["--batch-wait-ms", f"{cfg.batch_wait_ms:g}"]
+    return args
+
+
+def _container(cfg: DeployConfig) -> dict:
+    limits = {"memory": cfg.memory, **({GPU_RESOURCE: str(cfg.gpus)} if cfg.gpus else {})}
+    return {
+        "name": CONTAINER_NAME,
+        "image": cfg.image,
+        "command": ["kfvision"],
+        "args": serve_args(cfg),
+        "env": [{"name": "STORAGE_URI", "value": cfg.model}],
+        "ports": [{"containerPort": PORT, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": READY_PATH, "port": PORT},
+                           "initialDelaySeconds": 5, "periodSeconds": 10,
+                           "failureThreshold": 3},
+        "resources": {"requests": {"cpu": cfg.cpu, "memory": cfg.memory}, "limits": limits},
+        "securityContext": {"allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                            "readOnlyRootFilesystem": True},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def build_inference_service(cfg: DeployConfig) -> dict:
+    """The InferenceService manifest (a plain dict, ready for YAML or the Kubernetes API)."""
+    cfg.check()
+    metadata = {"name": cfg.name, "labels": {"app.kubernetes.io/name": "kfvision",
+                                             "app.kubernetes.io/component": "predictor"}}
+    if cfg.namespace:
+        metadata["namespace"] = cfg.namespace
+    predictor = {
+        "minReplicas": cfg.min_replicas,
+        "maxReplicas": cfg.max_replicas,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
+                            "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [_container(cfg)],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    if cfg.gpus:
+        predictor["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists",
+                                     "effect": "NoSchedule"}]
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
+            "spec": {"predictor": predictor}}
+
+
+def to_yaml(manifest: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(manifest, sort_keys=False)

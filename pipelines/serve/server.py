@@ -1,0 +1,87 @@
+"""`kfvision serve`: a trained model behind KServe's model server (REST, v1 and v2 protocols).
+
+One process holds the model, loaded once; requests are decoded on `decode_threads` threads and
+batched into forward passes (pipelines/serve/batcher.py). Scale out with replicas (an
+InferenceService's min/max replicas), not with processes on one machine.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+from trainer.errors import check_choice, check_range
+
+DEFAULTS = {"http_port": 8080, "max_batch_size": 32, "batch_wait_ms": 5}
+
+
+def default_name(model) -> str:
+    """A model name for the URLs from the model's path: lower case, [a-z0-9-]."""
+    stem = Path(model).stem if Path(model).is_file() else Path(model).name
+    return re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-") or "model"
+
+
+def _import_kserve():
+    """kserve.ModelServer parses sys.argv when imported (flags like --workers and --http_port);
+    import it with an empty command line so kfvision's flags are ours alone."""
+    argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        from kserve import ModelServer
+    finally:
+        sys.argv = argv
+    return ModelServer
+
+
+async def _invalid_request(request, exc):
+    """FastAPI's body validation (v2 requests) as the other errors look: 400 {"error": ...}."""
+    from fastapi.responses import ORJSONResponse
+
+    problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}"
+                         for e in exc.errors()[:4])
+    return ORJSONResponse(status_code=400, content={
+        "error": f"the request body is not a v2 inference request ({problems})"})
+
+
+def build_model(model, *, name: str | None = None, runtime: str | None = None,
+                device: str = "cpu", workers: int | None = None,
+                model_threads: int | None = None,
+                max_batch_size: int = DEFAULTS["max_batch_size"],
+                batch_wait_ms: float = DEFAULTS["batch_wait_ms"]):
+    """The loaded `ImageClassifier` for a trained model directory or an ONNX export."""
+    import os
+
+    _import_kserve()
+    from pipelines.serve.batcher import Batcher
+    from pipelines.serve.model import ImageClassifier
+    from trainer.use.predict import Predictor
+
+    check_choice("device", device, ("cpu", "cuda"))
+    check_range("max-batch-size", max_batch_size, 1, 1024)
+    check_range("batch-wait-ms", batch_wait_ms, 0, 1000)
+    cpus = os.cpu_count() or 1
+    workers = workers or cpus
+    check_range("workers", workers, 1, 256)
+    # The forward pass shares the cores with the decoding threads: an OpenMP team as wide as the
+    # machine stalls at every barrier whenever a decoder holds one of its cores.
+    model_threads = model_threads or max(1, cpus // 2)
+    check_range("model-threads", model_threads, 1, 256)
+    predictor = Predictor(model, runtime, device, threads=model_threads)
+    batcher = Batcher(predictor.probabilities, max_batch=max_batch_size,
+                      max_wait_s=batch_wait_ms / 1000, decode_threads=workers)
+    return ImageClassifier(name or default_name(model), predictor, batcher)
+
+
+def serve(model, *, http_port: int = DEFAULTS["http_port"], **options) -> None:
+    """Load the model and serve it until SIGTERM/SIGINT (`build_model` has the options)."""
+    check_range("http-port", http_port, 1, 65535)
+    classifier = build_model(model, **options)
+    from fastapi.exceptions import RequestValidationError
+    from kserve.model_server import app
+
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    server = _import_kserve()(http_port=http_port, workers=1, enable_grpc=False,
+                              enable_docs_url=False)
+    p = classifier.predictor
+    print(f"serving {p.source} ({p.runtime}, {len(p.classes)} classes) as "
+          f"'{classifier.name}' on port {http_port}: POST /v1/models/{classifier.name}:predict, "
+          f"/v2/models/{classifier.name}/infer", flush=True)
+    server.start([classifier])

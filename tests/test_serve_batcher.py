@@ -1,0 +1,101 @@
+"""The serving batcher: concurrent requests share forward passes, a lone one does not wait."""
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.serve.batcher import Batcher
+
+
+class Recorder:
+    """A forward pass that records its batch sizes: image i's 'probabilities' are [its value]."""
+
+    def __init__(self, delay: float = 0.0, fail_on: int | None = None):
+        self.sizes, self.delay, self.fail_on = [], delay, fail_on
+
+    def __call__(self, batch: torch.Tensor) -> np.ndarray:
+        self.sizes.append(len(batch))
+        time.sleep(self.delay)
+        if self.fail_on is not None and int(batch[0, 0, 0, 0]) == self.fail_on:
+            raise RuntimeError("the model failed")
+        return batch[:, 0, 0, :1].float().numpy()
+
+
+def _images(*values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.uint8).view(-1, 1, 1, 1).expand(-1, 1, 1, 2)
+
+
+def _decode(value: int) -> torch.Tensor:
+    time.sleep(0.01)
+    if value < 0:
+        raise ValueError(f"image {value} is broken")
+    return _images(value)[0]
+
+
+async def _request(batcher: Batcher, values: list) -> list:
+    decoded = await batcher.decode(_decode, [(v,) for v in values])
+    probs = await batcher.submit(torch.stack(decoded))
+    return probs[:, 0].astype(int).tolist()
+
+
+def _run(batcher, *requests):
+    async def go():
+        try:
+            return await asyncio.gather(*(_request(batcher, r) for r in requests),
+                                        return_exceptions=True)
+        finally:
+            batcher.close()
+    return asyncio.run(go())
+
+
+def test_a_lone_request_does_not_wait_for_the_window():
+    forward = Recorder()
+    batcher = Batcher(forward, max_batch=8, max_wait_s=2.0, decode_threads=2)
+    start = time.perf_counter()
+    assert _run(batcher, [7]) == [[7]]
+    assert time.perf_counter() - start < 1.0 and forward.sizes == [1]
+
+
+def test_concurrent_requests_share_forward_passes_and_get_their_own_answers():
+    forward = Recorder(delay=0.05)
+    batcher = Batcher(forward, max_batch=8, max_wait_s=0.05, decode_threads=4)
+    requests = [[i] for i in range(12)] + [[20, 21, 22]]
+    assert _run(batcher, *requests) == requests
+    assert sum(forward.sizes) == 15 and len(forward.sizes) < 13
+    assert max(forward.sizes) <= 8 and batcher.batches == len(forward.sizes)
+
+
+@pytest.mark.parametrize("values, max_batch, sizes", [
+    (list(range(10)), 4, [4, 4, 2]),  # bigger than a batch: runs alone, in chunks
+    (list(range(4)), 4, [4]),
+    ([5], 4, [1]),
+])
+def test_a_request_bigger_than_a_batch_runs_in_chunks(values, max_batch, sizes):
+    forward = Recorder()
+    batcher = Batcher(forward, max_batch=max_batch, max_wait_s=0.0, decode_threads=2)
+    assert _run(batcher, values) == [values]
+    assert forward.sizes == sizes
+
+
+def test_a_failed_forward_fails_its_requests_and_the_next_one_runs():
+    forward = Recorder(fail_on=13)
+    batcher = Batcher(forward, max_batch=8, max_wait_s=0.0, decode_threads=2)
+
+    async def go():
+        try:
+            with pytest.raises(RuntimeError, match="the model failed"):
+                await _request(batcher, [13])
+            return await _request(batcher, [3])
+        finally:
+            batcher.close()
+    assert asyncio.run(go()) == [3]
+
+
+def test_a_decode_error_fails_only_its_request():
+    batcher = Batcher(Recorder(), max_batch=8, max_wait_s=0.5, decode_threads=2)
+    got = _run(batcher, [1, -1], [2])
+    assert isinstance(got[0], ValueError) and "image -1 is broken" in str(got[0])
+    assert got[1] == [2] and batcher._decoding == 0

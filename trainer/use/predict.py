@@ -1,0 +1,159 @@
+"""Predict from image files' bytes: the preprocessing `kfvision score` applies, one model in memory.
+
+What a model server needs that scoring does not: the images arrive as bytes from strangers, so
+each one is checked (an image at all, complete, within the pixel limit training has) before it is
+decoded, and the failure says what was wrong with which image. The decoding is `score`'s: the
+model's evaluation transform, a JPEG decoded at 1/2, 1/4 or 1/8 of its size where that resize
+still only shrinks it (`EvalResize.decode_factor`), so a served label equals the scored label of
+the same file. Two runtimes run the network: PyTorch on a trained model directory, or
+onnxruntime on a `kfvision export --format onnx` file (its metadata carries classes and
+preprocessing).
+"""
+
+import io
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from trainer.data.decode import load_rgb
+from trainer.data.transforms import Normalizer, eval_transform
+from trainer.errors import KfvisionError, check_choice
+
+RUNTIMES = ("torch", "onnx")
+
+
+class InvalidImageError(KfvisionError, ValueError):
+    """Bytes given as an image file are not one that can be served: not an image, truncated, or
+    over the pixel limit."""
+
+
+def _reject(where: str, what: str) -> InvalidImageError:
+    return InvalidImageError(f"{where} {what}")
+
+
+def decode_image(data: bytes, transform, where: str = "image") -> torch.Tensor:
+    """The image file `data` as the model's uint8 RGB CHW input, decoded as `score` decodes it.
+
+    Raises:
+        InvalidImageError: empty, not an image, truncated, or more pixels than
+            PIL.Image.MAX_IMAGE_PIXELS (the limit `kfvision convert` applies to training data).
+    """
+    if not data:
+        raise _reject(where, "is empty (0 bytes)")
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # we refuse below
+            im = Image.open(io.BytesIO(data))
+        width, height = im.size
+        fmt = im.format
+    except Image.DecompressionBombError as e:
+        raise _reject(where, f"is refused as a decompression bomb ({e})") from e
+    except Image.UnidentifiedImageError as e:
+        raise _reject(where, "is not an image file (Pillow cannot identify its format)") from e
+    except Exception as e:  # Pillow raises many types on malformed data; the reason is kept
+        raise _reject(where, f"is not an image file Pillow can read ({type(e).__name__}: "
+                      f"{e})") from e
+    if limit and width * height > limit:
+        raise _reject(where, f"is {width} x {height} = {width * height:,} pixels, over the limit "
+                      f"of {limit:,} (PIL.Image.MAX_IMAGE_PIXELS); refused as a possible "
+                      "decompression bomb")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            if fmt == "JPEG":
+                img = _decode_jpeg(im, transform.decode_factor(height, width))
+            else:  # score's path for every other format (16-bit grayscale scaled, etc.)
+                img = load_rgb("request-image", torch.frombuffer(bytearray(data),
+                                                                 dtype=torch.uint8))
+    except Exception as e:  # truncated data, decoder errors
+        raise _reject(where, f"cannot be decoded ({type(e).__name__}: {e}); is it complete?") \
+            from e
+    return transform(img)
+
+
+def _decode_jpeg(im: Image.Image, factor: int) -> torch.Tensor:
+    """A JPEG through Pillow's libjpeg at 1/factor of its size (score's `_draft_decode` request),
+    loaded strictly: a truncated file raises instead of decoding grey."""
+    if factor > 1:
+        im.draft(None, (im.width // factor, im.height // factor))
+    im.load()
+    rgb = im if im.mode == "RGB" else im.convert("RGB")
+    return torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
+
+
+def _onnx_session(path, threads: int):
+    """(run: uint8 batch -> probabilities, metadata) of an ONNX export on onnxruntime's CPU
+    provider. Its threads do not spin while idle: a server decodes images on the same cores."""
+    import json
+
+    import onnxruntime as ort
+
+    from trainer.use.export import META_KEY
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    meta = json.loads(session.get_modelmeta().custom_metadata_map[META_KEY])
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(session.run(None, {"image": x.contiguous().numpy()})[0])
+
+    return run, meta
+
+
+class Predictor:
+    """A trained model (or its ONNX export) with its classes and evaluation transform, loaded
+    once: `preprocess` one file's bytes, `probabilities` of a uint8 batch.
+
+    Args:
+        model: a trained model directory (runtime "torch") or an ONNX export ("onnx").
+        runtime: "torch" or "onnx"; None picks "onnx" for a file, "torch" for a folder.
+        device: "cpu" or "cuda" (torch runtime only).
+        threads: intra-op threads of the forward pass (None: the runtime's default).
+    """
+
+    def __init__(self, model, runtime: str | None = None, device: str = "cpu",
+                 threads: int | None = None):
+        model = Path(model)
+        self.threads = threads
+        runtime = runtime or ("onnx" if model.is_file() else "torch")
+        check_choice("runtime", runtime, RUNTIMES)
+        self.runtime, self.source = runtime, model
+        if runtime == "torch":
+            from trainer.model.trained import load_trained_model
+
+            net, info = load_trained_model(model)
+            self.device = torch.device("cuda" if device == "cuda" else "cpu")
+            self._net = net.to(self.device)
+            self._normalize = Normalizer(tuple(info["mean"]), tuple(info["std"]))
+            self._run = self._run_torch
+        else:
+            self._run, info = _onnx_session(model, threads or torch.get_num_threads())
+        self.classes = list(info["classes"])
+        self.image_size = int(info["image_size"])
+        self.transform = eval_transform(info["eval_preset"], self.image_size)
+
+    def _run_torch(self, batch: torch.Tensor) -> torch.Tensor:
+        # score's arithmetic (Normalizer, then softmax), so the probabilities match its table
+        return self._net(self._normalize(batch.to(self.device))).softmax(dim=1).cpu()
+
+    def preprocess(self, data: bytes, where: str = "image") -> torch.Tensor:
+        """`decode_image` with this model's transform."""
+        return decode_image(data, self.transform, where)
+
+    def probabilities(self, batch: torch.Tensor) -> np.ndarray:
+        """float32 [n, classes] for a uint8 [n, 3, S, S] batch."""
+        if self.threads and torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)  # OpenMP's setting is the calling thread's
+        with torch.inference_mode():
+            return self._run(batch).numpy().astype(np.float32, copy=False)
+
+    def describe(self) -> dict:
+        """What a client needs to know: classes, input size, runtime."""
+        return {"classes": self.classes, "image_size": self.image_size,
+                "runtime": self.runtime, "model": str(self.source)}
