@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from pipelines.serve.deploy import DeployConfig
+from trainer.options import HelpFormatter
 
 EPILOG = """\
 render, then apply (docs/serving.md):
@@ -69,7 +70,7 @@ def register(subparsers, help: str) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = d.add_subparsers(dest="deploy_command", required=True, metavar="ACTION")
     d0 = DeployConfig("x", "pvc://x", "x")
-    r = sub.add_parser("render", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    r = sub.add_parser("render", formatter_class=HelpFormatter,
                        help="write the InferenceService YAML (serving.kserve.io/v1beta1)")
     r.add_argument("--model", required=True, help="storage URI of the trained model directory: "
                    "pvc://CLAIM/path, s3://..., gs://... (mounted at /mnt/models)")
@@ -86,7 +87,7 @@ def register(subparsers, help: str) -> None:
     r.add_argument("--batch-wait-ms", type=float, help="passed to `kfvision serve`")
     r.add_argument("-o", "--output", help="output file ('-' or none: standard output)")
     r.set_defaults(func=_render)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     s = sub.add_parser("submit", formatter_class=fmt,
                        help="create (or update) the InferenceService on the cluster")
     s.add_argument("manifest", help="InferenceService YAML ('-': standard input)")
