@@ -176,3 +176,33 @@ def test_a_2x2_trainjob_trains_the_digits_like_the_same_pytorchjob(tmp_path, tin
     for key in ("val_loss", "val_top1", "val_top5"):
         assert trainjob["final"][key] == pytorchjob["final"][key], key
     assert (tmp_path / "logs-trainjob" / "node-0-1.log").exists()
+
+
+KILLED_ONCE = """
+    import os, pathlib, sys, time
+    d = pathlib.Path(r"{tmp}")
+    if os.environ["PET_NODE_RANK"] == "0":
+        while not (d / "done").exists():
+            time.sleep(0.05)
+        sys.exit(0)
+    runs = d / "runs"
+    n = int(runs.read_text()) if runs.exists() else 0
+    runs.write_text(str(n + 1))
+    if n == 0:
+        print("node 1 ready", flush=True)
+        time.sleep(60)
+    (d / "done").touch()
+"""
+
+
+def test_a_killed_node_restarts_every_node_under_kfvision_torch(tmp_path):
+    import signal
+
+    from pipelines.jobs.faults import Fault
+
+    job = make_trainjob(script=KILLED_ONCE.format(tmp=tmp_path))
+    result = run_local_trainjob(job, tmp_path / "logs", quiet=True, restart_delay_s=0,
+                                faults=[Fault("node-0-1", "node 1 ready", signal.SIGKILL)])
+    assert result.restarts == 1 and "SIGKILL to every process of node-0-1" in result.faults[0]
+    assert "exit code 137: Job failed (BackoffLimitExceeded), JobSet RestartJobSet 1/3" in (
+        tmp_path / "logs" / "node-0-0.log").read_text()
