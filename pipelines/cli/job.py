@@ -139,8 +139,9 @@ def _add_render(sub) -> None:
         "render", parents=[get_args_parser(add_help=False)],
         help="write the PyTorchJob (or TrainJob) YAML of a training run",
         description="Write a kubeflow.org/v1 PyTorchJob: Master (+ Workers when --nodes > 1), "
-        "each running `torchrun -m trainer.train` with the training flags below. Paths are as "
-        "the pods see them (e.g. under a --pvc mount).",
+        "or with --kind trainjob a Kubeflow Trainer v2 TrainJob of --nodes nodes, each running "
+        "`torchrun -m trainer.train` with the training flags below. Paths are as the pods see "
+        "them (e.g. under a --pvc mount).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g = r.add_argument_group("job")
     g.add_argument("--name", required=True, help="job name (DNS-1035: a-z, 0-9, '-')")

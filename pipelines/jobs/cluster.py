@@ -22,6 +22,12 @@ from pathlib import Path
 
 from pipelines.jobs.errors import JobFailedError, JobTimeoutError, KubernetesError
 from pipelines.jobs.kinds import KINDS, PYTORCHJOB, TRAINJOB, JobKind
+from pipelines.jobs.podstatus import (
+    container_status,
+    job_state,
+    pod_problems,
+    split_lines,
+)
 
 _HINTS = {
     401: "your credentials were refused: refresh the kubeconfig (or the pod's service account "
@@ -86,63 +92,6 @@ def connect(namespace: str | None = None, out=None, kind: JobKind = PYTORCHJOB) 
                               "account is used).") from e
     return JobClient(client.CustomObjectsApi(), client.CoreV1Api(),
                      namespace or current or "default", out=out, kind=kind)
-
-
-def job_state(job: dict) -> tuple:
-    """(state, message) from status.conditions: the newest condition whose status is True."""
-    conditions = [c for c in (job.get("status") or {}).get("conditions") or []
-                  if c.get("status") == "True"]
-    for terminal in ("Failed", "Succeeded", "Complete"):  # terminal wins over a later Running
-        for c in conditions:
-            if c.get("type") == terminal:
-                return terminal, c.get("message") or c.get("reason") or ""
-    if conditions:
-        return conditions[-1].get("type"), conditions[-1].get("message") or ""
-    jobs = (job.get("status") or {}).get("jobsStatus") or []  # a TrainJob's JobSet Jobs
-    if any((j.get("active") or 0) > 0 for j in jobs):
-        return "Running", ""
-    return "Pending", "no status yet (is the Training Operator or Kubeflow Trainer running?)"
-
-
-def _split_lines(chunks):
-    """Lines from a stream of byte chunks, the last one even without a newline."""
-    buffer = b""
-    for chunk in chunks:
-        buffer += chunk if isinstance(chunk, bytes) else chunk.encode()
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            yield line.decode("utf-8", errors="replace")
-    if buffer:
-        yield buffer.decode("utf-8", errors="replace")
-
-
-def _container_status(pod: dict, kind: JobKind) -> dict:
-    for s in (pod.get("status") or {}).get("containerStatuses") or []:
-        if s.get("name") == kind.container:
-            return s
-    return {}
-
-
-def replica_name(pod: dict, kind: JobKind = PYTORCHJOB) -> str:
-    """`master-0` / `worker-1` (PyTorchJob) or `node-0-1` (TrainJob) from the pod's labels."""
-    return kind.replica_name(pod)
-
-
-def _pod_problems(pods: list, kind: JobKind) -> list:
-    """Why pods are not running yet (unschedulable, image pull errors), one line each."""
-    lines = []
-    for pod in pods:
-        status = pod.get("status") or {}
-        if status.get("phase") != "Pending":
-            continue
-        why = [c.get("message") for c in status.get("conditions") or []
-               if c.get("type") == "PodScheduled" and c.get("status") == "False"]
-        waiting = (_container_status(pod, kind).get("state") or {}).get("waiting") or {}
-        if waiting.get("reason"):
-            why.append(f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": "))
-        lines.append(f"{kind.replica_name(pod)} is Pending"
-                     + (f" ({'; '.join(why)})" if why else ""))
-    return lines
 
 
 class JobClient:
@@ -216,7 +165,7 @@ class JobClient:
                           self.namespace, container=self.kind.container, follow=True,
                           _preload_content=False)
         try:
-            yield from _split_lines(resp.stream(amt=None, decode_content=False))
+            yield from split_lines(resp.stream(amt=None, decode_content=False))
         finally:
             resp.release_conn()
 
@@ -228,7 +177,7 @@ class JobClient:
         _, message = job_state(job)
         lines = [f"{self.kind.kind} {self.namespace}/{name} failed: {message}"]
         for pod in self.pods(name):
-            status = _container_status(pod, self.kind)
+            status = container_status(pod, self.kind)
             now = (status.get("state") or {}).get("terminated")
             before = (status.get("lastState") or {}).get("terminated")
             ended = now or before
@@ -262,7 +211,7 @@ class JobClient:
         if current is not None and current.is_alive():
             return current
         pod = self.find_pod(name, self.kind.primary)
-        status = _container_status(pod or {}, self.kind)
+        status = container_status(pod or {}, self.kind)
         state = status.get("state") or {}
         if not pod or not (state.get("running") or state.get("terminated")):
             return current
@@ -302,7 +251,7 @@ class JobClient:
                     raise JobFailedError(self.failure_report(name, job))
                 return job
             if timeout_s is not None and self.clock() - start >= timeout_s:
-                pending = _pod_problems(self.pods(name), self.kind)
+                pending = pod_problems(self.pods(name), self.kind)
                 raise JobTimeoutError(
                     f"{self.kind.kind} {self.namespace}/{name} did not finish within "
                     f"{timeout_s:g} s (state {state})." + "".join(f"\n  {p}" for p in pending))
