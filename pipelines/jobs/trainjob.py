@@ -42,6 +42,7 @@ MANAGER = "kfvision.dev/render"  # owner of our runtimePatches entry (a domain-p
 STOCK_RUNTIME = "torch-distributed"
 KFVISION_RUNTIME = "kfvision-torch"
 PERMANENT_CODES = tuple(range(1, 128))  # trainer/exitcodes.py: 1-127 are never retried
+MAX_RESTARTS = 3  # kfvision-torch's JobSet maxRestarts: the PyTorchJob's default backoffLimit
 ISTIO_OFF = {"sidecar.istio.io/inject": "false"}
 
 
@@ -74,7 +75,7 @@ def _check(cfg: JobConfig) -> None:
             raise InvalidJobError(
                 f"{flag} does not apply to a TrainJob: the runtime's JobSet {where} decides it "
                 f"(kfvision's runtime {KFVISION_RUNTIME}: exit codes 1-127 fail, 128+ restart "
-                f"the nodes, at most 3 times; manifests/trainer-v2/). Drop {flag}.")
+                f"the nodes, at most {MAX_RESTARTS} times; manifests/trainer-v2/). Drop {flag}.")
     host = f"{cfg.name}-{NODE}-0-{cfg.nodes - 1}"
     if len(host) > 63:
         raise InvalidJobError(
@@ -139,7 +140,7 @@ def build_trainjob(cfg: JobConfig, runtime: Runtime = Runtime()) -> dict:
 
 def build_runtime(image: str, kind: str = "ClusterTrainingRuntime",
                   name: str = KFVISION_RUNTIME, namespace: str | None = None,
-                  max_restarts: int = 3) -> dict:
+                  max_restarts: int = MAX_RESTARTS) -> dict:
     """kfvision's torch runtime: the stock one plus the exit-code contract of docs/faults.md.
 
     A node's pod exiting 1-127 fails its Job through the Job's `podFailurePolicy` (reason
