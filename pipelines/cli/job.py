@@ -1,4 +1,5 @@
-"""`kfvision job render | run-local | submit | logs | delete`: the PyTorchJob command line."""
+"""`kfvision job render | run-local | submit | logs | delete`: the PyTorchJob and TrainJob command
+line."""
 
 import argparse
 import shlex
@@ -9,8 +10,10 @@ from pathlib import Path
 
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
+from pipelines.jobs.kinds import KINDS as JOB_KINDS
 from pipelines.jobs.manifest import JobConfig, Toleration, Volume, build_pytorchjob, to_yaml
 from pipelines.jobs.rules import RESTART_POLICIES
+from pipelines.jobs.trainjob_rules import RUNTIME_KINDS
 
 EPILOG = """\
 the same job, three ways:
@@ -105,7 +108,7 @@ def _render(args) -> int:
 
 
 # --- the job kind: PyTorchJob (Training Operator v1.9) or TrainJob (Kubeflow Trainer v2) ---
-KINDS = ("pytorchjob", "trainjob")
+KINDS = tuple(sorted(k.lower() for k in JOB_KINDS))
 
 
 def _build(args, cfg: JobConfig) -> tuple:
@@ -128,7 +131,7 @@ def _add_kind_flags(g) -> None:
                    "Operator v1.9) or TrainJob (Kubeflow Trainer v2)")
     g.add_argument("--runtime", help="TrainJob: the runtime to reference (default: the stock "
                    "torch-distributed; kfvision-torch carries the exit-code contract)")
-    g.add_argument("--runtime-kind", choices=("ClusterTrainingRuntime", "TrainingRuntime"),
+    g.add_argument("--runtime-kind", choices=RUNTIME_KINDS,
                    help="TrainJob: the runtime's kind (default: ClusterTrainingRuntime)")
 
 
