@@ -237,3 +237,15 @@ def test_api_discovery_failing_is_a_kubernetes_error():
                        "failed: HTTP 401") as e:
         served_kinds(Refusing([RUNNING]))
     assert isinstance(e.value.__cause__, ApiException)
+
+
+def test_logs_work_with_a_role_that_grants_only_pytorchjobs(monkeypatch, capsys):
+    fake = FakeCluster([RUNNING], logs={"digits-master-0": ["hi"]},
+                       fail={("get", "trainjobs"): ApiException(status=403, reason="Forbidden")})
+    fake.jobs["digits"] = JOB
+    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    assert main(["job", "logs", "digits"]) == 0
+    assert capsys.readouterr().out == "hi\n"
+    del fake.jobs["digits"]
+    assert main(["job", "delete", "digits"]) == 4  # the refusal, not "no such job"
+    assert "get TrainJob kubeflow/digits failed: HTTP 403" in capsys.readouterr().err

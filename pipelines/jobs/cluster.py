@@ -298,18 +298,23 @@ def attach(client: JobClient, name: str) -> JobClient:
     """A client of the kind that has a job `name` (TrainJob first), for logs and delete.
 
     Raises:
-        KubernetesError: neither a TrainJob nor a PyTorchJob of that name (status 404).
+        KubernetesError: neither a TrainJob nor a PyTorchJob of that name (status 404), or the
+            first refusal (e.g. 403: a Role of an older kfvision grants only pytorchjobs).
     """
+    refused = None
     for kind in (TRAINJOB, PYTORCHJOB):
         other = JobClient(client.custom, client.core, client.namespace, client.out,
                           client.sleep, client.clock, kind)
         try:
             other.get(name)
         except KubernetesError as e:
-            if e.status == 404:
-                continue
-            raise
+            if e.status not in (403, 404):
+                raise
+            refused = refused or (e if e.status == 403 else None)
+            continue
         return other
+    if refused is not None:
+        raise refused
     raise KubernetesError(f"there is no TrainJob or PyTorchJob {name} in namespace "
                           f"{client.namespace}: check the name and namespace (`kubectl get "
                           "trainjobs,pytorchjobs`).", 404)
