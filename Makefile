@@ -51,10 +51,13 @@ clean: ## remove build outputs (keeps .venv)
 	rm -rf build .pytest_cache
 
 TRAINER_IMAGE ?= registry.example.com/kfvision-trainer:0.1.0
-.PHONY: golden-jobs manifests
+.PHONY: golden-jobs golden-trainjobs manifests
 
 golden-jobs: setup ## regenerate tests/golden/job-*.yaml (rendered PyTorchJobs); review the diff
 	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_job_golden.py -k golden_render
+
+golden-trainjobs: setup ## regenerate tests/golden/trainjob-*.yaml and manifests/trainer-v2/ (TrainJobs, kfvision's runtimes); review the diff
+	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_trainjob.py -k "golden_render or shipped_runtimes"
 
 manifests: setup ## regenerate manifests/pytorchjob-example.yaml with `kfvision job render`
 	$(VENV)/bin/kfvision job render --name kfvision-digits --image $(TRAINER_IMAGE) \

@@ -1,11 +1,12 @@
 """`kfvision job submit | logs | delete` against a FAKE Kubernetes API.
 
 Nothing here talks to a cluster: no Kubernetes can run on our machines. `FakeCluster` stands in
-for the two client objects kfvision uses (kubernetes' CustomObjectsApi and CoreV1Api), keeps
-PyTorchJobs in a dict, plays a scripted status sequence, raises the client's real ApiException,
-and records every (verb, resource) it serves so the Role in manifests/rbac.yaml can be checked
-against the calls actually made. What it cannot show: that a real API server and Training
-Operator behave as scripted (docs/jobs.md says what was and was not exercised).
+for the two client objects kfvision uses (kubernetes' CustomObjectsApi and CoreV1Api), keeps the
+jobs of one kind (PyTorchJobs, or TrainJobs: tests/test_trainjob_cluster.py) in a dict, plays a
+scripted status sequence, raises the client's real ApiException, and records every (verb,
+resource) it serves so the Role in manifests/rbac.yaml can be checked against the calls made.
+What it cannot show: that a real API server, Training Operator or Kubeflow Trainer behave as
+scripted (docs/jobs.md says what was and was not exercised).
 """
 
 import io
@@ -66,10 +67,15 @@ class FakeCluster:
     `script` is a list of (conditions, pods); each get of the job moves one step on.
     """
 
+    API = ("kubeflow.org", "v1", "pytorchjobs")
+    POD_LABEL, CONTAINER = "training.kubeflow.org/job-name", "pytorch"
+
     def __init__(self, script, logs=None, fail=None):
         self.script, self.step, self.logs = script, 0, logs or {}
         self.fail = fail or {}  # (verb, resource) -> ApiException to raise
         self.jobs, self.calls = {}, []
+        self.runtimes = set()  # (plural, name) of the (Cluster)TrainingRuntimes it has
+        self.served = {}  # (group, version) -> resources, for API discovery
 
     def _serve(self, verb, resource):
         self.calls.append((verb, resource))
@@ -77,8 +83,8 @@ class FakeCluster:
             raise self.fail[(verb, resource)]
 
     def create_namespaced_custom_object(self, group, version, namespace, plural, body):
-        assert (group, version, plural) == ("kubeflow.org", "v1", "pytorchjobs")
-        self._serve("create", "pytorchjobs")
+        assert (group, version, plural) == self.API
+        self._serve("create", plural)
         name = body["metadata"]["name"]
         if name in self.jobs:
             raise ApiException(status=409, reason="Conflict")
@@ -86,8 +92,10 @@ class FakeCluster:
         return self.jobs[name]
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name):
-        self._serve("get", "pytorchjobs")
-        if name not in self.jobs:
+        self._serve("get", plural)
+        if plural.endswith("runtimes"):
+            return self._runtime(plural, name)
+        if name not in self.jobs or (group, version, plural) != self.API:
             raise ApiException(status=404, reason="Not Found")
         conditions, _ = self.script[min(self.step, len(self.script) - 1)]
         self.step += 1
@@ -95,22 +103,39 @@ class FakeCluster:
 
     def delete_namespaced_custom_object(self, group, version, namespace, plural, name,
                                         propagation_policy=None):
-        self._serve("delete", "pytorchjobs")
+        assert (group, version, plural) == self.API
+        self._serve("delete", plural)
         if self.jobs.pop(name, None) is None:
             raise ApiException(status=404, reason="Not Found")
 
     def list_namespaced_pod(self, namespace, label_selector=None, _preload_content=True):
-        assert label_selector == "training.kubeflow.org/job-name=digits"
+        assert label_selector == f"{self.POD_LABEL}=digits"
         self._serve("list", "pods")
         _, pods = self.script[min(max(self.step - 1, 0), len(self.script) - 1)]
         return FakeResponse(json.dumps({"items": pods}).encode())
 
     def read_namespaced_pod_log(self, name, namespace, container=None, follow=False,
                                 previous=False, tail_lines=None, _preload_content=True):
-        assert container == "pytorch"
+        assert container == self.CONTAINER
         self._serve("get", "pods/log")
         lines = self.logs.get(name, [])[-tail_lines:] if tail_lines else self.logs.get(name, [])
         return FakeResponse("".join(line + "\n" for line in lines).encode())
+
+
+    def get_cluster_custom_object(self, group, version, plural, name):
+        self._serve("get", plural)
+        return self._runtime(plural, name)
+
+    def _runtime(self, plural, name):
+        if (plural, name) not in self.runtimes:
+            raise ApiException(status=404, reason="Not Found")
+        return {"metadata": {"name": name}}
+
+    def get_api_resources(self, group, version, _preload_content=True):
+        if (group, version) not in self.served:
+            raise ApiException(status=404, reason="Not Found")
+        resources = [{"name": r} for r in self.served[(group, version)]]
+        return FakeResponse(json.dumps({"resources": resources}).encode())
 
 
 class FakeClock:
@@ -124,9 +149,14 @@ class FakeClock:
         self.now += seconds
 
 
-def client_for(fake, out=None) -> JobClient:
+def fake_connect(fake):
+    return lambda namespace=None, out=None, kind=None: client_for(fake, kind=kind)
+
+
+def client_for(fake, out=None, kind=None) -> JobClient:
     clock = FakeClock()
-    return JobClient(fake, fake, NS, out=out or io.StringIO(), sleep=clock.sleep, clock=clock)
+    return JobClient(fake, fake, NS, out=out or io.StringIO(), sleep=clock.sleep, clock=clock,
+                     **({"kind": kind} if kind else {}))
 
 
 RUNNING = ([cond("Created"), cond("Running")], [pod("master-0"), pod("worker-0"),
@@ -214,7 +244,7 @@ def test_timeout_is_honoured_and_deletes_the_job_unless_kept(keep):
 
 @pytest.mark.parametrize("status,verb,words", [
     (403, "create", ["create PyTorchJob kubeflow/digits failed: HTTP 403", "manifests/rbac.yaml"]),
-    (404, "create", ["HTTP 404", "Training Operator"]),
+    (404, "create", ["HTTP 404", "pytorchjobs.kubeflow.org", "Training Operator v1.9"]),
     (401, "create", ["HTTP 401", "credentials"]),
     (500, "get", ["get PyTorchJob kubeflow/digits failed: HTTP 500: etcd is down"]),
 ])
@@ -239,15 +269,18 @@ def test_job_state_reads_the_conditions(conditions, state):
     assert job_state({"status": {"conditions": conditions}})[0] == state
 
 
-def _rbac_rules() -> set:
-    role = next(yaml.safe_load_all((REPO / "manifests" / "rbac.yaml").read_text()))
-    return {(verb, resource) for rule in role["rules"] for resource in rule["resources"]
-            for verb in rule["verbs"]}
+def _rbac_rules(*jobs) -> set:
+    """(verb, resource) the Role grants; with `jobs`, only those job resources (and core)."""
+    roles = [d for d in yaml.safe_load_all((REPO / "manifests" / "rbac.yaml").read_text())
+             if d["kind"] in ("Role", "ClusterRole")]
+    return {(verb, resource) for role in roles for rule in role["rules"]
+            for resource in rule["resources"] for verb in rule["verbs"]
+            if not jobs or resource in jobs or rule["apiGroups"] == [""]}
 
 
 def test_the_role_grants_exactly_the_calls_the_train_step_makes(tmp_path, monkeypatch, capsys):
     fake = FakeCluster([RUNNING, SUCCEEDED], logs=MASTER_LOG)
-    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None: client_for(fake))
+    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
     manifest = tmp_path / "job.yaml"
     manifest.write_text(yaml.safe_dump(JOB))
     assert main(["job", "submit", str(manifest), "--wait", "--poll", "1"]) == 0
@@ -262,13 +295,16 @@ def test_the_role_grants_exactly_the_calls_the_train_step_makes(tmp_path, monkey
     assert "worker-0 (pod digits-worker-0) exited with code 1" in capsys.readouterr().err
     fake.script, fake.step = [RUNNING], 0
     assert main(["job", "submit", str(manifest), "--wait", "--timeout", "5"]) == 124
-    assert set(fake.calls) == _rbac_rules()
+    # logs and delete look for a TrainJob of that name first (tests/test_trainjob_cluster.py
+    # checks the Role against the calls of both kinds together)
+    assert set(fake.calls) == _rbac_rules("pytorchjobs") | {("get", "trainjobs")}
 
 
 def test_logs_of_a_replica_without_a_pod_and_namespace_conflicts_are_clear(tmp_path,
                                                                            monkeypatch, capsys):
     fake = FakeCluster([([cond("Created")], [])])
-    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None: client_for(fake))
+    fake.jobs["digits"] = JOB
+    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
     assert main(["job", "logs", "digits", "--replica", "worker-7"]) == 2
     assert "has no pod for replica worker-7" in capsys.readouterr().err
     manifest = tmp_path / "job.yaml"

@@ -82,14 +82,17 @@ def _docs(path: Path) -> list:
 
 def test_rbac_objects_pass_kubernetes_own_schemas():
     docs = _docs(MANIFESTS / "rbac.yaml")
-    assert [d["kind"] for d in docs] == ["Role", "RoleBinding"]
+    # a Role for the namespace's objects, a ClusterRole for clustertrainingruntimes (cluster-wide)
+    assert [d["kind"] for d in docs] == ["Role", "RoleBinding", "ClusterRole",
+                                         "ClusterRoleBinding"]
     for doc in docs:
         kubernetes_validate.validate(doc, "1.30", strict=True)
-    role, binding = docs
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pipeline-runner",
-                                    "namespace": role["metadata"]["namespace"]}]
+    for role, binding in (docs[:2], docs[2:]):
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                      "kind": role["kind"], "name": role["metadata"]["name"]}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pipeline-runner",
+                                        "namespace": docs[0]["metadata"]["namespace"]}]
+    assert [r["resources"] for r in docs[2]["rules"]] == [["clustertrainingruntimes"]]
 
 
 def test_kustomization_ties_the_manifests_together():

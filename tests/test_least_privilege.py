@@ -119,8 +119,13 @@ def _documents(path: Path) -> list:
 
 def test_rbac_has_no_wildcards_and_no_access_to_secrets():
     rbac = _documents(REPO / "manifests" / "rbac.yaml")
-    assert {d["kind"] for d in rbac} == {"Role", "RoleBinding"}  # namespaced, not cluster-wide
-    for rule in next(d for d in rbac if d["kind"] == "Role")["rules"]:
+    assert {d["kind"] for d in rbac} == {"Role", "RoleBinding", "ClusterRole",
+                                         "ClusterRoleBinding"}
+    # cluster-wide only what is cluster-scoped, and only reading it
+    (cluster_role,) = [d for d in rbac if d["kind"] == "ClusterRole"]
+    assert cluster_role["rules"] == [{"apiGroups": ["trainer.kubeflow.org"],
+                                      "resources": ["clustertrainingruntimes"], "verbs": ["get"]}]
+    for rule in [r for d in rbac if d["kind"].endswith("Role") for r in d["rules"]]:
         for key in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule[key] and not any("*" in v for v in rule[key])
         assert "secrets" not in rule["resources"]
@@ -144,7 +149,7 @@ def _env_values(doc, found):
 
 
 @pytest.mark.parametrize("path", sorted(
-    [*(REPO / "manifests").glob("*.yaml"), *(REPO / "tests" / "golden").glob("job-*.yaml")]),
+    [*(REPO / "manifests").glob("**/*.yaml"), *(REPO / "tests" / "golden").glob("*job-*.yaml")]),
     ids=lambda p: p.name)
 def test_no_manifest_holds_a_secret_value(path):
     for doc in _documents(path):

@@ -34,6 +34,7 @@ from trainer.model.arch import WEIGHTS_FILE, build_model, read_model_spec
 from trainer.model.trained import atomic_torch_save, write_model_files
 from trainer.rng import seed_everything
 from trainer.runtime import describe, resolve_runtime
+from trainer.trainjob_status import StatusReporter
 
 log = logging.getLogger("trainer")
 
@@ -101,6 +102,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     trainer = Trainer(cfg, ctx, model, train_loader, val_loader, sampler,
                       Normalizer(IMAGENET_MEAN, IMAGENET_STD), rt)
 
+    status = StatusReporter.from_env(cfg.epochs) if ctx.is_main else None  # TrainJob progress
+
     def on_epoch(history, best_state):  # rank 0 only: keep what we have if a later epoch fails
         try:
             if best_state is not None:
@@ -108,6 +111,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
             atomic_write_json(out / "metrics.json", {"status": "running", "history": history})
         except OSError as e:
             raise output_error(e, out) from e
+        if status is not None:
+            status.epoch_done(history)
 
     try:
         summary = trainer.fit(on_epoch, checkpointer)

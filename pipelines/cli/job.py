@@ -1,4 +1,5 @@
-"""`kfvision job render | run-local | submit | logs | delete`: the PyTorchJob command line."""
+"""`kfvision job render | run-local | submit | logs | delete`: the PyTorchJob and TrainJob command
+line."""
 
 import argparse
 import shlex
@@ -9,7 +10,9 @@ from pathlib import Path
 
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
+from pipelines.jobs.kinds import KINDS as JOB_KINDS
 from pipelines.jobs.manifest import JobConfig, build_pytorchjob, to_yaml
+from pipelines.jobs.trainjob_rules import RUNTIME_KINDS
 from trainer.options import HelpFormatter, add_flags, options_of
 
 EPILOG = """\
@@ -53,16 +56,16 @@ def render_argv(cfg: JobConfig) -> list:
 
 def _render(args) -> int:
     cfg = job_config(args)
-    job = build_pytorchjob(cfg)
+    job, kind_argv = _build(args, cfg)
     header = ("Rendered by kfvision; edit the command, not this file:\n"
-              f"kfvision job render {shlex.join(render_argv(cfg))}")
+              f"kfvision job render {shlex.join(kind_argv + render_argv(cfg))}")
     text = to_yaml(job, header)
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text, encoding="utf-8")
-        print(f"wrote PyTorchJob {cfg.name} ({cfg.nodes} node(s) x {cfg.nproc} process(es), "
+        print(f"wrote {job['kind']} {cfg.name} ({cfg.nodes} node(s) x {cfg.nproc} process(es), "
               f"{cfg.gpus_per_node} GPU(s) per node) to {args.output}", file=sys.stderr)
     mounts = [v.mount.rstrip("/") + "/" for v in cfg.volumes]
     if mounts and not any(cfg.train.out.startswith(m) for m in mounts):
@@ -71,18 +74,48 @@ def _render(args) -> int:
     return 0
 
 
+# --- the job kind: PyTorchJob (Training Operator v1.9) or TrainJob (Kubeflow Trainer v2) ---
+KINDS = tuple(sorted(k.lower() for k in JOB_KINDS))
+
+
+def _build(args, cfg: JobConfig) -> tuple:
+    """(job dict, the kind flags for the header) of `--kind`."""
+    if args.kind == "pytorchjob":
+        if args.runtime or args.runtime_kind:
+            raise InvalidJobError("--runtime and --runtime-kind are for --kind trainjob; a "
+                                  "PyTorchJob has no runtime. Drop them or add --kind trainjob.")
+        return build_pytorchjob(cfg), []
+    from pipelines.jobs.trainjob import Runtime, build_trainjob
+
+    runtime = Runtime(args.runtime or Runtime.name, args.runtime_kind or Runtime.kind)
+    argv = ["--kind", "trainjob", "--runtime", runtime.name]
+    return build_trainjob(cfg, runtime), argv + (
+        ["--runtime-kind", runtime.kind] if runtime.kind != Runtime.kind else [])
+
+
+def _add_kind_flags(g) -> None:
+    g.add_argument("--kind", choices=KINDS, default="pytorchjob", help="PyTorchJob (Training "
+                   "Operator v1.9) or TrainJob (Kubeflow Trainer v2)")
+    g.add_argument("--runtime", help="TrainJob: the runtime to reference (default: the stock "
+                   "torch-distributed; kfvision-torch carries the exit-code contract)")
+    g.add_argument("--runtime-kind", choices=RUNTIME_KINDS,
+                   help="TrainJob: the runtime's kind (default: ClusterTrainingRuntime)")
+
+
 def _add_render(sub) -> None:
     from trainer.config import get_args_parser
 
     r = sub.add_parser(
         "render", parents=[get_args_parser(add_help=False)],
-        help="write the PyTorchJob YAML of a training run",
+        help="write the PyTorchJob (or TrainJob) YAML of a training run",
         description="Write a kubeflow.org/v1 PyTorchJob: Master (+ Workers when --nodes > 1), "
-        "each running `torchrun -m trainer.train` with the training flags below. Paths are as "
-        "the pods see them (e.g. under a --pvc mount).",
+        "or with --kind trainjob a Kubeflow Trainer v2 TrainJob of --nodes nodes, each running "
+        "`torchrun -m trainer.train` with the training flags below. Paths are as the pods see "
+        "them (e.g. under a --pvc mount).",
         formatter_class=HelpFormatter)
     g = r.add_argument_group("job")
     add_flags(g, JOB_OPTIONS)
+    _add_kind_flags(g)
     g.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
     r.set_defaults(func=_render)
 
@@ -99,20 +132,25 @@ def _fault(text: str) -> Fault:
 
 
 def _run_local(args) -> int:
+    from pipelines.jobs.kinds import TRAINJOB, kind_of, read_job
     from pipelines.jobs.local import run_local
-    from pipelines.jobs.rules import read_manifest
+    from pipelines.jobs.local_trainjob import run_local_trainjob
 
-    job = read_manifest(args.manifest)
-    name = job["metadata"]["name"]
+    job = read_job(args.manifest)
+    name, trainjob = job["metadata"]["name"], kind_of(job) is TRAINJOB
     log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
-    print(f"running PyTorchJob {name} locally (image {_images(job)} stands in by this "
+    print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
           f"machine's programs); logs in {log_dir}/", file=sys.stderr)
     # Only the main thread may set handlers (a caller may run us from a worker thread).
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
     try:
-        result = run_local(job, log_dir, source=args.manifest, quiet=args.quiet,
-                           grace_s=args.grace, faults=args.fault)
+        if trainjob:  # every node must succeed: no --grace
+            result = run_local_trainjob(job, log_dir, source=args.manifest, quiet=args.quiet,
+                                        faults=args.fault)
+        else:
+            result = run_local(job, log_dir, source=args.manifest, quiet=args.quiet,
+                               grace_s=args.grace, faults=args.fault)
     except KeyboardInterrupt:
         print(f"interrupted: stopped every process of job {name}", file=sys.stderr)
         return 130
@@ -125,6 +163,8 @@ def _run_local(args) -> int:
 
 
 def _images(job: dict) -> str:
+    if job["kind"] == "TrainJob":
+        return job["spec"]["trainer"].get("image", "(the runtime's)")
     specs = job["spec"]["pytorchReplicaSpecs"].values()
     return ", ".join(sorted({c["image"] for s in specs for c in s["template"]["spec"]["containers"]
                              if c.get("name") == "pytorch"}))
@@ -140,10 +180,10 @@ def _namespace(args, job: dict | None = None) -> str | None:
 
 def _submit(args) -> int:
     from pipelines.jobs.cluster import connect, submit
-    from pipelines.jobs.rules import read_manifest
+    from pipelines.jobs.kinds import kind_of, read_job
 
-    job = read_manifest(args.manifest)
-    client = connect(_namespace(args, job))
+    job = read_job(args.manifest)
+    client = connect(_namespace(args, job), kind=kind_of(job))
     try:
         submit(client, job, wait=args.wait, timeout_s=args.timeout,
                keep_on_timeout=args.keep_on_timeout, poll_s=args.poll, logs=not args.no_logs)
@@ -155,14 +195,15 @@ def _submit(args) -> int:
 
 
 def _logs(args) -> int:
-    from pipelines.jobs.cluster import connect
+    from pipelines.jobs.cluster import attach, connect
 
-    client = connect(_namespace(args))
-    pod = client.find_pod(args.name, args.replica)
+    client = attach(connect(_namespace(args)), args.name)
+    replica = args.replica or client.kind.primary
+    pod = client.find_pod(args.name, replica)
     if pod is None:
-        raise InvalidJobError(f"PyTorchJob {client.namespace}/{args.name} has no pod for "
-                              f"replica {args.replica} (yet); see `kubectl get pods -l "
-                              f"training.kubeflow.org/job-name={args.name}`.")
+        raise InvalidJobError(f"{client.kind.kind} {client.namespace}/{args.name} has no pod "
+                              f"for replica {replica} (yet); see `kubectl get pods -l "
+                              f"{client.kind.pod_label}={args.name}`.")
     pod_name = pod["metadata"]["name"]
     if args.follow:
         for line in client.follow_log(pod_name):
@@ -173,11 +214,11 @@ def _logs(args) -> int:
 
 
 def _delete(args) -> int:
-    from pipelines.jobs.cluster import connect
+    from pipelines.jobs.cluster import attach, connect
 
-    client = connect(_namespace(args))
+    client = attach(connect(_namespace(args)), args.name)
     client.delete(args.name)
-    print(f"deleted PyTorchJob {client.namespace}/{args.name}")
+    print(f"deleted {client.kind.kind} {client.namespace}/{args.name}")
     return 0
 
 
@@ -185,14 +226,16 @@ def register(subparsers, help: str) -> None:
     """Add `kfvision job ...` to the `kfvision` command line's subparsers."""
     job = subparsers.add_parser(
         "job", help=help,
-        description="Train as a Kubeflow PyTorchJob (Training Operator v1.9).", epilog=EPILOG,
+        description="Train as a Kubeflow PyTorchJob (Training Operator v1.9) or TrainJob "
+        "(Kubeflow Trainer v2).", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
     _add_render(sub)
     fmt = HelpFormatter
     r = sub.add_parser("run-local", formatter_class=fmt,
-                       help="run a PyTorchJob YAML on this machine, as the operator would")
-    r.add_argument("manifest", help="PyTorchJob YAML ('-': standard input)")
+                       help="run a PyTorchJob or TrainJob YAML on this machine, as the "
+                       "cluster would")
+    r.add_argument("manifest", help="PyTorchJob or TrainJob YAML ('-': standard input)")
     r.add_argument("--log-dir", help="per-replica logs (default: build/jobs/NAME)")
     r.add_argument("--quiet", action="store_true", help="logs to files only, not the terminal")
     r.add_argument("--grace", type=float, default=30.0,
@@ -205,7 +248,7 @@ def register(subparsers, help: str) -> None:
     r.set_defaults(func=_run_local)
     s = sub.add_parser("submit", formatter_class=fmt,
                        help="create the job on the cluster (re-attach if it exists)")
-    s.add_argument("manifest", help="PyTorchJob YAML ('-': standard input)")
+    s.add_argument("manifest", help="PyTorchJob or TrainJob YAML ('-': standard input)")
     s.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else the "
                    "current context's)")
     s.add_argument("--wait", action="store_true", help="wait for Succeeded/Failed, streaming "
@@ -219,7 +262,8 @@ def register(subparsers, help: str) -> None:
     lg = sub.add_parser("logs", formatter_class=fmt, help="print a replica's log")
     lg.add_argument("name", help="job name")
     lg.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
-    lg.add_argument("--replica", default="master-0", help="master-0, worker-0, ...")
+    lg.add_argument("--replica", help="master-0, worker-0, ... (PyTorchJob) or node-0-0, "
+                    "node-0-1, ... (TrainJob); default: rank 0's")
     lg.add_argument("-f", "--follow", action="store_true", help="stream until it ends")
     lg.add_argument("--tail", type=int, help="only the last N lines")
     lg.add_argument("--previous", action="store_true", help="the log of the container before "

@@ -1,11 +1,14 @@
-"""Run a PyTorchJob on a cluster through the Kubernetes API: submit, wait, logs, delete.
+"""Run a PyTorchJob or TrainJob on a cluster through the Kubernetes API: submit, wait, logs,
+delete. What differs between the two kinds (API group, pod labels, container, success) is read
+from their JobKind (pipelines/jobs/kinds.py).
 
 We talk to the API with the `kubernetes` client's CustomObjectsApi (the job, as the plain dict
 `kfvision job render` builds and the CRD schema checks) and CoreV1Api (its pods and their logs),
 not the Training Operator SDK: one dependency fewer, no second model of the job to keep in step
 with the manifest, and every call is one we choose, so each error can name kind/namespace/name
 and the Role in manifests/ can list exactly these verbs:
-    pytorchjobs: create, get, delete    pods: list    pods/log: get
+    pytorchjobs, trainjobs: create, get, delete    pods: list    pods/log: get
+    clustertrainingruntimes, trainingruntimes: get (submit checks a TrainJob's runtime exists)
 
 The launcher is idempotent: submitting a job that already exists re-attaches to it.
 """
@@ -19,17 +22,19 @@ from pathlib import Path
 
 from pipelines.connect import EndpointError, endpoint_error
 from pipelines.jobs.errors import JobFailedError, JobTimeoutError, KubernetesError
-from pipelines.jobs.rules import CONTAINER_NAME
+from pipelines.jobs.kinds import KINDS, PYTORCHJOB, TRAINJOB, JobKind
+from pipelines.jobs.podstatus import (
+    container_status,
+    job_state,
+    pod_problems,
+    split_lines,
+)
 
-GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
-JOB_LABEL = "training.kubeflow.org/job-name"
 _HINTS = {
     401: "your credentials were refused: refresh the kubeconfig (or the pod's service account "
          "token).",
     403: "the service account may not do this: apply the Role and RoleBinding in "
          "manifests/rbac.yaml to this namespace (see docs/jobs.md, 'RBAC').",
-    404: "is the Training Operator (kubeflow.org/v1 PyTorchJob CRD) installed, and is the "
-         "namespace right?",
 }
 
 
@@ -57,9 +62,12 @@ def api_error(e: Exception, verb: str, kind: str, namespace: str,
         with contextlib.suppress(ValueError, AttributeError):
             detail = json.loads(body).get("message", detail)
     hint = _HINTS.get(status, "check that the cluster is reachable (kubectl get nodes).")
+    if status == 404 and kind in KINDS:  # on create: the CRD is missing (or the namespace)
+        hint = (f"is the {kind} CRD ({KINDS[kind].crd}) installed, and is the namespace right? "
+                f"If not, {KINDS[kind].install}.")
     if status == 404 and verb != "create":
         hint = (f"there is no {kind} {name} in namespace {namespace}: check the name and "
-                "namespace (or that the Training Operator's CRD is installed).")
+                "namespace (or that the job's CRD is installed).")
     code = f"HTTP {status}: " if status else ""
     return KubernetesError(f"{verb} {kind} {namespace}/{name} failed: {code}{detail}. {hint}",
                            status)
@@ -72,8 +80,9 @@ def _http_errors() -> tuple:
     return ApiException, HTTPError
 
 
-def connect(namespace: str | None = None, out=None) -> "JobClient":
-    """A JobClient for the current kubeconfig context, or the in-cluster config inside a pod.
+def connect(namespace: str | None = None, out=None, kind: JobKind = PYTORCHJOB) -> "JobClient":
+    """A JobClient (of `kind`) for the current kubeconfig context, or the in-cluster config
+    inside a pod.
 
     The namespace is `namespace`, else the context's (or the pod's own), else "default".
     Raises:
@@ -98,73 +107,16 @@ def connect(namespace: str | None = None, out=None) -> "JobClient":
                               "`kubectl config use-context ...` (inside a pod, the service "
                               "account is used).") from e
     return JobClient(client.CustomObjectsApi(), client.CoreV1Api(),
-                     namespace or current or "default", out=out)
-
-
-def job_state(job: dict) -> tuple:
-    """(state, message) from status.conditions: the newest condition whose status is True."""
-    conditions = [c for c in (job.get("status") or {}).get("conditions") or []
-                  if c.get("status") == "True"]
-    for terminal in ("Failed", "Succeeded"):  # terminal wins over a later Running
-        for c in conditions:
-            if c.get("type") == terminal:
-                return terminal, c.get("message") or c.get("reason") or ""
-    if conditions:
-        return conditions[-1].get("type"), conditions[-1].get("message") or ""
-    return "Pending", "no status yet (is the Training Operator running?)"
-
-
-def _split_lines(chunks):
-    """Lines from a stream of byte chunks, the last one even without a newline."""
-    buffer = b""
-    for chunk in chunks:
-        buffer += chunk if isinstance(chunk, bytes) else chunk.encode()
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            yield line.decode("utf-8", errors="replace")
-    if buffer:
-        yield buffer.decode("utf-8", errors="replace")
-
-
-def _container_status(pod: dict) -> dict:
-    for s in (pod.get("status") or {}).get("containerStatuses") or []:
-        if s.get("name") == CONTAINER_NAME:
-            return s
-    return {}
-
-
-def replica_name(pod: dict) -> str:
-    """`master-0` / `worker-1` from the operator's pod labels (or the pod name)."""
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    rtype = labels.get("training.kubeflow.org/replica-type")
-    index = labels.get("training.kubeflow.org/replica-index")
-    if rtype is not None and index is not None:
-        return f"{rtype.lower()}-{index}"
-    return pod["metadata"]["name"]
-
-
-def _pod_problems(pods: list) -> list:
-    """Why pods are not running yet (unschedulable, image pull errors), one line each."""
-    lines = []
-    for pod in pods:
-        status = pod.get("status") or {}
-        if status.get("phase") != "Pending":
-            continue
-        why = [c.get("message") for c in status.get("conditions") or []
-               if c.get("type") == "PodScheduled" and c.get("status") == "False"]
-        waiting = (_container_status(pod).get("state") or {}).get("waiting") or {}
-        if waiting.get("reason"):
-            why.append(f"{waiting['reason']}: {waiting.get('message', '')}".rstrip(": "))
-        lines.append(f"{replica_name(pod)} is Pending" + (f" ({'; '.join(why)})" if why else ""))
-    return lines
+                     namespace or current or "default", out=out, kind=kind)
 
 
 class JobClient:
-    """PyTorchJobs of one namespace. `custom`/`core`: kubernetes' CustomObjectsApi/CoreV1Api."""
+    """Jobs of one kind in one namespace. `custom`/`core`: kubernetes' CustomObjectsApi and
+    CoreV1Api; `kind`: PYTORCHJOB or TRAINJOB."""
 
     def __init__(self, custom, core, namespace: str, out=None, sleep=time.sleep,
-                 clock=time.monotonic):
-        self.custom, self.core, self.namespace = custom, core, namespace
+                 clock=time.monotonic, kind: JobKind = PYTORCHJOB):
+        self.custom, self.core, self.namespace, self.kind = custom, core, namespace, kind
         self.out, self.sleep, self.clock = out or sys.stdout, sleep, clock
         self._lock = threading.Lock()
 
@@ -187,64 +139,68 @@ class JobClient:
         body = {**job, "metadata": {**job["metadata"], "namespace": self.namespace}}
         try:
             return self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, body), True
+                *self._where(), body), True
         except api_exception as e:
             if e.status != 409:  # 409 Conflict: AlreadyExists -> re-attach below
-                raise api_error(e, "create", "PyTorchJob", self.namespace, name) from e
+                raise api_error(e, "create", self.kind.kind, self.namespace, name) from e
         except http_error as e:
-            raise api_error(e, "create", "PyTorchJob", self.namespace, name) from e
+            raise api_error(e, "create", self.kind.kind, self.namespace, name) from e
         return self.get(name), False
 
     def get(self, name: str) -> dict:
-        return self._call("get", "PyTorchJob", name, self.custom.get_namespaced_custom_object,
-                          GROUP, VERSION, self.namespace, PLURAL, name)
+        return self._call("get", self.kind.kind, name, self.custom.get_namespaced_custom_object,
+                          *self._where(), name)
+
+    def _where(self) -> tuple:
+        return self.kind.group, self.kind.version, self.namespace, self.kind.plural
 
     def delete(self, name: str) -> None:
         """Delete the job; the operator's owner references take its pods and services along."""
-        self._call("delete", "PyTorchJob", name, self.custom.delete_namespaced_custom_object,
-                   GROUP, VERSION, self.namespace, PLURAL, name,
+        self._call("delete", self.kind.kind, name, self.custom.delete_namespaced_custom_object,
+                   *self._where(), name,
                    propagation_policy="Background")
 
     def pods(self, name: str) -> list:
         """The job's pods as dicts (from the operator's job-name label), by name."""
-        resp = self._call("list", "Pod", f"-l {JOB_LABEL}={name}", self.core.list_namespaced_pod,
-                          self.namespace, label_selector=f"{JOB_LABEL}={name}",
+        selector = f"{self.kind.pod_label}={name}"
+        resp = self._call("list", "Pod", f"-l {selector}", self.core.list_namespaced_pod,
+                          self.namespace, label_selector=selector,
                           _preload_content=False)
         return sorted(json.loads(resp.data)["items"], key=lambda p: p["metadata"]["name"])
 
     def pod_log(self, pod: str, tail: int | None = None, previous: bool = False) -> str:
         kwargs = {"tail_lines": tail} if tail else {}
         resp = self._call("read log of", "Pod", pod, self.core.read_namespaced_pod_log, pod,
-                          self.namespace, container=CONTAINER_NAME, previous=previous,
+                          self.namespace, container=self.kind.container, previous=previous,
                           _preload_content=False, **kwargs)
         return resp.data.decode("utf-8", errors="replace")
 
     def follow_log(self, pod: str):
         """The pod's `pytorch` log line by line as it is written, until the container ends."""
         resp = self._call("follow log of", "Pod", pod, self.core.read_namespaced_pod_log, pod,
-                          self.namespace, container=CONTAINER_NAME, follow=True,
+                          self.namespace, container=self.kind.container, follow=True,
                           _preload_content=False)
         try:
-            yield from _split_lines(resp.stream(amt=None, decode_content=False))
+            yield from split_lines(resp.stream(amt=None, decode_content=False))
         finally:
             resp.release_conn()
 
     def find_pod(self, name: str, replica: str) -> dict | None:
-        return next((p for p in self.pods(name) if replica_name(p) == replica), None)
+        return next((p for p in self.pods(name) if self.kind.replica_name(p) == replica), None)
 
     def failure_report(self, name: str, job: dict, tail: int = 20) -> str:
         """Which replica failed, why (exit code, reason), and its last log lines."""
         _, message = job_state(job)
-        lines = [f"PyTorchJob {self.namespace}/{name} failed: {message}"]
+        lines = [f"{self.kind.kind} {self.namespace}/{name} failed: {message}"]
         for pod in self.pods(name):
-            status = _container_status(pod)
+            status = container_status(pod, self.kind)
             now = (status.get("state") or {}).get("terminated")
             before = (status.get("lastState") or {}).get("terminated")
             ended = now or before
             if not ended or ended.get("exitCode", 0) == 0:
                 continue
             pod_name = pod["metadata"]["name"]
-            lines.append(f"  {replica_name(pod)} (pod {pod_name}) exited with code "
+            lines.append(f"  {self.kind.replica_name(pod)} (pod {pod_name}) exited with code "
                          f"{ended.get('exitCode')}, reason {ended.get('reason', 'unknown')}"
                          + (f": {ended['message'].strip()}" if ended.get("message") else ""))
             try:
@@ -254,7 +210,7 @@ class JobClient:
             lines += [f"    {line}" for line in log.rstrip("\n").splitlines()[-tail:]]
         if len(lines) == 1:
             lines.append("  no pod of it ended with a non-zero exit code (deleted, or the job "
-                         "failed before its pods ran: see `kubectl describe pytorchjob "
+                         f"failed before its pods ran: see `kubectl describe {self.kind.plural} "
                          f"{name} -n {self.namespace}`)")
         return "\n".join(lines)
 
@@ -270,8 +226,8 @@ class JobClient:
         """(Re)start streaming the Master's log once its container runs, once per container."""
         if current is not None and current.is_alive():
             return current
-        pod = self.find_pod(name, "master-0")
-        status = _container_status(pod or {})
+        pod = self.find_pod(name, self.kind.primary)
+        status = container_status(pod or {}, self.kind)
         state = status.get("state") or {}
         if not pod or not (state.get("running") or state.get("terminated")):
             return current
@@ -280,7 +236,7 @@ class JobClient:
             return current
         seen.add(key)
         thread = threading.Thread(target=self._follow, name=f"log-{name}", daemon=True,
-                                  args=(pod["metadata"]["name"], "master-0"))
+                                  args=(pod["metadata"]["name"], self.kind.primary))
         thread.start()
         return thread
 
@@ -299,22 +255,22 @@ class JobClient:
             job = self.get(name)
             state, message = job_state(job)
             if state != last:
-                self.say(f"PyTorchJob {self.namespace}/{name}: {state}"
+                self.say(f"{self.kind.kind} {self.namespace}/{name}: {state}"
                          + (f" ({message})" if message else ""))
                 last = state
             if logs:
                 follower = self._keep_following(name, seen, follower)
-            if state in ("Succeeded", "Failed"):
+            if state in (self.kind.succeeded, "Failed"):
                 if follower is not None:
                     follower.join(timeout=10)  # let the last lines of the log through
                 if state == "Failed":
                     raise JobFailedError(self.failure_report(name, job))
                 return job
             if timeout_s is not None and self.clock() - start >= timeout_s:
-                pending = _pod_problems(self.pods(name))
+                pending = pod_problems(self.pods(name), self.kind)
                 raise JobTimeoutError(
-                    f"PyTorchJob {self.namespace}/{name} did not finish within {timeout_s:g} s "
-                    f"(state {state})." + "".join(f"\n  {p}" for p in pending))
+                    f"{self.kind.kind} {self.namespace}/{name} did not finish within "
+                    f"{timeout_s:g} s (state {state})." + "".join(f"\n  {p}" for p in pending))
             self.sleep(poll_s)
 
 
@@ -329,12 +285,14 @@ def submit(client: JobClient, job: dict, *, wait: bool = False, timeout_s: float
         JobFailedError, JobTimeoutError, KubernetesError: see JobClient.wait.
     """
     name = job["metadata"]["name"]
+    if client.kind is TRAINJOB:
+        check_runtime(client, job)
     obj, created = client.create(job)
-    where = f"PyTorchJob {client.namespace}/{name}"
+    where = f"{client.kind.kind} {client.namespace}/{name}"
     state = job_state(obj)[0]
     if created:
         client.say(f"created {where}")
-    elif state in ("Succeeded", "Failed"):  # e.g. submitted again after fixing what failed
+    elif state in (client.kind.succeeded, "Failed"):  # e.g. submitted again after a fix
         client.say(f"{where} already exists and has {state.lower()}: reporting that run (no new "
                    f"job is created). To run it again: kfvision job delete {name} -n "
                    f"{client.namespace}, then submit.")
@@ -350,3 +308,63 @@ def submit(client: JobClient, job: dict, *, wait: bool = False, timeout_s: float
                                   f"kfvision job delete {name} -n {client.namespace}") from e
         client.delete(name)
         raise JobTimeoutError(f"{e}\nDeleted it (pass --keep-on-timeout to keep it).") from e
+
+
+def attach(client: JobClient, name: str) -> JobClient:
+    """A client of the kind that has a job `name` (TrainJob first), for logs and delete.
+
+    Raises:
+        KubernetesError: neither a TrainJob nor a PyTorchJob of that name (status 404), or the
+            first refusal (e.g. 403: a Role of an older kfvision grants only pytorchjobs).
+    """
+    refused = None
+    for kind in (TRAINJOB, PYTORCHJOB):
+        other = JobClient(client.custom, client.core, client.namespace, client.out,
+                          client.sleep, client.clock, kind)
+        try:
+            other.get(name)
+        except KubernetesError as e:
+            if e.status not in (403, 404):
+                raise
+            refused = refused or (e if e.status == 403 else None)
+            continue
+        return other
+    if refused is not None:
+        raise refused
+    raise KubernetesError(f"there is no TrainJob or PyTorchJob {name} in namespace "
+                          f"{client.namespace}: check the name and namespace (`kubectl get "
+                          "trainjobs,pytorchjobs`).", 404)
+
+
+def check_runtime(client: JobClient, job: dict) -> None:
+    """Raise KubernetesError when the runtime a TrainJob references is missing (the webhook
+    would refuse the job with a less helpful message); a 403 leaves the check to the webhook."""
+    api_exception, http_error = _http_errors()
+    ref = job["spec"]["runtimeRef"]
+    kind, name = ref.get("kind") or "ClusterTrainingRuntime", ref["name"]
+    plural = kind.lower() + "s"
+    try:
+        if kind == "TrainingRuntime":
+            client.custom.get_namespaced_custom_object(TRAINJOB.group, TRAINJOB.version,
+                                                       client.namespace, plural, name)
+        else:
+            client.custom.get_cluster_custom_object(TRAINJOB.group, TRAINJOB.version, plural,
+                                                    name)
+    except api_exception as e:
+        if e.status == 403:
+            return
+        if e.status != 404:
+            raise api_error(e, "get", kind, client.namespace, name) from e
+        where = f" in namespace {client.namespace}" if kind == "TrainingRuntime" else ""
+        how = (f"kubectl apply -f manifests/trainer-v2/{kind.lower()}.yaml"
+               + (f" -n {client.namespace}" if where else "")
+               if name == "kfvision-torch" else
+               "install Kubeflow Trainer's runtimes (kubectl apply --server-side -k "
+               "\"github.com/kubeflow/trainer.git/manifests/overlays/runtimes?ref=v2.3.0\")")
+        raise KubernetesError(
+            f"TrainJob {client.namespace}/{job['metadata']['name']} references {kind} {name}, "
+            f"which the cluster does not have{where}: {how}, or render with another --runtime "
+            "(`kubectl get clustertrainingruntimes,trainingruntimes -A` lists them).",
+            404) from e
+    except http_error as e:
+        raise api_error(e, "get", kind, client.namespace, name) from e

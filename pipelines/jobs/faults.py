@@ -22,7 +22,7 @@ from pathlib import Path
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.procs import descendants, proc_table
 
-_TARGET = re.compile(r"(?P<replica>(master|worker)-\d+)(/(?P<rank>\d+))?")
+_TARGET = re.compile(r"(?P<replica>(master|worker)-\d+|node-0-\d+)(/(?P<rank>\d+))?")
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,8 @@ class Fault:
         if m is None or (replicas is not None and m["replica"] not in replicas):
             known = f" (this job has {', '.join(replicas)})" if replicas else ""
             raise InvalidJobError(f"fault target {self.target!r} is not a replica such as "
-                                  f"master-0 or worker-0, optionally /LOCAL_RANK{known}.")
+                                  f"master-0, worker-0 or (TrainJob) node-0-1, optionally "
+                                  f"/LOCAL_RANK{known}.")
         try:
             re.compile(self.after)
         except re.error as e:

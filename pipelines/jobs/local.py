@@ -168,14 +168,26 @@ def replica_command(job: dict, plan: ReplicaPlan, plans: list, port: int,
                     source: str = "the manifest") -> tuple:
     """(argv, env) of one replica on this machine: host env less launcher variables, then the
     container's env, its GPUs, and the operator's variables (master = 127.0.0.1:`port`)."""
+    env = pod_env(plan.container, source)
+    env.update(_gpu_env(job, plan, plans))
+    env.update(operator_env(job, plan, master_addr="127.0.0.1", port=port))
+    return container_argv(plan.container, env, source)
+
+
+def pod_env(container: dict, source: str) -> dict:
+    """A pod's start environment here: the host's less launcher variables, this environment's
+    bin folder first on PATH, then the container's env."""
     bindir = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items()
            if k not in _LAUNCHER_VARS and not k.startswith(("PET_", "TORCHELASTIC_"))}
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
-    env.update(_container_env(plan.container, source))
-    env.update(_gpu_env(job, plan, plans))
-    env.update(operator_env(job, plan, master_addr="127.0.0.1", port=port))
-    argv = [*plan.container["command"], *(plan.container.get("args") or [])]
+    env.update(_container_env(container, source))
+    return env
+
+
+def container_argv(container: dict, env: dict, source: str) -> tuple:
+    """(argv with the command resolved on env's PATH, env)."""
+    argv = [*container["command"], *(container.get("args") or [])]
     exe = shutil.which(argv[0], path=env["PATH"])
     if exe is None:
         raise InvalidJobError(f"{source}: {argv[0]!r} (the container's command) is not on PATH "

@@ -1,0 +1,143 @@
+"""The two kinds of training job kfvision runs, side by side, and which one a cluster serves.
+
+PyTorchJob (`kubeflow.org/v1`, Training Operator v1.9) and TrainJob (`trainer.kubeflow.org/
+v1alpha1`, Kubeflow Trainer v2) differ, for the runners, in a handful of facts: where the API
+serves them, how their pods are labelled and named, which container trains, which condition
+means success. `JobKind` holds those facts once; the cluster client and the command line read
+them from here instead of asking "which kind?" everywhere.
+"""
+
+import json
+from dataclasses import dataclass
+
+from pipelines.jobs import rules, trainjob_rules
+from pipelines.jobs.errors import InvalidJobError, KubernetesError
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """What differs between the kinds, for submit / wait / logs / delete."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    pod_label: str  # pod label whose value is the job's name
+    container: str  # the training container
+    primary: str  # the replica whose log is streamed (rank 0's pod)
+    succeeded: str  # the condition that ends the job well
+    install: str  # how to get the CRD when the cluster lacks it
+
+    @property
+    def crd(self) -> str:
+        return f"{self.plural}.{self.group}"
+
+    def replica_name(self, pod: dict) -> str:
+        """`master-0` / `worker-1` or `node-0-1` from the pod's labels (else the pod's name)."""
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if self is TRAINJOB:
+            index = labels.get("batch.kubernetes.io/job-completion-index")
+            rjob = labels.get("jobset.sigs.k8s.io/replicatedjob-name")
+            if index is not None and rjob is not None:
+                return f"{rjob}-{labels.get('jobset.sigs.k8s.io/job-index', '0')}-{index}"
+        else:
+            rtype = labels.get("training.kubeflow.org/replica-type")
+            index = labels.get("training.kubeflow.org/replica-index")
+            if rtype is not None and index is not None:
+                return f"{rtype.lower()}-{index}"
+        return pod["metadata"]["name"]
+
+
+PYTORCHJOB = JobKind(
+    "PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", "training.kubeflow.org/job-name",
+    rules.CONTAINER_NAME, "master-0", "Succeeded",
+    "install the Kubeflow Training Operator v1.9 (kubectl apply --server-side -k "
+    "\"github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.4\")")
+TRAINJOB = JobKind(
+    "TrainJob", trainjob_rules.API_GROUP, "v1alpha1", "trainjobs",
+    "jobset.sigs.k8s.io/jobset-name", trainjob_rules.NODE, "node-0-0", "Complete",
+    "install Kubeflow Trainer v2 (see https://www.kubeflow.org/docs/components/trainer/"
+    "operator-guides/installation/)")
+KINDS = {k.kind: k for k in (TRAINJOB, PYTORCHJOB)}  # preference order: TrainJob first
+
+
+def kind_of(job: dict, source: str = "the manifest") -> JobKind:
+    """The JobKind of a manifest dict (by apiVersion and kind)."""
+    kind = KINDS.get(job.get("kind")) if isinstance(job, dict) else None
+    if kind is None or job.get("apiVersion") != f"{kind.group}/{kind.version}":
+        found = (job.get("apiVersion"), job.get("kind")) if isinstance(job, dict) else job
+        raise InvalidJobError(f"{source} is {found!r}, not a job kfvision runs: expected a "
+                              f"kubeflow.org/v1 PyTorchJob or a {trainjob_rules.API_VERSION} "
+                              "TrainJob (as `kfvision job render [--kind trainjob]` writes).")
+    return kind
+
+
+def read_job(path) -> dict:
+    """The one PyTorchJob or TrainJob in the YAML file `path` ("-": standard input), checked
+    against its kind's rules.
+
+    Raises:
+        InvalidJobError: unreadable file, not YAML, not exactly one object, or a broken rule.
+    """
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    source = "standard input" if str(path) == "-" else str(path)
+    try:
+        text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except (OSError, yaml.YAMLError) as e:
+        raise InvalidJobError(f"cannot read the job manifest {source}: {e}") from e
+    if len(docs) != 1:
+        raise InvalidJobError(f"{source} holds {len(docs)} YAML documents; expected exactly one "
+                              "PyTorchJob or TrainJob (as `kfvision job render` writes).")
+    if kind_of(docs[0], source) is TRAINJOB:
+        return trainjob_rules.validate_trainjob(docs[0], source)
+    return rules.validate_pytorchjob(docs[0], source)
+
+
+def served_kinds(custom) -> list:
+    """The JobKinds whose CRD the API server serves, TrainJob first (API discovery: the
+    resources of each group/version, which every authenticated user may read).
+
+    Args:
+        custom: kubernetes' CustomObjectsApi (or anything with its get_api_resources).
+    Raises:
+        KubernetesError: discovery itself failed (not a 404, which means "not served").
+    """
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    served = []
+    for kind in KINDS.values():
+        try:
+            resp = custom.get_api_resources(kind.group, kind.version, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:  # the group/version is not served at all
+                continue
+            raise KubernetesError(f"API discovery of {kind.group}/{kind.version} failed: HTTP "
+                                  f"{e.status}: {e.reason}", e.status) from e
+        except HTTPError as e:
+            raise KubernetesError(f"API discovery of {kind.group}/{kind.version} failed: {e}. "
+                                  "Is the cluster reachable (kubectl get nodes)?") from e
+        names = {r.get("name") for r in json.loads(resp.data).get("resources") or []}
+        if kind.plural in names:
+            served.append(kind)
+    return served
+
+
+def pick_kind(custom) -> JobKind:
+    """The kind to run on this cluster: TrainJob when its CRD is served, else PyTorchJob.
+
+    Raises:
+        InvalidJobError: neither CRD is served; the message names both and how to install them.
+    """
+    served = served_kinds(custom)
+    if not served:
+        raise InvalidJobError(
+            f"the cluster serves neither {TRAINJOB.crd} (Kubeflow Trainer v2, TrainJob) nor "
+            f"{PYTORCHJOB.crd} (Training Operator v1.9, PyTorchJob), so kfvision cannot train "
+            f"there. To fix it, {TRAINJOB.install}; or {PYTORCHJOB.install}.")
+    return served[0]

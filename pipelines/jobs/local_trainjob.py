@@ -1,0 +1,246 @@
+"""`kfvision job run-local job.yaml` for a TrainJob: its nodes as local processes, as Kubeflow
+Trainer v2.3.0 and its runtime would run them.
+
+One process per node (`node-0-0`, `node-0-1`, ...: the JobSet's pod hostnames), each running
+`trainer.command` + `trainer.args` with `trainer.env` plus exactly the `PET_*` variables the torch
+plugin injects (../shared/reference/README.md), except that the master address is the loopback
+address and the port a free one. The image stands in by this machine's programs, as for
+PyTorchJobs (pipelines/jobs/local.py).
+
+What is retried follows the runtime the TrainJob references (kfvision-torch or the stock
+torch-distributed; run-local knows these two): a node that exits with a code of the Job's
+`podFailurePolicy` FailJob rule fails its Job (reason PodFailurePolicy); any other failure restarts
+that node while the Job's `backoffLimit` lasts, then fails its Job (BackoffLimitExceeded); a
+failed Job goes through the JobSet's `failurePolicy` rules (FailJobSet, or RestartJobSet: every
+node again, counted against `maxRestarts`). The TrainJob completes when every node has succeeded.
+"""
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipelines.jobs.errors import InvalidJobError, JobFailedError
+from pipelines.jobs.faults import FaultInjector
+from pipelines.jobs.local import (
+    LocalResult,
+    _failure,
+    _gpu_env,
+    _Printer,
+    container_argv,
+    free_port,
+    pod_env,
+)
+from pipelines.jobs.procs import ReplicaProcess, proc_table, stop_all
+from pipelines.jobs.trainjob import KFVISION_RUNTIME, STOCK_RUNTIME, build_runtime
+from pipelines.jobs.trainjob_rules import NODE, runtime_jobs, validate_trainjob
+
+MASTER_PORT = 29500  # the torch plugin's
+# ../shared/reference/trainer-v2/torch_distributed.yaml, the runtime the platform installs
+STOCK = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+         "metadata": {"name": STOCK_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+         "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {
+             "replicatedJobs": [{"name": NODE, "template": {
+                 "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step":
+                                         "trainer"}},
+                 "spec": {"template": {"spec": {"containers": [{
+                     "name": NODE,
+                     "image": "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"}]}}}}}]}}}}
+
+
+def known_runtime(ref: dict, source: str = "the manifest") -> dict:
+    """The runtime `ref` (a runtimeRef) names, for the runtimes run-local knows."""
+    name = ref.get("name")
+    if name == KFVISION_RUNTIME:
+        return build_runtime("local", kind=ref.get("kind") or "ClusterTrainingRuntime")
+    if name == STOCK_RUNTIME:
+        return STOCK
+    raise InvalidJobError(f"{source}: runtimeRef {name!r} is not a runtime run-local knows "
+                          f"({KFVISION_RUNTIME}, {STOCK_RUNTIME}); render with --runtime "
+                          f"{KFVISION_RUNTIME} to run it here with the same failure policy.")
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """The runtime's retry rules, with the defaults Job and JobSet apply when it sets none."""
+
+    pod_restart: str  # the node pods' restartPolicy (JobSet defaults it to OnFailure)
+    backoff_limit: int  # the Job's (Kubernetes default 6)
+    fail_codes: frozenset  # exit codes of container `node` that a FailJob rule matches
+    max_restarts: int  # the JobSet's (default 0: a failed Job fails the JobSet)
+    rules: tuple  # ((action, (reasons...)), ...) in order; no match means RestartJobSet
+
+    @classmethod
+    def of(cls, runtime: dict) -> "FailurePolicy":
+        spec = runtime["spec"]["template"]["spec"]
+        rjob = next(j for j in spec["replicatedJobs"] if j["name"] == NODE)["template"]["spec"]
+        codes = set()
+        for rule in (rjob.get("podFailurePolicy") or {}).get("rules") or []:
+            on = rule.get("onExitCodes") or {}
+            if rule.get("action") == "FailJob" and on.get("containerName", NODE) == NODE:
+                values = set(on.get("values") or [])
+                codes |= values if on.get("operator") == "In" else set(range(1, 256)) - values
+        failure = spec.get("failurePolicy") or {}
+        return cls(rjob["template"]["spec"].get("restartPolicy") or "OnFailure",
+                   rjob.get("backoffLimit", 6), frozenset(codes), failure.get("maxRestarts", 0),
+                   tuple((r["action"], tuple(r.get("onJobFailureReasons") or ()))
+                         for r in failure.get("rules") or []))
+
+    def action(self, reason: str) -> str:
+        """The JobSet's action for a Job that failed with `reason`."""
+        return next((a for a, reasons in self.rules if not reasons or reason in reasons),
+                    "RestartJobSet")
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    index: int
+    container: dict  # command, args, env, resources: what `trainer` gives container `node`
+
+    @property
+    def name(self) -> str:
+        return f"{NODE}-0-{self.index}"
+
+
+def _cpus(quantity) -> int:
+    text = str(quantity)
+    return max(1, math.ceil(int(text[:-1]) / 1000 if text.endswith("m") else float(text)))
+
+
+def torch_env(job: dict, index: int, master_addr: str | None = None,
+              port: int | None = None) -> dict:
+    """The variables the torch plugin injects into node `index`'s container `node`."""
+    trainer, name = job["spec"].get("trainer") or {}, job["metadata"]["name"]
+    resources = trainer.get("resourcesPerNode") or {}
+    asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    if trainer.get("numProcPerNode") is not None:
+        nproc = str(trainer["numProcPerNode"])
+    elif any(k.endswith("/gpu") for k in asked):
+        nproc = "auto"
+    else:
+        nproc = str(_cpus(asked.get("cpu", 1)))
+    return {"PET_NNODES": str(trainer.get("numNodes", 1)), "PET_NPROC_PER_NODE": nproc,
+            "PET_NODE_RANK": str(index),
+            "PET_MASTER_ADDR": master_addr or f"{name}-{NODE}-0-0.{name}",
+            "PET_MASTER_PORT": str(port or MASTER_PORT)}
+
+
+def plan_nodes(job: dict, source: str = "the manifest") -> tuple:
+    """([NodePlan...], FailurePolicy) of a TrainJob, checked against its runtime."""
+    runtime = known_runtime((job.get("spec") or {}).get("runtimeRef") or {}, source)
+    validate_trainjob(job, source, runtime_jobs(runtime))
+    trainer = job["spec"].get("trainer") or {}
+    if not trainer.get("command"):
+        raise InvalidJobError(f"{source}: spec.trainer has no command; run-local cannot know "
+                              "the image's entrypoint. Write it (e.g. [torchrun, -m, ...]).")
+    container = {"command": trainer["command"], "args": trainer.get("args") or [],
+                 "env": trainer.get("env") or [],
+                 "resources": {"limits": (trainer.get("resourcesPerNode") or {}).get("limits")
+                               or {}}}
+    nodes = [NodePlan(i, container) for i in range(int(trainer.get("numNodes", 1)))]
+    return nodes, FailurePolicy.of(runtime)
+
+
+def _node_command(job: dict, plan: NodePlan, plans: list, port: int, source: str) -> tuple:
+    """(argv, env) of one node: the pod's environment here (trainer.env), its GPUs and the
+    torch plugin's variables (master = 127.0.0.1:`port`)."""
+    env = pod_env(plan.container, source)
+    env.update(_gpu_env(job, plan, plans))
+    env.update(torch_env(job, plan.index, master_addr="127.0.0.1", port=port))
+    return container_argv(plan.container, env, source)
+
+
+class _Supervisor:
+    """Applies the runtime's FailurePolicy to the node processes until they all succeed."""
+
+    def __init__(self, job: dict, procs: list, policy: FailurePolicy, restart_delay_s: float):
+        self.name, self.procs, self.policy = job["metadata"]["name"], procs, policy
+        self.deadline_s = job["spec"].get("activeDeadlineSeconds")
+        self.delay, self.restarts, self.jobset_restarts = restart_delay_s, 0, 0
+
+    def _restart(self, procs: list, note: str) -> None:
+        time.sleep(self.delay)
+        self.restarts += 1
+        for r in procs:
+            r.start(note=f"--- restart {self.restarts} ({note}) ---")
+
+    def _job_failed(self, r, code: int, reason: str, codes: dict) -> None:
+        action = self.policy.action(reason)
+        counted = not action.endswith("IgnoreMaxRestarts")
+        if action == "FailJobSet" or (counted and self.jobset_restarts >= self.policy.max_restarts):
+            why = (f"Job failed ({reason}); the runtime's JobSet failurePolicy "
+                   + ("fails the TrainJob" if action == "FailJobSet" else
+                      f"maxRestarts {self.policy.max_restarts} reached"))
+            raise _failure(self.name, r, code, why)
+        self.jobset_restarts += counted
+        stop_all(self.procs)
+        codes.clear()
+        self._restart(self.procs, f"exit code {code}: Job failed ({reason}), JobSet {action} "
+                      f"{self.jobset_restarts}/{self.policy.max_restarts}")
+
+    def run(self) -> dict:
+        start, codes, job_retries, last_scan = time.monotonic(), {}, 0, 0.0
+        while len(codes) < len(self.procs) or any(c != 0 for c in codes.values()):
+            if time.monotonic() - last_scan > 0.5:
+                table = proc_table()
+                for r in self.procs:
+                    r.remember_descendants(table)
+                last_scan = time.monotonic()
+            for r in self.procs:
+                code = None if codes.get(r.name) == 0 else r.poll()
+                if code is None or code == 0:
+                    if code == 0:
+                        codes[r.name] = 0
+                    continue
+                if code in self.policy.fail_codes:
+                    self._job_failed(r, code, "PodFailurePolicy", codes)
+                    job_retries = 0
+                elif job_retries < self.policy.backoff_limit:
+                    job_retries += 1
+                    self._restart([r], f"exit code {code}, pod restartPolicy "
+                                  f"{self.policy.pod_restart}, Job backoffLimit "
+                                  f"{self.policy.backoff_limit}")
+                else:
+                    self._job_failed(r, code, "BackoffLimitExceeded", codes)
+                    job_retries = 0
+                break
+            if self.deadline_s is not None and time.monotonic() - start > self.deadline_s:
+                raise JobFailedError(f"TrainJob {self.name} failed: DeadlineExceeded (it ran "
+                                     f"longer than spec.activeDeadlineSeconds = "
+                                     f"{self.deadline_s} s).")
+            time.sleep(0.1)
+        return codes
+
+
+def run_local_trainjob(job: dict, log_dir, *, source: str = "the manifest", out=None,
+                       quiet: bool = False, restart_delay_s: float = 1.0,
+                       faults=()) -> LocalResult:
+    """Run the TrainJob `job` (a dict) on this machine, as Kubeflow Trainer and its runtime would.
+
+    Args and result as pipelines.jobs.local.run_local (logs in LOG_DIR/node-0-<i>.log).
+    Raises:
+        InvalidJobError: the manifest breaks a rule, names an unknown runtime, or cannot run here.
+        JobFailedError: the runtime's failure policy failed the job, or the deadline passed.
+    """
+    plans, policy = plan_nodes(job, source)
+    port = free_port()
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    printer = FaultInjector(faults, _Printer(out or sys.stdout, quiet))
+    procs = []
+    for plan in plans:
+        argv, env = _node_command(job, plan, plans, port, source)
+        (log_dir / f"{plan.name}.log").write_text("")
+        procs.append(ReplicaProcess(plan.name, argv, env, log_dir / f"{plan.name}.log", printer))
+    printer.attach(procs)
+    start = time.monotonic()
+    supervisor = _Supervisor(job, procs, policy, restart_delay_s)
+    try:
+        for r in procs:
+            r.start()
+        codes = supervisor.run()
+    finally:
+        stop_all(procs)
+    return LocalResult(job["metadata"]["name"], time.monotonic() - start, supervisor.restarts,
+                       log_dir, codes, printer.fired)

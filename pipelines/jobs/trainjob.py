@@ -1,0 +1,170 @@
+"""The Kubeflow Trainer v2 TrainJob of a training run, and kfvision's runtime: pure functions.
+
+    job = build_trainjob(JobConfig(name="digits", image="...", train=train_config, nodes=2,
+                                   procs_per_node=2), Runtime("kfvision-torch"))
+
+The same JobConfig as the PyTorchJob (pipelines/jobs/manifest.py), the same container command
+(`python -m trainer.launch -m trainer.train ...`: torchrun, which reads the torch plugin's `PET_*`
+variables) and the same pod hardening, written as a TrainJob (`trainer.kubeflow.org/v1alpha1`):
+`trainer` holds image, command, args, nodes, processes and resources; what the pods also need
+(the data PVC, `/dev/shm`, `/tmp`, node selector, tolerations, the non-root security context) goes
+into one `runtimePatches` entry owned by the manager `kfvision.dev/render`.
+
+What is retried is the runtime's business, not the TrainJob's: `build_runtime` writes kfvision's
+(Cluster)TrainingRuntime, whose JobSet `failurePolicy` and Job `podFailurePolicy` give the
+exit-code contract of docs/faults.md (1-127 fail the TrainJob at once, 128-255 restart every node
+from the last checkpoint, at most `max_restarts` times). The stock `torch-distributed` runtime
+has neither (see docs/jobs.md).
+"""
+
+from dataclasses import dataclass
+
+from pipelines.jobs.errors import InvalidJobError
+from pipelines.jobs.manifest import (
+    GPU_RESOURCE,
+    LABELS,
+    TRAIN_COMMAND,
+    JobConfig,
+    _pod_spec,
+    train_flags,
+)
+from pipelines.jobs.rules import dns1123_problem
+from pipelines.jobs.trainjob_rules import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    NODE,
+    RUNTIME_KINDS,
+    validate_trainjob,
+)
+
+MANAGER = "kfvision.dev/render"  # owner of our runtimePatches entry (a domain-prefixed path)
+STOCK_RUNTIME = "torch-distributed"
+KFVISION_RUNTIME = "kfvision-torch"
+PERMANENT_CODES = tuple(range(1, 128))  # trainer/exitcodes.py: 1-127 are never retried
+MAX_RESTARTS = 3  # kfvision-torch's JobSet maxRestarts: the PyTorchJob's default backoffLimit
+ISTIO_OFF = {"sidecar.istio.io/inject": "false"}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The runtime a TrainJob references: `name` of a ClusterTrainingRuntime (or a namespaced
+    TrainingRuntime); `service_account` for the pods (None: the namespace's default)."""
+
+    name: str = STOCK_RUNTIME
+    kind: str = "ClusterTrainingRuntime"
+    service_account: str | None = None
+
+    def validate(self) -> "Runtime":
+        for what, value in (("--runtime", self.name), ("service account", self.service_account)):
+            if value is not None and dns1123_problem(what, value, subdomain=True):
+                raise InvalidJobError(dns1123_problem(what, value, subdomain=True) + ".")
+        if self.kind not in RUNTIME_KINDS:
+            raise InvalidJobError(f"--runtime-kind {self.kind!r} is not valid; choose one of: "
+                                  f"{', '.join(RUNTIME_KINDS)}.")
+        return self
+
+
+def _check(cfg: JobConfig) -> None:
+    """What a TrainJob cannot say (the runtime decides retries) or name (pod hostnames)."""
+    defaults = JobConfig(name="", image="", train=cfg.train)
+    for flag, attr, where in (("--restart-policy", "restart_policy", "failurePolicy"),
+                              ("--backoff-limit", "backoff_limit", "failurePolicy.maxRestarts"),
+                              ("--ttl", "ttl", "ttlSecondsAfterFinished")):
+        if getattr(cfg, attr) != getattr(defaults, attr):
+            raise InvalidJobError(
+                f"{flag} does not apply to a TrainJob: the runtime's JobSet {where} decides it "
+                f"(kfvision's runtime {KFVISION_RUNTIME}: exit codes 1-127 fail, 128+ restart "
+                f"the nodes, at most {MAX_RESTARTS} times; manifests/trainer-v2/). Drop {flag}.")
+    host = f"{cfg.name}-{NODE}-0-{cfg.nodes - 1}"
+    if len(host) > 63:
+        raise InvalidJobError(
+            f"--name {cfg.name!r} is too long for {cfg.nodes} node(s): the JobSet names its pods' "
+            f"hosts up to {host!r} ({len(host)} characters, limit 63). Use a name of at most "
+            f"{63 - len(host) + len(cfg.name)} characters.")
+
+
+def _patch(cfg: JobConfig, runtime: Runtime) -> dict:
+    """The runtimePatches entry: the pod settings of the PyTorchJob's pods that a TrainJob's
+    `trainer` cannot carry (the schema allows only these pod and container fields)."""
+    pod = _pod_spec(cfg)
+    (container,) = pod["containers"]
+    spec = {"securityContext": pod["securityContext"]}
+    if runtime.service_account:
+        spec["serviceAccountName"] = runtime.service_account
+    for key in ("nodeSelector", "tolerations"):
+        if key in pod:
+            spec[key] = pod[key]
+    spec["volumes"] = pod["volumes"]
+    spec["containers"] = [{"name": NODE, "securityContext": container["securityContext"],
+                           "volumeMounts": container["volumeMounts"]}]
+    labels = {**LABELS, **dict(sorted(cfg.labels))}
+    template = {"metadata": {"labels": labels, "annotations": dict(ISTIO_OFF)}, "spec": spec}
+    return {"manager": MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": NODE, "template": {"spec": {"template": template}}}]}}}}
+
+
+def build_trainjob(cfg: JobConfig, runtime: Runtime = Runtime()) -> dict:
+    """The TrainJob for `cfg` on `runtime` as a plain dict (no I/O; same config, same dict).
+
+    Raises:
+        InvalidJobError: the config breaks a rule of the cluster (name, P > G, quantities, or a
+            PyTorchJob-only setting such as --restart-policy).
+    """
+    cfg.validate()
+    cfg.train.validate()
+    runtime.validate()
+    _check(cfg)
+    metadata = {"name": cfg.name}
+    if cfg.namespace:
+        metadata["namespace"] = cfg.namespace
+    metadata["labels"] = {**LABELS, **dict(sorted(cfg.labels))}
+    requests = {k: v for k, v in (("cpu", cfg.cpu), ("memory", cfg.memory)) if v is not None}
+    resources = {"limits": {GPU_RESOURCE: cfg.gpus_per_node}} if cfg.gpus_per_node else {}
+    if requests:
+        resources["requests"] = requests
+    trainer = {"image": cfg.image, "command": list(TRAIN_COMMAND), "args": train_flags(cfg.train),
+               # the Training Operator sets it, the torch plugin does not: logs as they happen
+               "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+               "numNodes": cfg.nodes, "numProcPerNode": cfg.nproc}
+    if resources:
+        trainer["resourcesPerNode"] = resources
+    spec = {"runtimeRef": {"name": runtime.name, "apiGroup": API_GROUP, "kind": runtime.kind},
+            "trainer": trainer}
+    if cfg.active_deadline is not None:
+        spec["activeDeadlineSeconds"] = cfg.active_deadline
+    spec["runtimePatches"] = [_patch(cfg, runtime)]
+    job = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+    return validate_trainjob(job, f"the rendered TrainJob {cfg.name!r}")
+
+
+def build_runtime(image: str, kind: str = "ClusterTrainingRuntime",
+                  name: str = KFVISION_RUNTIME, namespace: str | None = None,
+                  max_restarts: int = MAX_RESTARTS) -> dict:
+    """kfvision's torch runtime: the stock one plus the exit-code contract of docs/faults.md.
+
+    A node's pod exiting 1-127 fails its Job through the Job's `podFailurePolicy` (reason
+    PodFailurePolicy), and the JobSet rule `permanent` then fails the TrainJob. Any other failure
+    fails the Job too (`backoffLimit: 0`: one node must not restart alone under a static
+    rendezvous) and the rule `retry` recreates every node, which resume from the last
+    checkpoint, at most `max_restarts` times. `podFailurePolicy` needs `restartPolicy: Never`.
+    """
+    metadata = {"name": name, **({"namespace": namespace} if namespace else {}),
+                "labels": {"trainer.kubeflow.org/framework": "torch", **LABELS}}
+    pod = {"restartPolicy": "Never",
+           "automountServiceAccountToken": False,  # training pods never call the API
+           "containers": [{"name": NODE, "image": image}]}
+    job = {"backoffLimit": 0,
+           "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
+               "containerName": NODE, "operator": "In", "values": list(PERMANENT_CODES)}}]},
+           "template": {"spec": pod}}
+    failure = {"maxRestarts": max_restarts, "rules": [
+        {"name": "permanent", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+        {"name": "retry", "action": "RestartJobSet"}]}
+    return {"apiVersion": API_VERSION, "kind": kind, "metadata": metadata, "spec": {
+        "mlPolicy": {"numNodes": 1, "torch": {}},
+        "template": {"spec": {"failurePolicy": failure, "replicatedJobs": [{
+            "name": NODE,
+            "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step":
+                                                 "trainer"}},
+                         "spec": job}}]}}}}

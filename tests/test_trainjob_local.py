@@ -1,0 +1,208 @@
+"""`kfvision job run-local` of a TrainJob: the torch plugin's environment, the runtime's failure
+policy, logs per node; and a 2 x 2 CPU TrainJob that trains the digits as the same PyTorchJob.
+
+Most tests swap `trainer.command` for a few lines of Python (fast, no torch); the `distributed`
+test runs the real trainer through torchrun, as the rendered TrainJob says.
+"""
+
+import json
+import textwrap
+
+import pytest
+
+from pipelines.jobs.errors import InvalidJobError, JobFailedError
+from pipelines.jobs.local_trainjob import STOCK, FailurePolicy, run_local_trainjob, torch_env
+from pipelines.jobs.manifest import JobConfig
+from pipelines.jobs.trainjob import Runtime, build_runtime, build_trainjob
+from trainer.config import TrainConfig
+
+TRAIN = TrainConfig(model="/m", train="/t", val="/v", out="/o")
+
+
+def make_trainjob(nodes=2, nproc=1, runtime="kfvision-torch", script="", name="t", **extra):
+    """A rendered TrainJob whose nodes run `python -c script` instead of torchrun."""
+    job = build_trainjob(JobConfig(name=name, image="local", train=TRAIN, nodes=nodes,
+                                   procs_per_node=nproc, **extra), Runtime(runtime))
+    job["spec"]["trainer"].update(command=["python", "-c", textwrap.dedent(script)], args=[])
+    return job
+
+
+@pytest.mark.parametrize("trainer,index,expected", [
+    ({"numNodes": 3, "numProcPerNode": 4}, 2,
+     {"PET_NNODES": "3", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "2",
+      "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29500"}),
+    ({"numNodes": 2, "resourcesPerNode": {"limits": {"nvidia.com/gpu": 8}}}, 0,
+     {"PET_NPROC_PER_NODE": "auto", "PET_NNODES": "2"}),  # GPUs and no numProcPerNode: auto
+    ({"resourcesPerNode": {"requests": {"cpu": "2500m"}}}, 0,
+     {"PET_NPROC_PER_NODE": "3", "PET_NNODES": "1"}),  # the CPU count, rounded up
+    ({}, 0, {"PET_NPROC_PER_NODE": "1"}),  # at least 1
+])
+def test_torch_env_is_the_plugins(trainer, index, expected):
+    env = torch_env({"metadata": {"name": "job"}, "spec": {"trainer": trainer}}, index)
+    assert {k: env[k] for k in expected} == expected
+    assert set(env) == {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+                        "PET_MASTER_PORT"}  # no RANK, WORLD_SIZE or MASTER_ADDR
+
+
+def test_each_node_gets_the_plugins_env_and_nothing_inherited(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "5")  # as if we ran inside another launcher
+    monkeypatch.setenv("PET_NNODES", "9")
+    job = make_trainjob(nodes=3, nproc=2, script=f"""
+        import json, os
+        json.dump(dict(os.environ), open(r"{tmp_path}/" + os.environ["PET_NODE_RANK"] + ".json",
+                                         "w"))
+        print("hello from", os.environ["PET_NODE_RANK"])
+        """)
+    result = run_local_trainjob(job, tmp_path / "logs", restart_delay_s=0)
+    envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(3)]
+    assert [e["PET_NODE_RANK"] for e in envs] == ["0", "1", "2"]
+    assert {e["PET_MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
+    assert len({e["PET_MASTER_PORT"] for e in envs}) == 1
+    assert {e["PET_NNODES"] for e in envs} == {"3"} and {e["PET_NPROC_PER_NODE"] for e in envs} \
+        == {"2"}
+    assert all("RANK" not in e and "WORLD_SIZE" not in e and "MASTER_ADDR" not in e
+               and e["PYTHONUNBUFFERED"] == "1" and e["CUDA_VISIBLE_DEVICES"] == "" for e in envs)
+    assert "[node-0-2] hello from 2" in capsys.readouterr().out
+    assert (tmp_path / "logs" / "node-0-1.log").read_text() == "hello from 1\n"
+    assert result.restarts == 0 and result.exit_codes == {f"node-0-{i}": 0 for i in range(3)}
+
+
+# Node 0 exits 0 once node 1 has touched {tmp}/done (9 after 30 s); node 1 fails with the listed
+# exit codes, one per start, then succeeds.
+FLAKY_NODE_1 = """
+    import os, pathlib, sys, time
+    d = pathlib.Path(r"{tmp}")
+    if os.environ["PET_NODE_RANK"] == "0":
+        for _ in range(600):
+            if (d / "done").exists():
+                sys.exit(0)
+            time.sleep(0.05)
+        sys.exit(9)
+    runs = d / "runs"
+    n = int(runs.read_text()) if runs.exists() else 0
+    runs.write_text(str(n + 1))
+    codes = {codes}
+    if n < len(codes):
+        print("failing with", codes[n])
+        sys.exit(codes[n])
+    (d / "done").touch()
+"""
+
+
+@pytest.mark.parametrize("runtime,codes,restarts,node0_restarts,error", [
+    # kfvision-torch: 1-127 fail the TrainJob at once; 128+ restart every node, 3 times at most
+    ("kfvision-torch", [2], 0, 0, r"Job failed \(PodFailurePolicy\)"),
+    ("kfvision-torch", [1], 0, 0, "fails the TrainJob"),
+    ("kfvision-torch", [137, 200], 2, 2, None),
+    ("kfvision-torch", [137] * 4, 3, 3, "maxRestarts 3 reached"),
+    # the stock runtime: the failed node restarts alone, whatever the code, 6 times
+    ("torch-distributed", [2, 137], 2, 0, None),
+    ("torch-distributed", [2] * 7, 6, 0, "BackoffLimitExceeded"),
+])
+def test_the_runtimes_failure_policy_decides_what_is_restarted(
+        tmp_path, runtime, codes, restarts, node0_restarts, error):
+    job = make_trainjob(runtime=runtime, script=FLAKY_NODE_1.format(tmp=tmp_path, codes=codes))
+    if error is None:
+        result = run_local_trainjob(job, tmp_path / "logs", quiet=True, restart_delay_s=0)
+        assert result.restarts == restarts
+    else:
+        with pytest.raises(JobFailedError, match=error) as info:
+            run_local_trainjob(job, tmp_path / "logs", quiet=True, restart_delay_s=0)
+        assert f"node-0-1 exited with code {codes[restarts]}" in str(info.value)
+        assert "failing with" in str(info.value)  # the node's last log lines
+    logs = tmp_path / "logs"
+    assert (logs / "node-0-1.log").read_text().count("--- restart") == restarts
+    assert (logs / "node-0-0.log").read_text().count("--- restart") == node0_restarts
+
+
+def test_the_policies_read_from_the_runtimes():
+    kfv, stock = FailurePolicy.of(build_runtime("i")), FailurePolicy.of(STOCK)
+    assert (kfv.pod_restart, kfv.backoff_limit, kfv.max_restarts) == ("Never", 0, 3)
+    assert kfv.fail_codes == frozenset(range(1, 128))
+    assert kfv.action("PodFailurePolicy") == "FailJobSet"
+    assert kfv.action("BackoffLimitExceeded") == "RestartJobSet"
+    assert (stock.pod_restart, stock.backoff_limit, stock.max_restarts) == ("OnFailure", 6, 0)
+    assert stock.fail_codes == frozenset() and stock.action("PodFailurePolicy") == "RestartJobSet"
+
+
+def test_active_deadline_fails_the_trainjob(tmp_path):
+    job = make_trainjob(nodes=1, script="import time; time.sleep(60)", active_deadline=1)
+    with pytest.raises(JobFailedError, match="DeadlineExceeded"):
+        run_local_trainjob(job, tmp_path / "logs", quiet=True)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda j: j["spec"]["runtimeRef"].update(name="my-runtime"), "not a runtime run-local knows"),
+    (lambda j: j["spec"]["trainer"].pop("command"), "has no command"),
+    (lambda j: j["spec"]["trainer"]["env"].append({"name": "PET_NODE_RANK", "value": "1"}),
+     "sets PET_NODE_RANK"),
+    (lambda j: j["spec"]["trainer"]["env"].append(
+        {"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}), "valueFrom"),
+    (lambda j: j["spec"]["trainer"].update(command=["no-such-program-here"]), "not on PATH"),
+])
+def test_run_local_refuses_what_it_cannot_run_faithfully(tmp_path, change, message):
+    job = make_trainjob(script="pass")
+    change(job)
+    with pytest.raises(InvalidJobError, match=message):
+        run_local_trainjob(job, tmp_path / "logs", quiet=True)
+
+
+def _render_and_run(tmp_path, data, model, kind) -> dict:
+    """Render a 2 x 2 CPU job of `kind` with `kfvision job render`, run it with `kfvision job
+    run-local`; -> metrics.json."""
+    from pipelines.cli import main
+
+    out, manifest = tmp_path / f"model-{kind}", tmp_path / f"{kind}.yaml"
+    kind_flags = ["--kind", "trainjob", "--runtime", "kfvision-torch"] if kind == "trainjob" \
+        else []
+    assert main(["job", "render", *kind_flags, "--name", f"digits-{kind}", "--image", "local",
+                 "--nodes", "2", "--procs-per-node", "2", "--model", str(model),
+                 "--train", str(data["train"]), "--val", str(data["val"]), "--out", str(out),
+                 "--epochs", "2", "--image-size", "32", "--batch-size", "8", "--lr", "0.005",
+                 "--augment", "none", "--print-freq", "100", "--workers", "0",
+                 "-o", str(manifest)]) == 0
+    assert main(["job", "run-local", str(manifest), "--quiet",
+                 "--log-dir", str(tmp_path / f"logs-{kind}")]) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.mark.distributed
+def test_a_2x2_trainjob_trains_the_digits_like_the_same_pytorchjob(tmp_path, tiny_digits,
+                                                                  resnet18_dir):
+    trainjob = _render_and_run(tmp_path, tiny_digits, resnet18_dir, "trainjob")
+    pytorchjob = _render_and_run(tmp_path, tiny_digits, resnet18_dir, "pytorchjob")
+    assert trainjob["status"] == pytorchjob["status"] == "completed"
+    assert trainjob["world_size"] == pytorchjob["world_size"] == 4
+    for key in ("val_loss", "val_top1", "val_top5"):
+        assert trainjob["final"][key] == pytorchjob["final"][key], key
+    assert (tmp_path / "logs-trainjob" / "node-0-1.log").exists()
+
+
+KILLED_ONCE = """
+    import os, pathlib, sys, time
+    d = pathlib.Path(r"{tmp}")
+    if os.environ["PET_NODE_RANK"] == "0":
+        while not (d / "done").exists():
+            time.sleep(0.05)
+        sys.exit(0)
+    runs = d / "runs"
+    n = int(runs.read_text()) if runs.exists() else 0
+    runs.write_text(str(n + 1))
+    if n == 0:
+        print("node 1 ready", flush=True)
+        time.sleep(60)
+    (d / "done").touch()
+"""
+
+
+def test_a_killed_node_restarts_every_node_under_kfvision_torch(tmp_path):
+    import signal
+
+    from pipelines.jobs.faults import Fault
+
+    job = make_trainjob(script=KILLED_ONCE.format(tmp=tmp_path))
+    result = run_local_trainjob(job, tmp_path / "logs", quiet=True, restart_delay_s=0,
+                                faults=[Fault("node-0-1", "node 1 ready", signal.SIGKILL)])
+    assert result.restarts == 1 and "SIGKILL to every process of node-0-1" in result.faults[0]
+    assert "exit code 137: Job failed (BackoffLimitExceeded), JobSet RestartJobSet 1/3" in (
+        tmp_path / "logs" / "node-0-0.log").read_text()

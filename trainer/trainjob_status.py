@@ -1,0 +1,104 @@
+"""Training progress pushed into a Kubeflow TrainJob's `status.trainerStatus` (rank 0, per epoch).
+
+With Kubeflow Trainer v2.2+ and its `TrainJobStatus` feature gate, the trainer's control plane
+takes progress reports from the TrainJob's own pods (KEP-2779, upstream
+`docs/user-guides/trainjob-progress.md`): it injects `KUBEFLOW_TRAINER_STATUS_URL` (the job's
+status endpoint), `KUBEFLOW_TRAINER_STATUS_CA_CERT` and `KUBEFLOW_TRAINER_STATUS_TOKEN` (files of
+a projected volume: the CA of the endpoint and a token for the audience trainer.kubeflow.org;
+no RBAC of the pod is involved), and a pod POSTs `{"trainerStatus": {...}}` there. Then
+
+    kubectl get trainjob NAME -o jsonpath='{.status.trainerStatus}'
+
+shows the progress percentage, the estimated remaining seconds and the last epoch's metrics.
+
+Reporting never fails a run: without the variables (no gate, not a TrainJob) nothing is sent, and
+the first refused or failed report (HTTP 401/403/404, no route, timeout) is logged once and ends
+reporting for the run. Only the standard library: the image needs nothing more.
+"""
+
+import json
+import logging
+import os
+import ssl
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+log = logging.getLogger("trainer")
+
+URL, CA_CERT, TOKEN = ("KUBEFLOW_TRAINER_STATUS_URL", "KUBEFLOW_TRAINER_STATUS_CA_CERT",
+                       "KUBEFLOW_TRAINER_STATUS_TOKEN")
+METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "lr")
+TIMEOUT_S = 5.0  # a slow control plane may cost an epoch this much, once
+
+
+def trainer_status(history: list, epochs: int, seconds_per_epoch: float | None,
+                   now: datetime) -> dict:
+    """The `trainerStatus` object (as the TrainJob CRD declares it) after the epochs in
+    `history` of `epochs`; `seconds_per_epoch` None leaves the estimate out."""
+    last, done = history[-1], len(history)
+    status = {"progressPercentage": min(100, round(100 * done / epochs))}
+    if seconds_per_epoch is not None:
+        status["estimatedRemainingSeconds"] = max(0, round(seconds_per_epoch * (epochs - done)))
+    status["metrics"] = [{"name": k, "value": f"{last[k]:.6g}"} for k in METRICS if k in last]
+    status["metrics"] += [{"name": "currentEpoch", "value": str(last["epoch"])},
+                          {"name": "totalEpochs", "value": str(epochs)}]
+    status["lastUpdatedTime"] = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return status
+
+
+class StatusReporter:
+    """Rank 0's reports to the TrainJob; call `epoch_done(history)` after every epoch."""
+
+    def __init__(self, url: str, token_file: str | None, ca_file: str | None, epochs: int,
+                 clock=time.monotonic):
+        self.url, self.token_file, self.ca_file, self.epochs = url, token_file, ca_file, epochs
+        self.clock, self.last = clock, (clock(), 0)  # (time, epochs done) of the last report
+        self.enabled = True
+
+    @classmethod
+    def from_env(cls, epochs: int, environ=None) -> "StatusReporter | None":
+        """A reporter when the control plane gave the variables (in `environ`, default the
+        process's: the one place that reads them), else None (one log line when this runs in a
+        pod, where a missing gate is worth knowing about)."""
+        environ = os.environ if environ is None else environ
+        if not environ.get(URL):
+            if environ.get("KUBERNETES_SERVICE_HOST"):
+                log.info("progress: not reported to the TrainJob (%s is not set: not a TrainJob, "
+                         "or Kubeflow Trainer runs without the TrainJobStatus feature gate)", URL)
+            return None
+        return cls(environ[URL], environ.get(TOKEN), environ.get(CA_CERT), epochs)
+
+    def epoch_done(self, history: list) -> None:
+        """Report the run as of `history`; never raises."""
+        if not self.enabled or not history:
+            return
+        now, (t_prev, n_prev) = self.clock(), self.last
+        done = len(history)
+        # a resumed run's first report has no epoch timed in this process: no estimate yet
+        rate = (now - t_prev) / (done - n_prev) if done > n_prev and (n_prev or done == 1) \
+            else None
+        self.last = (now, done)
+        body = {"trainerStatus": trainer_status(history, self.epochs, rate,
+                                                datetime.now(timezone.utc))}
+        try:
+            self._post(body)
+        except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
+            self.enabled = False
+            why = f"HTTP {e.code}" if isinstance(e, urllib.error.HTTPError) else str(e)
+            log.info("progress: the TrainJob status endpoint refused or failed a report (%s); "
+                     "not reporting again in this run (training goes on)", why)
+
+    def _post(self, body: dict) -> None:
+        headers = {"Content-Type": "application/json"}
+        if self.token_file:
+            token = Path(self.token_file).read_text(encoding="utf-8").strip()
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(self.url, data=json.dumps(body).encode(),
+                                         headers=headers, method="POST")
+        context = (ssl.create_default_context(cafile=self.ca_file)
+                   if self.url.startswith("https:") else None)
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as resp:
+            resp.read()
