@@ -12,7 +12,7 @@ Components and their outputs:
     split-image-directory        -> train, validation (Dataset)
     resnet / densenet            -> model (Model: the untrained model directory)
     train-pytorch-model          -> trained_model (Model), metrics (Metrics), curves (HTML),
-                                    pytorchjob (Artifact: the rendered PyTorchJob YAML)
+                                    job (Artifact: the rendered TrainJob or PyTorchJob YAML)
     score-image-model            -> scored (Dataset: CSV, one row per image)
     evaluate-model               -> metrics (Metrics), confusion_matrix (ClassificationMetrics),
                                     report (Markdown), page (HTML), evaluation (Artifact: folder)
@@ -47,7 +47,7 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
                      procs_per_node: int, gpus_per_node: int, node_selector: str,
                      tolerations: str, cpu_per_node: str, memory_per_node: str, shm_size: str,
                      timeout_seconds: int, image: str, pvc_name: str,
-                     execution_mode: str) -> str:
+                     execution_mode: str, job_kind: str, trainer_runtime: str) -> str:
     """Validate every parameter of the pipeline (fail before any heavy work); returns the
     model family ("resnet" or "densenet") of model_name."""
     params = dict(locals())  # first statement: exactly the parameters
@@ -106,7 +106,7 @@ def densenet(model: Output[Model], model_name: str = "densenet121", pretrained: 
 @component
 def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: Input[Dataset],
                         trained_model: Output[Model], metrics: Output[Metrics],
-                        curves: Output[HTML], pytorchjob: Output[Artifact], image: str,
+                        curves: Output[HTML], job: Output[Artifact], image: str,
                         run_id: str, task_name: str, epochs: int = 5, batch_size: int = 16,
                         warmup_epochs: int = 0, learning_rate: float = 0.001,
                         random_seed: int = 1, patience: int = 3, print_frequency: int = 10,
@@ -114,8 +114,9 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
                         procs_per_node: int = 0, gpus_per_node: int = 0,
                         node_selector: str = "", tolerations: str = "", cpu_per_node: str = "",
                         memory_per_node: str = "", shm_size: str = "", timeout_seconds: int = 0,
-                        pvc_name: str = "kfvision-data", execution_mode: str = "auto"):
-    """Train PyTorch Model: a PyTorchJob (Master + Workers, torchrun, DDP), on the cluster inside
+                        pvc_name: str = "kfvision-data", execution_mode: str = "auto",
+                        job_kind: str = "auto", trainer_runtime: str = "torch-distributed"):
+    """Train PyTorch Model: a TrainJob or PyTorchJob (torchrun, DDP), on the cluster inside
     Kubernetes and as local processes elsewhere; the trained model, its metrics and curves."""
     params = dict(locals())  # first statement: exactly the parameters
     from pipelines.params import job_settings, train_options
@@ -124,9 +125,10 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
     from pipelines.train_step import job_summary, train_step
 
     summary = run(train_step, model.path, train.path, validation.path, trained_model.path,
-                  pytorchjob.path, options=train_options(**params),
+                  job.path, options=train_options(**params),
                   settings=job_settings(**params), run_key=unique_run_key(run_id, task_name),
-                  mode=execution_mode, pvc_name=pvc_name)
+                  mode=execution_mode, pvc_name=pvc_name, kind=job_kind,
+                  runtime=trainer_runtime)
     final = summary["final"]
     for key in ("val_top1", "val_top5", "val_loss", "train_images_per_sec"):
         metrics.log_metric(key, round(float(final[key]), 6))
@@ -134,7 +136,7 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
     metrics.log_metric("epochs_run", summary["epochs_run"])
     with open(curves.path, "w", encoding="utf-8") as f:
         f.write(curves_html(summary))
-    pytorchjob.metadata.update(job_summary(pytorchjob.path))
+    job.metadata.update(job_summary(job.path))
     trained_model.metadata.update({"framework": "pytorch", **final})
 
 

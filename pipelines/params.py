@@ -9,11 +9,14 @@ function, the components): tests/test_options.py checks them against these decla
 
 from dataclasses import dataclass
 
+from pipelines.jobs.kinds import KINDS
 from pipelines.jobs.manifest import JobConfig
+from pipelines.jobs.trainjob import STOCK_RUNTIME
 from trainer.config import TrainConfig
 from trainer.options import option, options_of
 
 EXECUTION_MODES = ("auto", "local", "cluster")
+JOB_KINDS = ("auto", *(k.lower() for k in KINDS))  # auto, trainjob, pytorchjob
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,14 @@ class PipelineInputs:
     execution_mode: str = option("auto", "where training runs: auto (cluster inside "
                                  "Kubernetes), local or cluster", choices=EXECUTION_MODES,
                                  pipeline=True)
+    job_kind: str = option("auto", "the Kubeflow job the train step runs: trainjob (Kubeflow "
+                           "Trainer v2), pytorchjob (Training Operator v1.9), or auto (on a "
+                           "cluster the one it serves, TrainJob first; locally a PyTorchJob)",
+                           choices=JOB_KINDS, pipeline=True)
+    trainer_runtime: str = option(STOCK_RUNTIME, "the TrainJob's ClusterTrainingRuntime: the "
+                                  "stock torch-distributed, or kfvision-torch (manifests/"
+                                  "trainer-v2/: retries lost peers, fails bad input at once)",
+                                  pipeline=True)
 
 
 TRAIN_OPTIONS = tuple(o for o in options_of(TrainConfig) if o.param)

@@ -4,13 +4,13 @@
                      -> split                    (no validation_source)
                       | convert(validation_source)
                      -> resnet | densenet        (by model_name's family)
-                     -> train-pytorch-model      (a PyTorchJob: locally, or on the cluster)
+                     -> train-pytorch-model      (a TrainJob or PyTorchJob, locally or on a cluster)
                      -> score-image-model        (validation data, or convert(test_source))
                      -> evaluate-model
 
 The three choices are dsl.If/dsl.Else groups merged with dsl.OneOf, so the KFP UI shows the branch
 taken. `image` sets every task's container image at run time (KFP backend 2.4 or later) and the
-PyTorchJob's. On a cluster the tasks that read sources or stage data for the PyTorchJob mount the
+job's. On a cluster the tasks that read sources or stage data for the job mount the
 ReadWriteMany PVC `pvc_name` at /kfvision-data (see docs/pipeline.md, "Storage").
 
 Caching: on for the steps whose outputs are a function of their inputs (split, model, train,
@@ -48,7 +48,8 @@ def _inputs(component, params: dict) -> dict:
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="Convert labelled images to an image directory, "
-              "split it, train a ResNet/DenseNet with PyTorch DDP as a Kubeflow PyTorchJob, "
+              "split it, train a ResNet/DenseNet with PyTorch DDP as a Kubeflow TrainJob or "
+              "PyTorchJob, "
               "score and evaluate it.")
 def image_classification(
     train_source: str,
@@ -80,6 +81,8 @@ def image_classification(
     image: str = c.DEFAULT_IMAGE,
     pvc_name: str = "kfvision-data",
     execution_mode: str = "auto",
+    job_kind: str = "auto",
+    trainer_runtime: str = "torch-distributed",
 ):
     params = dict(locals())  # first statement: every parameter, by name
     check = _step(c.check_parameters(**_inputs(c.check_parameters, params)), image,

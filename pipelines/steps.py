@@ -16,6 +16,7 @@ from pathlib import Path
 from pipelines.jobs.manifest import JobConfig, Volume, job_name
 from pipelines.params import (
     EXECUTION_MODES,
+    JOB_KINDS,
     job_options,
     job_settings,
     parameter_name,
@@ -87,6 +88,31 @@ def _check_source(name: str, source: str, required: bool, exists: bool) -> None:
             "http(s) URL.")
 
 
+def job_kinds(job_kind: str, mode: str) -> tuple:
+    """The JobKinds `job_kind` may mean in `mode` (local or cluster): auto on a cluster is the
+    one the cluster serves (known only there), auto locally a PyTorchJob, as before TrainJobs."""
+    from pipelines.jobs.kinds import KINDS, PYTORCHJOB
+
+    check_choice(ref("job_kind"), job_kind, JOB_KINDS)
+    if job_kind != "auto":
+        return (next(k for k in KINDS.values() if k.kind.lower() == job_kind),)
+    return tuple(KINDS.values()) if mode == "cluster" else (PYTORCHJOB,)
+
+
+def render_job(cfg: JobConfig, kind, runtime: str) -> dict:
+    """The job of `kind` (a JobKind) for `cfg`; a TrainJob references the ClusterTrainingRuntime
+    `runtime`."""
+    from pipelines.jobs.kinds import TRAINJOB
+
+    if kind is TRAINJOB:
+        from pipelines.jobs.trainjob import Runtime, build_trainjob
+
+        return build_trainjob(cfg, Runtime(runtime).validate())
+    from pipelines.jobs.manifest import build_pytorchjob
+
+    return build_pytorchjob(cfg)
+
+
 def check_parameters(*, check_sources: bool = True, **params) -> str:
     """Validate every pipeline parameter before any heavy work; return the model family.
 
@@ -112,8 +138,10 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
         mode = resolve_mode(params["execution_mode"])
         cfg = TrainConfig(model="model", train="train", val="val", out="out",
                           **train_options(**params)).validate()
-        job_config(cfg, run_id="check", pvc_name=params["pvc_name"] if mode == "cluster"
-                   else None, **job_settings(**params))
+        jobs = job_config(cfg, run_id="check", pvc_name=params["pvc_name"] if mode == "cluster"
+                          else None, **job_settings(**params))
+        for kind in job_kinds(params["job_kind"], mode):  # auto on a cluster: either may run
+            render_job(jobs, kind, params["trainer_runtime"])
     except InvalidParameterError as e:  # named as the pipeline's parameters, not the fields
         raise e.renamed(parameter_name) from e
     return family

@@ -1,8 +1,13 @@
-"""The train step: render the PyTorchJob, run it here or on the cluster, keep the trained model.
+"""The train step: render the job, run it here or on the cluster, keep the trained model.
+
+The job is a TrainJob (Kubeflow Trainer v2) or a PyTorchJob (Training Operator v1.9): parameter
+`job_kind`; auto asks the cluster which of the two it serves (TrainJob first) and, outside a
+cluster, runs a PyTorchJob as before TrainJobs.
 
     local   (kfvision pipeline run-local, or any run outside Kubernetes): the job runs as local
-            processes with the operator's exact environment (pipelines.jobs.local.run_local),
-            reading the step's input paths and writing straight into its Model output.
+            processes with the platform's exact environment (pipelines.jobs.local,
+            pipelines.jobs.local_trainjob), reading the step's input paths and writing straight
+            into its Model output.
     cluster (a KFP step in a Kubernetes pod): the job's pods cannot see the step's local artifact
             paths, so the inputs are staged on the ReadWriteMany PVC the step and the job both
             mount at DATA_MOUNT (`<mount>/kfvision-runs/<job>/{model,train,val}`), the job is
@@ -25,8 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.jobs.manifest import build_pytorchjob, to_yaml
-from pipelines.steps import DATA_MOUNT, job_config, resolve_mode
+from pipelines.jobs.manifest import to_yaml
+from pipelines.steps import DATA_MOUNT, job_config, job_kinds, render_job, resolve_mode
 from trainer.config import TrainConfig
 from trainer.errors import InvalidModelDirectoryError
 
@@ -37,8 +42,8 @@ is_mount = os.path.ismount  # a PVC is a mount point; a folder of the image is n
 
 def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dict,
                settings: dict, run_key: str, mode: str = "auto", pvc_name: str = "",
-               out=None) -> dict:
-    """Train as a PyTorchJob and leave the trained model directory at `out_dir`.
+               kind: str = "auto", runtime: str = "torch-distributed", out=None) -> dict:
+    """Train as a TrainJob or PyTorchJob and leave the trained model directory at `out_dir`.
 
     Args:
         model_dir, train_dir, val_dir: the untrained model and image directories (local paths).
@@ -47,6 +52,7 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
         options: training options (params.train_options); settings: the job settings
             (params.job_settings: image, nodes, ...); run_key: what the job name derives from.
         mode: auto, local or cluster (steps.resolve_mode); pvc_name: the data PVC (cluster).
+        kind: auto, trainjob or pytorchjob (steps.job_kinds); runtime: a TrainJob's runtime.
     Returns:
         the trained model's metrics.json (history, best_epoch, final figures).
     Raises:
@@ -57,24 +63,29 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
     mode = resolve_mode(mode)
     if mode == "cluster":
         return _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options,
-                                 settings, run_key, pvc_name, out)
+                                 settings, run_key, pvc_name, kind, runtime, out)
+    (job_kind,) = job_kinds(kind, mode)
     cfg = TrainConfig(model=str(model_dir), train=str(train_dir), val=str(val_dir),
                       out=str(out_dir), **options).validate()
-    job = _render(cfg, settings, run_key, None, job_yaml)
+    job = _render(cfg, settings, run_key, None, job_yaml, job_kind, runtime)
+    from pipelines.jobs.kinds import TRAINJOB
     from pipelines.jobs.local import run_local
+    from pipelines.jobs.local_trainjob import run_local_trainjob
 
-    name = job["metadata"]["name"]
+    name, what = job["metadata"]["name"], job_kind.kind
+    runner = run_local_trainjob if job_kind is TRAINJOB else run_local
     with tempfile.TemporaryDirectory(prefix=f"{name}-logs-") as logs:
-        print(f"running PyTorchJob {name} on this machine (kfvision job run-local)", file=out,
+        print(f"running {what} {name} on this machine (kfvision job run-local)", file=out,
               flush=True)
-        result = run_local(job, logs, source=f"PyTorchJob {name}", out=out)
-    print(f"PyTorchJob {name} succeeded in {result.seconds:.1f} s", file=out, flush=True)
+        result = runner(job, logs, source=f"{what} {name}", out=out)
+    print(f"{what} {name} succeeded in {result.seconds:.1f} s", file=out, flush=True)
     return read_metrics(out_dir)
 
 
-def _render(cfg: TrainConfig, settings: dict, run_key: str, pvc_name, job_yaml) -> dict:
-    job = build_pytorchjob(job_config(cfg, run_id=run_key, pvc_name=pvc_name, mount=DATA_MOUNT,
-                                      **settings))
+def _render(cfg: TrainConfig, settings: dict, run_key: str, pvc_name, job_yaml, kind,
+            runtime: str) -> dict:
+    job = render_job(job_config(cfg, run_id=run_key, pvc_name=pvc_name, mount=DATA_MOUNT,
+                                **settings), kind, runtime)
     Path(job_yaml).parent.mkdir(parents=True, exist_ok=True)
     Path(job_yaml).write_text(to_yaml(job, "Rendered by kfvision's train-pytorch-model step; "
                                       "`kubectl apply -f` runs it again."), encoding="utf-8")
@@ -93,8 +104,9 @@ def stage_inputs(stage: Path, inputs: dict) -> None:
 
 
 def _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options, settings,
-                      run_key, pvc_name, out) -> dict:
+                      run_key, pvc_name, kind, runtime, out) -> dict:
     from pipelines.jobs.cluster import connect, submit
+    from pipelines.jobs.kinds import pick_kind
 
     cfg = TrainConfig(model="model", train="train", val="val", out="trained", **options)
     name = job_config(cfg.validate(), run_id=run_key, pvc_name=pvc_name, **settings).name
@@ -103,13 +115,17 @@ def _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options,
         raise InvalidModelDirectoryError(
             f"{DATA_MOUNT} is not mounted in this step: on a cluster the train step needs the "
             f"ReadWriteMany PVC {pvc_name!r} (pipeline parameter pvc_name) to share data with "
-            "the PyTorchJob. Create it (docs/pipeline.md, 'Storage') or run with "
+            "the job. Create it (docs/pipeline.md, 'Storage') or run with "
             "execution_mode=local.")
+    kinds = job_kinds(kind, "cluster")
+    client = connect(out=out)
+    job_kind = pick_kind(client.custom) if len(kinds) > 1 else kinds[0]
+    if job_kind is not client.kind:
+        client = connect(out=out, kind=job_kind)
     stage_inputs(stage, {"model": model_dir, "train": train_dir, "val": val_dir})
     cfg = TrainConfig(model=str(stage / "model"), train=str(stage / "train"),
                       val=str(stage / "val"), out=str(stage / "trained"), **options)
-    job = _render(cfg, settings, run_key, pvc_name, job_yaml)
-    client = connect(out=out)
+    job = _render(cfg, settings, run_key, pvc_name, job_yaml, job_kind, runtime)
     replace_failed_job(client, name, stage / "trained")
     submit(client, job, wait=True, poll_s=10.0, logs=True)
     shutil.copytree(stage / "trained", out_dir, dirs_exist_ok=True)
@@ -132,8 +148,8 @@ def replace_failed_job(client, name: str, partial_out: Path, poll_s: float = 2.0
         raise
     if job_state(job)[0] != "Failed":
         return
-    client.say(f"PyTorchJob {client.namespace}/{name} failed in an earlier attempt of this "
-               "step: deleting it to train again")
+    client.say(f"{client.kind.kind} {client.namespace}/{name} failed in an earlier attempt of "
+               "this step: deleting it to train again")
     client.delete(name)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -145,9 +161,9 @@ def replace_failed_job(client, name: str, partial_out: Path, poll_s: float = 2.0
                 return
             raise
         time.sleep(poll_s)
-    raise KubernetesError(f"PyTorchJob {client.namespace}/{name} was deleted but is still there "
-                          f"after {timeout_s:g} s; delete it by hand (kfvision job delete "
-                          f"{name}) and retry the step.")
+    raise KubernetesError(f"{client.kind.kind} {client.namespace}/{name} was deleted but is "
+                          f"still there after {timeout_s:g} s; delete it by hand (kfvision job "
+                          f"delete {name}) and retry the step.")
 
 
 def read_metrics(model_dir) -> dict:
@@ -161,9 +177,13 @@ def read_metrics(model_dir) -> dict:
 
 
 def job_summary(job_yaml) -> dict:
-    """Name, nodes and processes of a rendered job (for the artifact's metadata)."""
+    """Kind, name, nodes and processes of a rendered job (for the artifact's metadata)."""
     job = yaml.safe_load(Path(job_yaml).read_text(encoding="utf-8"))
-    specs = job["spec"]["pytorchReplicaSpecs"]
-    nodes = sum(s.get("replicas", 1) for s in specs.values())
-    return {"name": job["metadata"]["name"], "nodes": nodes,
-            "procs_per_node": job["spec"]["nprocPerNode"]}
+    spec = job["spec"]
+    if "trainer" in spec:  # a TrainJob
+        nodes, procs = spec["trainer"]["numNodes"], spec["trainer"]["numProcPerNode"]
+    else:
+        nodes = sum(s.get("replicas", 1) for s in spec["pytorchReplicaSpecs"].values())
+        procs = spec["nprocPerNode"]
+    return {"kind": job["kind"], "name": job["metadata"]["name"], "nodes": nodes,
+            "procs_per_node": procs}

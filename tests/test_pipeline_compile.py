@@ -69,7 +69,8 @@ def test_the_train_step_carries_the_cluster_settings(compiled):
     params = task["inputs"]["parameters"]
     for name in ("nodes", "procs_per_node", "gpus_per_node", "node_selector", "tolerations",
                  "cpu_per_node", "memory_per_node", "shm_size", "timeout_seconds", "image",
-                 "pvc_name", "execution_mode", "epochs", "learning_rate"):
+                 "pvc_name", "execution_mode", "job_kind", "trainer_runtime", "epochs",
+                 "learning_rate"):
         assert params[name] == {"componentInputParameter": name}, name
     # The job name comes from the run, resolved by KFP when the step runs: never compile-time.
     assert params["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
@@ -80,7 +81,7 @@ def test_the_train_step_carries_the_cluster_settings(compiled):
     assert mount["pvcNameParameter"] == {"componentInputParameter": "pvc_name"}
     train_exec = spec["deploymentSpec"]["executors"]["exec-train-pytorch-model"]["container"]
     assert train_exec["image"] == "{{$.inputs.parameters['pipelinechannel--image']}}"
-    for output in ("trained_model", "metrics", "curves", "pytorchjob"):
+    for output in ("trained_model", "metrics", "curves", "job"):
         assert output in spec["components"]["comp-train-pytorch-model"]["outputDefinitions"][
             "artifacts"]
 

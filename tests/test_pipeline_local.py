@@ -67,13 +67,14 @@ def test_local_pipeline_reaches_the_same_accuracy_as_the_library_path(tiny_digit
     rows = list(csv.reader(find(run, "score-image-model", "scored").open()))
     assert len(rows) == 61 and rows == list(csv.reader(ref["scored"].open()))
 
-    # What the KFP UI shows: metrics, confusion matrix, curves, report, the PyTorchJob.
+    # What the KFP UI shows: metrics, confusion matrix, curves, report, the job (locally, auto
+    # is a PyTorchJob).
     train_out = outputs_of(run, "train-pytorch-model")
     assert train_out["metrics"]["metadata"]["val_top1"] == pytest.approx(
         trained["final"]["val_top1"], abs=1e-6)
-    assert train_out["pytorchjob"]["metadata"]["nodes"] == 1
+    assert train_out["job"]["metadata"]["nodes"] == 1
     assert "<svg" in find(run, "train-pytorch-model", "curves").read_text()
-    job = yaml.safe_load(find(run, "train-pytorch-model", "pytorchjob").read_text())
+    job = yaml.safe_load(find(run, "train-pytorch-model", "job").read_text())
     assert job["kind"] == "PyTorchJob" and job["metadata"]["name"].startswith("kfvision-train-")
     eval_out = outputs_of(run, "evaluate-model")
     cm = eval_out["confusion_matrix"]["metadata"]["confusionMatrix"]

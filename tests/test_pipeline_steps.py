@@ -5,6 +5,7 @@ import http.server
 import json
 import shutil
 import threading
+import types
 import zipfile
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import yaml
 
 from pipelines import steps, train_step
 from pipelines.jobs.errors import KubernetesError
+from pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB
 from pipelines.params import job_options, train_options
 from pipelines.pipeline import parameter_defaults
 from pipelines.report import curves_html, evaluation_html
@@ -168,10 +170,12 @@ def test_staging_copies_once_so_a_retry_does_not_touch_a_running_jobs_inputs(tmp
 
 
 class FakeJobs:
-    """A JobClient stand-in: the job's state per get(), deletions recorded."""
+    """A JobClient stand-in (no API server can run here): the job's state per get(), deletions
+    recorded; `served`: the job kinds its API discovery reports."""
 
-    def __init__(self, states):
+    def __init__(self, states, kind=PYTORCHJOB, served=(PYTORCHJOB,)):
         self.states, self.deleted, self.namespace, self.said = list(states), [], "ns", []
+        self.kind, self.custom = kind, FakeDiscovery(served)
 
     def get(self, name):
         state = self.states.pop(0) if self.states else None
@@ -185,6 +189,22 @@ class FakeJobs:
 
     def say(self, line):
         self.said.append(line)
+
+
+class FakeDiscovery:
+    """CustomObjectsApi.get_api_resources for the kinds a cluster serves."""
+
+    def __init__(self, served):
+        self.served = served
+
+    def get_api_resources(self, group, version, _preload_content=False):
+        from kubernetes.client.exceptions import ApiException
+
+        plurals = [k.plural for k in self.served if (k.group, k.version) == (group, version)]
+        if not plurals:
+            raise ApiException(status=404, reason="Not Found")
+        return types.SimpleNamespace(data=json.dumps(
+            {"resources": [{"name": p} for p in plurals]}).encode())
 
 
 @pytest.mark.parametrize("states, deleted", [
@@ -207,20 +227,36 @@ def fake_metrics(epochs=2) -> dict:
                                             "train_images_per_sec": 100.0}}
 
 
-def test_the_cluster_path_stages_submits_and_copies_the_model_back(tmp_path, monkeypatch,
-                                                                   tiny_digits, resnet18_dir):
+def _pod_and_args(job: dict) -> tuple:
+    """(pod spec, training args) of a rendered PyTorchJob or TrainJob."""
+    if job["kind"] == "TrainJob":
+        patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+        pod = patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        return pod, job["spec"]["trainer"]["args"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    return pod, pod["containers"][0]["args"]
+
+
+@pytest.mark.parametrize("job_kind, served, expected", [
+    ("pytorchjob", (TRAINJOB, PYTORCHJOB), PYTORCHJOB),  # asked for: no discovery
+    ("auto", (TRAINJOB, PYTORCHJOB), TRAINJOB),  # both served: TrainJob first
+    ("auto", (PYTORCHJOB,), PYTORCHJOB),  # a cluster on Training Operator v1.9
+])
+def test_the_cluster_path_stages_submits_and_copies_the_model_back(
+        tmp_path, monkeypatch, tiny_digits, resnet18_dir, job_kind, served, expected):
     from pipelines.jobs import cluster
 
     mount = tmp_path / "pvc"
     mount.mkdir()
     monkeypatch.setattr(train_step, "DATA_MOUNT", str(mount))
     monkeypatch.setattr(train_step, "is_mount", lambda path: path == str(mount))
-    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None: FakeJobs([None]))
+    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None, kind=PYTORCHJOB:
+                        FakeJobs([None], kind, served))
     seen = {}
 
     def submit(client, job, *, wait, poll_s, logs):  # the job "runs": writes its --out
-        args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
-            "args"]
+        assert client.kind.kind == job["kind"]
+        args = _pod_and_args(job)[1]
         flags = dict(zip(args[::2], args[1:][::2]))
         seen.update(flags, staged=sorted(p.name for p in (mount / "kfvision-runs").iterdir()))
         out = Path(flags["--out"])
@@ -236,19 +272,43 @@ def test_the_cluster_path_stages_submits_and_copies_the_model_back(tmp_path, mon
         tmp_path / "job.yaml", options=train_options(
             epochs=2, batch_size=8, warmup_epochs=0, learning_rate=0.01, random_seed=1,
             patience=3, print_frequency=10, image_size=32, augment="none"),
-        settings=settings, run_key="run-1/train", mode="cluster", pvc_name="data")
+        settings=settings, run_key="run-1/train", mode="cluster", pvc_name="data",
+        kind=job_kind)
     assert summary["best_epoch"] == 2
     assert (tmp_path / "trained" / "metrics.json").is_file()  # copied into the Model output
     assert not list((mount / "kfvision-runs").iterdir())  # staging removed after the copy
     job = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    assert job["kind"] == expected.kind
+    assert train_step.job_summary(tmp_path / "job.yaml")["kind"] == expected.kind
     name = job["metadata"]["name"]
     assert seen["staged"] == [name]
     for flag, sub in (("--model", "model"), ("--train", "train"), ("--val", "val")):
         assert seen[flag] == str(mount / "kfvision-runs" / name / sub)
-    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    pod = _pod_and_args(job)[0]
     assert {"name": "pvc-0", "persistentVolumeClaim": {"claimName": "data"}} in pod["volumes"]
     assert pod["nodeSelector"] == {"pool": "gpu"}
-    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    limits = (job["spec"]["trainer"]["resourcesPerNode"] if expected is TRAINJOB
+              else pod["containers"][0]["resources"])["limits"]
+    assert limits == {"nvidia.com/gpu": 2}
+
+
+def test_a_cluster_that_serves_neither_kind_is_told_so(tmp_path, monkeypatch, tiny_digits,
+                                                        resnet18_dir):
+    from pipelines.jobs import cluster
+
+    monkeypatch.setattr(train_step, "DATA_MOUNT", str(tmp_path))
+    monkeypatch.setattr(train_step, "is_mount", lambda path: True)
+    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None, kind=PYTORCHJOB:
+                        FakeJobs([None], kind, served=()))
+    with pytest.raises(InvalidParameterError, match="neither trainjobs.trainer.kubeflow.org.*"
+                       "nor pytorchjobs.kubeflow.org"):
+        train_step.train_step(resnet18_dir, tiny_digits["train"], tiny_digits["val"],
+                              tmp_path / "o", tmp_path / "job.yaml", options=train_options(
+                                  epochs=1, batch_size=8, warmup_epochs=0, learning_rate=0.01,
+                                  random_seed=1, patience=3, print_frequency=10, image_size=32,
+                                  augment="none"),
+                              settings=_job_settings(), run_key="r/t", mode="cluster",
+                              pvc_name="data")
 
 
 def test_the_cluster_path_needs_the_data_pvc(tmp_path, monkeypatch, tiny_digits, resnet18_dir):
@@ -280,3 +340,17 @@ def test_evaluation_page_embeds_the_picture():
                               "support": 2}]}
     page = evaluation_html(b"\x89PNG", metrics)
     assert "data:image/png;base64,iVBORw==" in page and "a&lt;b" in page
+
+
+@pytest.mark.distributed
+def test_the_local_path_runs_a_trainjob_when_asked(tmp_path, tiny_digits, resnet18_dir):
+    summary = train_step.train_step(
+        resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "trained",
+        tmp_path / "job.yaml", options=train_options(
+            epochs=1, batch_size=16, warmup_epochs=0, learning_rate=0.05, random_seed=1,
+            patience=3, print_frequency=100, image_size=32, augment="none"),
+        settings=_job_settings(), run_key="run-1/train", mode="local", kind="trainjob")
+    assert summary["epochs_run"] == 1 and (tmp_path / "trained" / "weights.pt").is_file()
+    assert train_step.job_summary(tmp_path / "job.yaml") == {
+        "kind": "TrainJob", "name": yaml.safe_load((tmp_path / "job.yaml").read_text())[
+            "metadata"]["name"], "nodes": 1, "procs_per_node": 1}
