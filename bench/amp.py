@@ -36,7 +36,7 @@ VARIANTS = {"fp32": (False, False, True), "bf16": (True, True, True),
 
 
 class Stepper:
-    """One variant: its model, optimiser and batch, kept between turns (oneDNN keeps its kernels)."""
+    """A variant's model, optimiser and batch, kept between turns (oneDNN keeps its kernels)."""
 
     def __init__(self, arch, size, batch, variant):
         self.bf16, nhwc, gemm = VARIANTS[variant]
