@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -276,16 +277,52 @@ def test_the_fused_sgd_step_is_the_textbook_sgd_step():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+DIGITS = {"epochs": 3, "batch_size": 32, "warmup_epochs": 1}
+
+
+@pytest.fixture(scope="module")
+def plain_digits(tmp_path_factory, resnet18_dir, digits) -> dict:
+    """Final metrics of the digits trained with every fast-path switch off (fp32)."""
+    _, plain = _train(tmp_path_factory.mktemp("plain"), "plain", resnet18_dir, digits, amp="off",
+                      channels_last="off", cache="off", conv_gemm="off", dct_scaling="off",
+                      **DIGITS)
+    assert plain["val_top1"] > 0.9
+    return plain
+
+
 @pytest.mark.slow
 def test_the_whole_fast_path_reaches_the_accuracy_of_the_plain_path_on_the_digits(
-        tmp_path, resnet18_dir, digits):
-    common = {"epochs": 3, "batch_size": 32, "warmup_epochs": 1}
-    _, plain = _train(tmp_path, "plain", resnet18_dir, digits, amp="off", channels_last="off",
-                      cache="off", conv_gemm="off", dct_scaling="off", **common)
+        tmp_path, resnet18_dir, digits, plain_digits):
     _, fast = _train(tmp_path, "fast", resnet18_dir, digits, amp="bf16", channels_last="on",
-                     cache="on", **common)
-    assert plain["val_top1"] > 0.9
-    assert abs(fast["val_top1"] - plain["val_top1"]) <= 0.03, (plain, fast)
+                     cache="on", **DIGITS)
+    assert abs(fast["val_top1"] - plain_digits["val_top1"]) <= 0.03, (plain_digits, fast)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("avx512_bf16" not in cpu_info()[1], reason="the CPU lacks AVX512_BF16")
+def test_bf16_without_amx_reaches_the_accuracy_of_fp32_on_the_digits(
+        tmp_path, resnet18_dir, digits, plain_digits):
+    """bf16 through oneDNN's AVX512_BF16 kernels, as on an AMD EPYC: AMX, where the CPU has it, is
+    masked off for the training process (ONEDNN_MAX_CPU_ISA), whose oneDNN then says which
+    instructions it uses (ONEDNN_VERBOSE)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "bf16"
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+           "ONEDNN_VERBOSE": "profile_create"}  # one line per kernel built
+    argv = train_argv(resnet18_dir, digits, out, **{**BASE, **DIGITS}, amp="bf16",
+                      channels_last="on", cache="on")
+    run = subprocess.run([sys.executable, "-m", "trainer.train", *argv], env=env, text=True,
+                         cwd=Path(__file__).parents[1], capture_output=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    isa = [line for line in run.stdout.splitlines() if line.startswith("onednn_verbose")
+           and ",convolution," in line and "bf16" in line]
+    assert isa and all("amx" not in line for line in isa)
+    assert any("avx512_core_bf16" in line for line in isa)
+    fast = json.loads((out / "metrics.json").read_text())["final"]
+    assert abs(fast["val_top1"] - plain_digits["val_top1"]) <= 0.03, (plain_digits, fast)
 
 
 class _Cfg:
