@@ -23,7 +23,6 @@ Prints a Markdown table of ratios (kfvision / plain loop) and writes it to build
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -37,6 +36,7 @@ from bench.jpegset import make_jpeg_set
 from trainer.data.convert import convert
 from trainer.data.split import split
 from trainer.model.arch import write_untrained_model
+from trainer.runtime import describe_cpu
 
 BENCH = Path("build/bench")
 # kfvision runs compared with the plain loop: name -> extra `trainer.train` flags
@@ -121,6 +121,7 @@ def main(argv=None) -> int:
     gpu_jpeg = args.device == "cuda" and args.dataset == "jpeg"
     args.variants = args.variants or (["default", "gpu-decode"] if gpu_jpeg else ["default"])
     machine = describe_machine(args.device)
+    print(machine, flush=True)
     raw, train, val = prepare(args)
     head = "".join(f" kfvision {v} img/s | ratio |" for v in args.variants)
     rows = [f"| {args.dataset} {args.image_size}px, batch {args.batch_size}, {args.device} "
@@ -159,14 +160,15 @@ def main(argv=None) -> int:
 
 
 def describe_machine(device: str) -> str:
-    """Versions and the GPU, for the result file; fails early when CUDA is asked for but absent."""
+    """Versions, the CPU and the GPU, for the result file; fails early when CUDA is asked for but
+    absent."""
     versions = f"torch {torch.__version__}, torchvision {torchvision.__version__}"
     if device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit(f"--device cuda, but this torch ({versions}) sees no CUDA device. "
                              "Run the GPU benchmark on a machine with one, or use --device cpu.")
-        return f"{torch.cuda.get_device_name()}, {versions}, {os.cpu_count()} cores."
-    return f"{versions}, {os.cpu_count()} cores."
+        return f"{torch.cuda.get_device_name()}, {versions}. {describe_cpu()}."
+    return f"{versions}. {describe_cpu()}."
 
 
 if __name__ == "__main__":

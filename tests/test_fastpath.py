@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from trainer.data.transforms import EvalResize, Normalizer, TrainCrop
 from trainer.distributed import DistContext
 from trainer.errors import InvalidDatasetError
 from trainer.presets import AUGMENTATIONS
-from trainer.runtime import resolve_runtime
+from trainer.runtime import cpu_bf16_kind, cpu_info, describe, describe_cpu, resolve_runtime
 from trainer.train import main
 
 BASE = {"epochs": 2, "image_size": 32, "batch_size": 16, "lr": 0.05, "augment": "light",
@@ -276,16 +277,52 @@ def test_the_fused_sgd_step_is_the_textbook_sgd_step():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+DIGITS = {"epochs": 3, "batch_size": 32, "warmup_epochs": 1}
+
+
+@pytest.fixture(scope="module")
+def plain_digits(tmp_path_factory, resnet18_dir, digits) -> dict:
+    """Final metrics of the digits trained with every fast-path switch off (fp32)."""
+    _, plain = _train(tmp_path_factory.mktemp("plain"), "plain", resnet18_dir, digits, amp="off",
+                      channels_last="off", cache="off", conv_gemm="off", dct_scaling="off",
+                      **DIGITS)
+    assert plain["val_top1"] > 0.9
+    return plain
+
+
 @pytest.mark.slow
 def test_the_whole_fast_path_reaches_the_accuracy_of_the_plain_path_on_the_digits(
-        tmp_path, resnet18_dir, digits):
-    common = {"epochs": 3, "batch_size": 32, "warmup_epochs": 1}
-    _, plain = _train(tmp_path, "plain", resnet18_dir, digits, amp="off", channels_last="off",
-                      cache="off", conv_gemm="off", dct_scaling="off", **common)
+        tmp_path, resnet18_dir, digits, plain_digits):
     _, fast = _train(tmp_path, "fast", resnet18_dir, digits, amp="bf16", channels_last="on",
-                     cache="on", **common)
-    assert plain["val_top1"] > 0.9
-    assert abs(fast["val_top1"] - plain["val_top1"]) <= 0.03, (plain, fast)
+                     cache="on", **DIGITS)
+    assert abs(fast["val_top1"] - plain_digits["val_top1"]) <= 0.03, (plain_digits, fast)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("avx512_bf16" not in cpu_info()[1], reason="the CPU lacks AVX512_BF16")
+def test_bf16_without_amx_reaches_the_accuracy_of_fp32_on_the_digits(
+        tmp_path, resnet18_dir, digits, plain_digits):
+    """bf16 through oneDNN's AVX512_BF16 kernels, as on an AMD EPYC: AMX, where the CPU has it, is
+    masked off for the training process (ONEDNN_MAX_CPU_ISA), whose oneDNN then says which
+    instructions it uses (ONEDNN_VERBOSE)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "bf16"
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
+           "ONEDNN_VERBOSE": "profile_create"}  # one line per kernel built
+    argv = train_argv(resnet18_dir, digits, out, **{**BASE, **DIGITS}, amp="bf16",
+                      channels_last="on", cache="on")
+    run = subprocess.run([sys.executable, "-m", "trainer.train", *argv], env=env, text=True,
+                         cwd=Path(__file__).parents[1], capture_output=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    isa = [line for line in run.stdout.splitlines() if line.startswith("onednn_verbose")
+           and ",convolution," in line and "bf16" in line]
+    assert isa and all("amx" not in line for line in isa)
+    assert any("avx512_core_bf16" in line for line in isa)
+    fast = json.loads((out / "metrics.json").read_text())["final"]
+    assert abs(fast["val_top1"] - plain_digits["val_top1"]) <= 0.03, (plain_digits, fast)
 
 
 class _Cfg:
@@ -294,22 +331,71 @@ class _Cfg:
     gpu_decode, conv_gemm, dct_scaling = "auto", "auto", "on"
 
 
-@pytest.mark.parametrize("amx, size, decoded, expect", [
-    (True, 224, 10 << 20, {"cache": True, "workers": 0, "amp": True, "channels_last": True}),
-    (True, 32, 10 << 20, {"cache": True, "workers": 0, "amp": False, "channels_last": False}),
-    (True, 80, 10 << 20, {"cache": True, "workers": 0, "amp": False, "channels_last": False}),
-    (True, 96, 10 << 20, {"cache": True, "workers": 0, "amp": True, "channels_last": True}),
-    (False, 224, 10 << 20, {"cache": True, "workers": 0, "amp": False, "channels_last": False}),
-    (True, 224, 1 << 50, {"cache": False, "workers": 1, "amp": True, "channels_last": True}),
+AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8"})
+AVX512_BF16 = frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_vnni"})  # e.g. AMD EPYC (Zen 4)
+NEITHER = frozenset({"avx2", "avx512f", "avx512_vnni"})  # e.g. Ice Lake, or no AVX-512 at all
+
+
+@pytest.mark.parametrize("flags, size, decoded, expect, why", [
+    (AMX, 224, 10 << 20, {"cache": True, "workers": 0, "amp": True, "channels_last": True},
+     "bf16 autocast (AMX, 224 px)"),
+    (AMX, 32, 10 << 20, {"cache": True, "workers": 0, "amp": False, "channels_last": False},
+     "fp32 (AMX, but 32 px < 96 px)"),
+    (AMX, 80, 10 << 20, {"amp": False, "channels_last": False}, "fp32 (AMX, but 80 px < 96 px)"),
+    (AMX, 96, 10 << 20, {"amp": True, "channels_last": True}, "bf16 autocast (AMX, 96 px)"),
+    (AVX512_BF16, 224, 10 << 20, {"cache": True, "workers": 0, "amp": True,
+                                  "channels_last": True}, "bf16 autocast (AVX512_BF16, 224 px)"),
+    (AVX512_BF16, 32, 10 << 20, {"amp": False, "channels_last": False},
+     "fp32 (AVX512_BF16, but 32 px < 64 px)"),
+    (AVX512_BF16, 48, 10 << 20, {"amp": False}, "fp32 (AVX512_BF16, but 48 px < 64 px)"),
+    (AVX512_BF16, 64, 10 << 20, {"amp": True, "channels_last": True},
+     "bf16 autocast (AVX512_BF16, 64 px)"),
+    (AMX, 64, 10 << 20, {"amp": False}, "fp32 (AMX, but 64 px < 96 px)"),
+    (NEITHER, 224, 10 << 20, {"cache": True, "workers": 0, "amp": False, "channels_last": False},
+     "fp32 (no native bf16 on this CPU (neither AMX nor AVX512_BF16))"),
+    (frozenset(), 224, 10 << 20, {"amp": False, "channels_last": False}, "fp32 (no native"),
+    (AMX, 224, 1 << 50, {"cache": False, "workers": 1, "amp": True, "channels_last": True},
+     "bf16 autocast (AMX"),
+    (AVX512_BF16, 224, 1 << 50, {"cache": False, "workers": 1, "amp": True}, "bf16 autocast"),
 ])
-def test_auto_picks_per_machine_on_cpu(monkeypatch, amx, size, decoded, expect):
-    monkeypatch.setattr("trainer.runtime.cpu_has_amx", lambda: amx)
+def test_auto_picks_per_machine_on_cpu(monkeypatch, flags, size, decoded, expect, why):
+    """The decisions from the CPU's flags (mocked), whatever this machine is."""
+    monkeypatch.setattr("trainer.runtime.cpu_info", lambda: ("a CPU", flags))
     monkeypatch.setattr("trainer.runtime.cpus_per_process", lambda ctx: 2)
     cfg = _Cfg()
     cfg.image_size = size
     rt = resolve_runtime(cfg, DistContext(0, 0, 1, 1, torch.device("cpu")), decoded)
     assert {k: getattr(rt, k) for k in expect} == expect and not rt.compile
     assert rt.conv_gemm  # on CPU; CUDA: see test_devicedata's table
+    assert why in describe(rt)
+
+
+@pytest.mark.parametrize("flags", [AMX, AVX512_BF16, NEITHER])
+@pytest.mark.parametrize("amp, on", [("bf16", True), ("off", False)])
+def test_amp_on_or_off_is_what_it_says_on_every_cpu(monkeypatch, flags, amp, on):
+    monkeypatch.setattr("trainer.runtime.cpu_info", lambda: ("a CPU", flags))
+    cfg = _Cfg()
+    cfg.amp = amp
+    rt = resolve_runtime(cfg, DistContext(0, 0, 1, 1, torch.device("cpu")), 10 << 20)
+    assert rt.amp is on and rt.channels_last is on
+    assert f"(--amp {amp})" in describe(rt)
+
+
+def test_without_onednn_no_cpu_has_native_bf16(monkeypatch):
+    monkeypatch.setattr("torch.backends.mkldnn.is_available", lambda: False)
+    assert cpu_bf16_kind(AMX) is None and cpu_bf16_kind(AVX512_BF16) is None
+
+
+def test_the_cpu_is_read_from_proc_cpuinfo(monkeypatch, tmp_path):
+    (tmp_path / "cpuinfo").write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx2 avx512_bf16\n\n"
+        "processor\t: 1\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu\n")
+    model, flags = cpu_info(tmp_path / "cpuinfo")
+    assert model == "AMD EPYC 9R14" and flags == {"fpu", "avx2", "avx512_bf16"}
+    assert cpu_info(tmp_path / "missing") == ("", frozenset())
+    monkeypatch.setattr("trainer.runtime.cpu_info", lambda: (model, flags))
+    assert describe_cpu().startswith("CPU: AMD EPYC 9R14, ")
+    assert "flags avx2 avx512_bf16 (bf16 for --amp auto: AVX512_BF16)" in describe_cpu()
 
 
 @pytest.mark.parametrize("content, expected", [

@@ -6,8 +6,11 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
   shared by this node's processes), so later epochs skip decoding;
 - workers: none for cached data on CPU (augmenting cached tensors is cheap and workers would steal
   compute cores), otherwise one fewer than the cores per process, at most 8;
-- amp: bfloat16 autocast where the hardware does bf16 matrix maths natively (CUDA with bf16, CPUs
-  with AMX for images of 96 px and up); weights, optimiser state and the loss stay float32;
+- amp: bfloat16 autocast where the hardware does bf16 matrix maths natively and it pays: CUDA
+  with bf16; CPUs whose oneDNN has bf16 instructions (AMX tiles, or AVX512_BF16 dot products)
+  for images at least as large as the threshold measured for that kind (CPU_BF16_MIN_IMAGE_SIZE;
+  below it the layout reorders cost more than the bf16 maths saves). Weights, optimiser state and
+  the loss stay float32. The start-up line says why (`bf16 autocast (AVX512_BF16, 224 px)`);
 - channels_last: on where the convolutions are faster in NHWC (CUDA, and CPU oneDNN with bf16);
 - compile: torch.compile of the model (off by default: on 2 CPU cores it costs more than it saves
   on short runs; see docs/benchmarks.md);
@@ -32,7 +35,9 @@ import torch
 
 from trainer.distributed import DistContext, cpus_per_process
 
-CPU_BF16_MIN_IMAGE_SIZE = 96
+# The smallest image size at which bf16 autocast + channels_last trains faster than fp32 on a CPU,
+# per kind of native bf16 (bench/amp.py; the machines and figures are in docs/benchmarks.md)
+CPU_BF16_MIN_IMAGE_SIZE = {"AMX": 96, "AVX512_BF16": 64}
 
 
 @dataclass(frozen=True)
@@ -45,17 +50,63 @@ class Runtime:
     gpu_decode: bool = False
     conv_gemm: bool = False
     dct_scaling: bool = False
+    amp_reason: str = ""  # why amp is on or off, for the start-up line
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def cpu_has_amx() -> bool:
-    """True on CPUs with AMX bf16 tiles (oneDNN then runs bf16 convolutions much faster)."""
+def cpu_info(path="/proc/cpuinfo") -> tuple[str, frozenset]:
+    """(model name, flags) of the first processor in /proc/cpuinfo; ("", empty) where unknown."""
+    model, flags = "", frozenset()
     try:
-        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
+        text = Path(path).read_text()
     except OSError:
-        return False
+        return model, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = frozenset(value.split())
+        if model and flags:
+            break
+    return model, flags
+
+
+def cpu_bf16_kind(flags: frozenset | None = None) -> str | None:
+    """The CPU's native bf16 matrix maths that oneDNN uses: "AMX" (tiles), "AVX512_BF16" (dot
+    product instructions), or None (bf16 would be emulated through fp32: never faster)."""
+    if flags is None:
+        flags = cpu_info()[1]
+    if not torch.backends.mkldnn.is_available():
+        return None
+    if {"amx_bf16", "amx_tile"} <= flags:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX512_BF16"
+    return None
+
+
+def cpu_bf16_decision(image_size: int) -> tuple[bool, str]:
+    """Whether `--amp auto` turns bf16 autocast on for this CPU at this image size, and why."""
+    kind = cpu_bf16_kind()
+    if kind is None:
+        return False, "no native bf16 on this CPU (neither AMX nor AVX512_BF16)"
+    least = CPU_BF16_MIN_IMAGE_SIZE[kind]
+    if image_size < least:
+        return False, f"{kind}, but {image_size} px < {least} px"
+    return True, f"{kind}, {image_size} px"
+
+
+def describe_cpu() -> str:
+    """The CPU model and the flags the fast path's CPU rules depend on, for benchmark results."""
+    model, flags = cpu_info()
+    shown = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile",
+                            "amx_bf16", "amx_int8"})
+    return (f"CPU: {model or 'unknown'}, {os.cpu_count()} cores, flags {' '.join(shown) or '-'} "
+            f"(bf16 for --amp auto: {cpu_bf16_kind(flags) or 'none'})")
 
 
 def available_memory() -> int:
@@ -85,24 +136,27 @@ def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float
         workers = 0
     else:
         workers = max(1, min(8, cpus - 1))
-    # On CPU, bf16 pays only for large enough images: below that, oneDNN's layout reorders cost
-    # more than the AMX tiles save (measured on a 2-core Sapphire Rapids: docs/benchmarks.md).
-    native_bf16 = (torch.cuda.is_bf16_supported() if cuda else
-                   cpu_has_amx() and cfg.image_size >= CPU_BF16_MIN_IMAGE_SIZE)
-    amp = cfg.amp == "bf16" or (cfg.amp == "auto" and native_bf16)
+    if cfg.amp != "auto":
+        amp, amp_reason = cfg.amp == "bf16", f"--amp {cfg.amp}"
+    elif cuda:
+        amp = torch.cuda.is_bf16_supported()
+        amp_reason = "CUDA" if amp else "this GPU has no bf16"
+    else:
+        amp, amp_reason = cpu_bf16_decision(cfg.image_size)
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and (cuda or amp))
     gpu_decode = cfg.gpu_decode == "on" or (cfg.gpu_decode == "auto" and cuda and not cache
                                             and jpeg_share > 0.5)
     conv_gemm = cfg.conv_gemm == "on" or (cfg.conv_gemm == "auto" and not cuda)
     dct_scaling = cfg.dct_scaling == "on" and not gpu_decode
     return Runtime(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm,
-                   dct_scaling)
+                   dct_scaling, amp_reason)
 
 
 def describe(rt: Runtime) -> str:
     cache = ("on (validation only)" if rt.gpu_decode else "on") if rt.cache else "off"
     return (f"cache {cache}, workers {rt.workers}, "
-            f"{'bf16 autocast' if rt.amp else 'fp32'}, "
+            f"{'bf16 autocast' if rt.amp else 'fp32'}"
+            f"{f' ({rt.amp_reason})' if rt.amp_reason else ''}, "
             f"{'channels_last' if rt.channels_last else 'NCHW'}"
             f"{', torch.compile' if rt.compile else ''}"
             f"{', training JPEGs decoded on the device' if rt.gpu_decode else ''}"
