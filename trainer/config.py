@@ -60,7 +60,9 @@ class TrainConfig:
     channels_last: str = option("auto", "NHWC memory layout: on, off, or auto (on for CUDA and "
                                 "for bf16 on CPU)", choices=AUTO_ON_OFF)
     amp: str = option("auto", "mixed precision: bf16 autocast, off (fp32), or auto (bf16 where "
-                      "the hardware has native bf16: CUDA, CPUs with AMX)",
+                      "the hardware has native bf16 and it pays: CUDA; CPUs with AMX or "
+                      "AVX512_BF16 from the image size measured for each; the start-up line "
+                      "says why)",
                       choices=("auto", "bf16", "off"))
     compile: str = option("off", "torch.compile the model: on or off", choices=ON_OFF)
     gpu_decode: str = option("auto", "decode and augment the training JPEGs in batches on the "
