@@ -39,6 +39,7 @@ class TrainConfig:
     gpu_decode: str = "auto"
     conv_gemm: str = "auto"
     dct_scaling: str = "on"
+    tensorboard: str = ""  # a folder for TensorBoard event files; "" writes none
 
     def validate(self) -> "TrainConfig":
         check_range("epochs", self.epochs, 1, 100_000)
@@ -107,6 +108,8 @@ _HELP = {
                    "whole: a training image's random crop (decoded every epoch on the CPU), a "
                    "cached training image (every crop the preset can draw) and a validation "
                    "image's resize: on or off",
+    "tensorboard": "write TensorBoard event files of the per-epoch metrics to this folder "
+                   "(rank 0; empty: none)",
 }
 
 

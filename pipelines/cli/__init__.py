@@ -1,9 +1,9 @@
 """The `kfvision` command line. Run `kfvision --help`, or `kfvision COMMAND --help`.
 
 One module per command group: data (convert, pack, split), model, train, use (score, evaluate,
-export), job (the Kubeflow job), pipeline (the KFP pipeline, demo). The flags of train, job and
-pipeline come from modules that import kfp or the job builders, so only the command named on the
-command line gets them (`kfvision --help` stays instant).
+export), job (the Kubeflow job), pipeline (the KFP pipeline, demo), tune (hyperparameter
+search). The flags of train, job, pipeline and tune come from modules that import kfp or the job
+builders, so only the command named on the command line gets them (`kfvision --help` stays instant).
 """
 
 import argparse
@@ -31,6 +31,7 @@ HELP = {
     "train": "train a model (one process, or N with --nproc-per-node)",
     "job": "train as a Kubeflow PyTorchJob: render, run-local, submit, logs, delete",
     "pipeline": "the Kubeflow Pipelines pipeline: compile, submit, run-local",
+    "tune": "hyperparameter search: run (on this machine, Optuna), render (a Katib Experiment)",
 }
 
 
