@@ -159,7 +159,10 @@ def run_search(base: TrainConfig, search: Search, nproc: int = 1) -> dict:
     study = _open_study(search, out, base.seed)
     remaining = search.trials - counted(study)
 
-    def stop_on_failures(study, trial):
+    def after_trial(study, trial):
+        log.info("trial %d %s: %s -> %s %s", trial.number, trial.state.name.lower(),
+                 trial.params, search.objective, "-" if trial.value is None else
+                 f"{trial.value:.4f}")
         failed = sum(t.state == TrialState.FAIL and not t.user_attrs.get("interrupted")
                      for t in study.get_trials(deepcopy=False))
         if failed > search.max_failed:
@@ -171,7 +174,7 @@ def run_search(base: TrainConfig, search: Search, nproc: int = 1) -> dict:
                  search.trials - remaining, search.parallel)
         study.optimize(_Trial(base, search, out, nproc), n_trials=remaining,
                        n_jobs=search.parallel, catch=(TrialFailed,),
-                       callbacks=[stop_on_failures])
+                       callbacks=[after_trial])
     summary = write_outputs(study, search, out)
     best = summary.get("best")
     if best is not None:
