@@ -122,8 +122,13 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     finally:
         report.close()
     summary.pop("best_state")
-    distributed.on_main(ctx, lambda: atomic_write_json(out / "metrics.json",
-                                                       {"status": "completed", **summary}))
+    def completed():
+        try:
+            atomic_write_json(out / "metrics.json", {"status": "completed", **summary})
+        except OSError as e:
+            raise output_error(e, out) from e
+
+    distributed.on_main(ctx, completed)
     checkpointer.finish()  # the model directory is the result now
     if ctx.is_main:
         f = summary["final"]
