@@ -46,8 +46,10 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _search(args, base) -> Search:
+    # more failures allowed than trials means "never give up": Katib wants it said as <= trials
+    max_failed = min(args.max_failed, args.trials)
     search = Search(tuple(args.param), args.objective, args.algorithm, args.trials,
-                    args.parallel, args.max_failed, args.early_stopping)
+                    args.parallel, max_failed, args.early_stopping)
     from pipelines.tune.local import check_search
 
     check_search(search)
