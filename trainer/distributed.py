@@ -130,16 +130,21 @@ def on_main(ctx: DistContext, fn):
     """Run fn() on rank 0 alone: the one way rank-0-only work (saving, metrics files) is done.
 
     Every rank calls it: a KfvisionError that fn raises (a full disk, a read-only volume) is raised
-    on every rank, so that no rank waits forever in a collective for one that has failed.
+    on every rank, so that no rank waits forever in a collective for one that has failed; any
+    other exception is raised on rank 0 as it is, and as a RuntimeError naming it elsewhere.
     Returns fn's result on rank 0, None elsewhere.
     """
-    result, error = None, None
+    result, error, original = None, None, None
     if ctx.is_main:
         try:
             result = fn()
         except KfvisionError as e:
             error = e
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the others hear of it
+            original, error = e, RuntimeError(f"rank 0 failed: {type(e).__name__}: {e}")
     error = broadcast_object(error, ctx)
+    if original is not None:
+        raise original
     if error is not None:
         raise error
     return result

@@ -32,6 +32,7 @@ from trainer.errors import InvalidDatasetError, KfvisionError
 from trainer.fileio import atomic_write_json
 from trainer.model.arch import WEIGHTS_FILE, build_model, read_model_spec
 from trainer.model.trained import atomic_torch_save, write_model_files
+from trainer.reporting import EpochReporter
 from trainer.rng import seed_everything
 from trainer.runtime import describe, resolve_runtime
 from trainer.trainjob_status import StatusReporter
@@ -103,9 +104,11 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
                       Normalizer(IMAGENET_MEAN, IMAGENET_STD), rt)
 
     status = StatusReporter.from_env(cfg.epochs) if ctx.is_main else None  # TrainJob progress
+    report = EpochReporter(cfg.tensorboard or None)
 
     def on_epoch(history, best_state):  # rank 0 only: keep what we have if a later epoch fails
         try:
+            report(history)
             if best_state is not None:
                 atomic_torch_save(best_state, out / WEIGHTS_FILE)
             atomic_write_json(out / "metrics.json", {"status": "running", "history": history})
@@ -120,9 +123,17 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
         if ctx.is_main:
             _mark_failed(out, e)
         raise
+    finally:
+        report.close()
     summary.pop("best_state")
-    distributed.on_main(ctx, lambda: atomic_write_json(out / "metrics.json",
-                                                       {"status": "completed", **summary}))
+
+    def completed():
+        try:
+            atomic_write_json(out / "metrics.json", {"status": "completed", **summary})
+        except OSError as e:
+            raise output_error(e, out) from e
+
+    distributed.on_main(ctx, completed)
     checkpointer.finish()  # the model directory is the result now
     if ctx.is_main:
         f = summary["final"]

@@ -1,9 +1,9 @@
 """The `kfvision` command line. Run `kfvision --help`, or `kfvision COMMAND --help`.
 
 One module per command group: data (convert, pack, split), model, train, use (score, evaluate,
-export), job (the Kubeflow job), pipeline (the KFP pipeline, demo). The flags of train, job and
-pipeline come from modules that import kfp or the job builders, so only the command named on the
-command line gets them (`kfvision --help` stays instant).
+export), job (the Kubeflow job), pipeline (the KFP pipeline, demo), tune (hyperparameter
+search). The flags of train, job, pipeline and tune come from modules that import kfp or the job
+builders, so only the command named on the command line gets them (`kfvision --help` stays instant).
 """
 
 import argparse
@@ -34,6 +34,7 @@ HELP = {
     "pipeline": "the Kubeflow Pipelines pipeline: compile, submit, run-local",
     "serve": "serve a trained model with KServe's model server (v1 and v2 protocols)",
     "deploy": "deploy a trained model on KServe: render, submit, delete an InferenceService",
+    "tune": "hyperparameter search: run (on this machine, Optuna), render (a Katib Experiment)",
 }
 
 

@@ -1,0 +1,149 @@
+"""The Katib Experiment (`kubeflow.org/v1beta1`) of a search: a pure function of a rendered job, the
+facts Katib needs about that job's kind, and the search settings.
+
+Each trial is exactly the job `kfvision job render` makes, with `${trialParameters.X}` in place of
+the searched flags' values and `--out <out>/${trialParameters.trialName}` (Katib's
+`${trialSpec.Name}`), so that trials sharing one volume never overwrite each other. Katib reads the
+metric line the trainer prints (trainer/reporting.py) with its StdOut collector.
+
+A job kind plugs in as a TrialKind: PyTorchJob here; a TrainJob's is the same five facts (success
+on `Complete`, failure on `Failed`, primary pod labels of the JobSet's `node` 0, container `node`,
+where its trainer arguments are).
+"""
+
+import copy
+import json
+from collections.abc import Callable
+from typing import NamedTuple
+
+from pipelines.jobs.rules import CONTAINER_NAME, validate_pytorchjob
+from pipelines.tune.katib_rules import validate_experiment
+from trainer.reporting import METRICS, OBJECTIVES
+
+API_VERSION = "kubeflow.org/v1beta1"
+KIND = "Experiment"
+TRIAL_NAME = "trialName"
+# our --algorithm -> Katib's algorithmName (the suggestion services Katib ships)
+ALGORITHMS = {"tpe": "tpe", "random": "random", "grid": "grid",
+              "bayesian": "bayesianoptimization"}
+EARLY_STOPPING = {"median": "medianstop", "none": None}
+
+
+class TrialKind(NamedTuple):
+    """What Katib must be told about a job kind to run it as a trial."""
+
+    success_condition: str
+    failure_condition: str
+    primary_pod_labels: dict
+    primary_container: str
+    trainer_args: Callable  # job dict -> the trainer's argument lists in it (edited in place)
+    validate: Callable  # (job dict, where) -> job dict; raises InvalidJobError
+
+
+def _pytorchjob_args(job: dict) -> list:
+    return [c.setdefault("args", [])
+            for replica in job["spec"]["pytorchReplicaSpecs"].values()
+            for c in replica["template"]["spec"]["containers"] if c["name"] == CONTAINER_NAME]
+
+
+PYTORCHJOB = TrialKind(
+    success_condition='status.conditions.#(type=="Succeeded")#|#(status=="True")#',
+    failure_condition='status.conditions.#(type=="Failed")#|#(status=="True")#',
+    primary_pod_labels={"training.kubeflow.org/job-role": "master"},
+    primary_container=CONTAINER_NAME,
+    trainer_args=_pytorchjob_args,
+    validate=validate_pytorchjob)
+
+
+class Search(NamedTuple):
+    """The search settings shared by `tune run` and `tune render`."""
+
+    params: tuple  # (space.Param, ...)
+    objective: str = "validation-loss"
+    algorithm: str = "tpe"
+    trials: int = 8
+    parallel: int = 1
+    max_failed: int = 3
+    early_stopping: str = "none"
+
+
+def param_ref(name: str) -> str:
+    """How a trial template names trial parameter `name`."""
+    return "${trialParameters." + name + "}"
+
+
+def _set_flag(args: list, flag: str, value: str) -> None:
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+
+
+def trial_spec(job: dict, kind: TrialKind, params) -> dict:
+    """`job` as Katib's trial template: no name or namespace (Katib sets them), the searched
+    flags and the output folder as trial parameters."""
+    spec = copy.deepcopy(job)
+    for key in ("name", "namespace"):
+        spec["metadata"].pop(key, None)
+    for args in kind.trainer_args(spec):
+        for p in params:
+            _set_flag(args, "--" + p.name, param_ref(p.name))
+        out = args[args.index("--out") + 1].rstrip("/")
+        args[args.index("--out") + 1] = f"{out}/{param_ref(TRIAL_NAME)}"
+    return spec
+
+
+def build_experiment(job: dict, kind: TrialKind, search: Search, name: str,
+                     namespace: str | None = None) -> dict:
+    """The Experiment searching `search` over trials that are `job` (a rendered job of `kind`).
+
+    Raises:
+        InvalidJobError: a rule of Katib's validating webhook is broken (the message lists all).
+    """
+    metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
+    others = [m for m in METRICS if m not in (search.objective, "epoch", "lr")]
+    trial_params = [{"name": p.name, "description": f"--{p.name} of the trainer",
+                     "reference": p.name} for p in search.params]
+    trial_params.append({"name": TRIAL_NAME, "description": "the trial's own output folder",
+                         "reference": "${trialSpec.Name}"})
+    spec = {
+        "objective": {"type": OBJECTIVES[search.objective],
+                      "objectiveMetricName": search.objective,
+                      "additionalMetricNames": others},
+        "algorithm": {"algorithmName": ALGORITHMS[search.algorithm]},
+        "parallelTrialCount": search.parallel,
+        "maxTrialCount": search.trials,
+        "maxFailedTrialCount": search.max_failed,
+        "metricsCollectorSpec": {"collector": {"kind": "StdOut"}},
+        "parameters": [p.katib() for p in search.params],
+        "trialTemplate": {
+            "primaryContainerName": kind.primary_container,
+            "primaryPodLabels": dict(kind.primary_pod_labels),
+            "successCondition": kind.success_condition,
+            "failureCondition": kind.failure_condition,
+            "trialParameters": trial_params,
+            "trialSpec": trial_spec(job, kind, search.params),
+        },
+    }
+    if EARLY_STOPPING[search.early_stopping]:
+        spec["earlyStopping"] = {"algorithmName": EARLY_STOPPING[search.early_stopping]}
+    experiment = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+    validate_experiment(experiment)
+    example = substituted_trial(experiment, f"{name}-abcd1234")
+    kind.validate(example, f"a trial of experiment {name!r}")
+    return experiment
+
+
+def substituted_trial(experiment: dict, trial_name: str) -> dict:
+    """The trial spec as Katib would create it: every trial parameter replaced (searched ones by
+    their feasible space's first value) and the trial's name set."""
+    template = experiment["spec"]["trialTemplate"]
+    first = {p["name"]: (p["feasibleSpace"].get("list") or [p["feasibleSpace"].get("min")])[0]
+             for p in experiment["spec"]["parameters"]}
+    text = json.dumps(template["trialSpec"])
+    for tp in template["trialParameters"]:
+        value = trial_name if tp["reference"] == "${trialSpec.Name}" else first[tp["reference"]]
+        text = text.replace(param_ref(tp["name"]), str(value))
+    job = json.loads(text)
+    job["metadata"]["name"] = trial_name
+    return job

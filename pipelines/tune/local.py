@@ -1,0 +1,183 @@
+"""The search on this machine: an Optuna study whose trials are ordinary training runs.
+
+Each trial runs `python -m trainer.train` (or torchrun through trainer.launch with
+`--nproc-per-node`) in its own process and output folder, and Optuna reads the very metric line
+Katib reads (trainer/reporting.py) from its log: the per-epoch objective drives median pruning,
+the finished run's metrics.json gives the trial's value (the kept epoch's, as the model directory
+holds). The study lives in DIR/study.db, so a killed `tune run` started again with the same
+arguments keeps its finished trials and runs only the rest (an interrupted trial runs again).
+"""
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipelines.jobs.manifest import train_flags
+from pipelines.tune.experiment import Search
+from pipelines.tune.report import write_outputs
+from pipelines.tune.space import apply
+from trainer.config import TrainConfig
+from trainer.errors import InvalidParameterError
+from trainer.reporting import METRICS, OBJECTIVES
+
+log = logging.getLogger("kfvision.tune")
+STUDY = "kfvision"
+# Katib's default StdOut filter: the same line, the same parse
+KATIB_FILTER = re.compile(r"([\w|-]+)\s*=\s*([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?)")
+
+
+class TrialFailed(Exception):
+    """A trial's training run failed (Optuna records the trial as FAIL and goes on)."""
+
+
+def parse_metrics(line: str) -> dict:
+    """The `name=value` pairs of a log line, as Katib's StdOut collector reads them."""
+    return {m.group(1): float(m.group(2)) for m in KATIB_FILTER.finditer(line)
+            if m.group(2) not in ("", "+", "-")}
+
+
+def _sampler(search: Search, seed: int):
+    import optuna
+
+    if search.algorithm == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if search.algorithm == "grid":
+        return optuna.samplers.GridSampler({p.name: list(p.choices) if p.choices else
+                                            list(range(p.low, p.high + 1))
+                                            for p in search.params}, seed=seed)
+    if search.algorithm == "bayesian":
+        return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+def check_search(search: Search) -> None:
+    """Refuse what no search can run, before anything runs."""
+    if not search.params:
+        raise InvalidParameterError("give at least one --param NAME=TYPE:SPEC to search.")
+    if search.trials < 1 or search.parallel < 1 or search.max_failed < 0:
+        raise InvalidParameterError("--trials and --parallel must be at least 1, --max-failed "
+                                    "at least 0.")
+    if search.parallel > search.trials:
+        raise InvalidParameterError(f"--parallel {search.parallel} is more than --trials "
+                                    f"{search.trials}: at most {search.trials} trials can run.")
+    if search.algorithm == "grid" and any(p.type == "double" for p in search.params):
+        raise InvalidParameterError("--algorithm grid needs a finite space: give double "
+                                    "parameters as categorical lists.")
+
+
+class _Trial:
+    """One training run for an Optuna trial (a callable: Optuna's objective)."""
+
+    def __init__(self, base: TrainConfig, search: Search, out: Path, nproc: int):
+        self.base, self.search, self.out, self.nproc = base, search, out, nproc
+
+    def command(self, cfg: TrainConfig) -> list:
+        if self.nproc == 1:
+            return [sys.executable, "-m", "trainer.train", *train_flags(cfg)]
+        return [sys.executable, "-m", "trainer.launch", "--standalone",
+                f"--nproc-per-node={self.nproc}", "-m", "trainer.train", *train_flags(cfg)]
+
+    def __call__(self, trial) -> float:
+        import optuna
+
+        values = {p.name: p.suggest(trial) for p in self.search.params}
+        folder = self.out / "trials" / f"trial-{trial.number:04d}"
+        cfg = apply(self.base, {**values, "out": str(folder)})
+        start, pruned = time.perf_counter(), False
+        with open(f"{folder}.log", "w", encoding="utf-8") as logfile, subprocess.Popen(
+                self.command(cfg), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
+            for line in proc.stdout:
+                logfile.write(line)
+                metrics = parse_metrics(line)
+                if self.search.objective in metrics and "epoch" in metrics and not pruned:
+                    trial.report(metrics[self.search.objective], int(metrics["epoch"]))
+                    if self.search.early_stopping == "median" and trial.should_prune():
+                        pruned = True
+                        proc.terminate()
+        trial.set_user_attr("seconds", round(time.perf_counter() - start, 1))
+        if pruned:
+            raise optuna.TrialPruned()
+        if proc.returncode != 0:
+            raise TrialFailed(f"trial {trial.number} exited with {proc.returncode}; see "
+                              f"{folder}.log")
+        summary = json.loads((folder / "metrics.json").read_text())
+        trial.set_user_attr("best_epoch", summary["best_epoch"])
+        return summary["final"][METRICS[self.search.objective]]
+
+
+def _open_study(search: Search, out: Path, seed: int):
+    """The study in out/study.db (created, or re-opened with its interrupted trials re-queued)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{out / 'study.db'}")
+    pruner = (optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
+              if search.early_stopping == "median" else optuna.pruners.NopPruner())
+    study = optuna.create_study(storage=storage, study_name=STUDY, load_if_exists=True,
+                                direction=OBJECTIVES[search.objective],
+                                sampler=_sampler(search, seed), pruner=pruner)
+    settings = {"objective": search.objective, "params": [p.katib() for p in search.params]}
+    if not study.user_attrs:
+        study.set_user_attr("settings", settings)
+    elif study.user_attrs["settings"] != settings:
+        raise InvalidParameterError(f"{out} holds a study of another search "
+                                    f"({study.user_attrs['settings']}); give another --out.")
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        storage.set_trial_user_attr(t._trial_id, "interrupted", True)  # no public id accessor
+        storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        study.enqueue_trial(t.params, skip_if_exists=False)
+    return study
+
+
+def counted(study) -> int:
+    """Trials that count towards --trials: finished, and not interrupted."""
+    from optuna.trial import TrialState
+
+    return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+               and not t.user_attrs.get("interrupted") for t in study.get_trials(deepcopy=False))
+
+
+def run_search(base: TrainConfig, search: Search, nproc: int = 1) -> dict:
+    """Run the search into base.out; returns study.json's contents.
+
+    Raises:
+        InvalidParameterError: bad search settings, or base.out holds another search.
+    """
+    from optuna.trial import TrialState
+
+    check_search(search)
+    out = Path(base.out)
+    (out / "trials").mkdir(parents=True, exist_ok=True)
+    study = _open_study(search, out, base.seed)
+    remaining = search.trials - counted(study)
+
+    def after_trial(study, trial):
+        log.info("trial %d %s: %s -> %s %s", trial.number, trial.state.name.lower(),
+                 trial.params, search.objective, "-" if trial.value is None else
+                 f"{trial.value:.4f}")
+        failed = sum(t.state == TrialState.FAIL and not t.user_attrs.get("interrupted")
+                     for t in study.get_trials(deepcopy=False))
+        if failed > search.max_failed:
+            log.warning("%d trials failed (--max-failed %d): stopping", failed, search.max_failed)
+            study.stop()
+
+    if remaining > 0:
+        log.info("%d trial(s) to run (%d done), %d at a time", remaining,
+                 search.trials - remaining, search.parallel)
+        study.optimize(_Trial(base, search, out, nproc), n_trials=remaining,
+                       n_jobs=search.parallel, catch=(TrialFailed,),
+                       callbacks=[after_trial])
+    summary = write_outputs(study, search, out)
+    best = summary.get("best")
+    if best is not None:
+        shutil.rmtree(out / "best", ignore_errors=True)
+        shutil.copytree(out / "trials" / f"trial-{best['number']:04d}", out / "best")
+    return summary
