@@ -127,5 +127,5 @@ def test_run_local_command_reports_a_bad_source_in_one_line(tmp_path):
                           str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 2
-    assert run.stderr.startswith("error: InvalidParameterError: train_source ")
+    assert run.stderr.startswith("error: InvalidDatasetError: train_source ")
     assert "Traceback" not in run.stderr

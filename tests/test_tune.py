@@ -97,7 +97,7 @@ def test_params_follow_katibs_types(text, katib):
     (["lr=float:0.1:1"], "type 'float' is not one of double, int, categorical"),
     (["lr"], "is not NAME=TYPE:SPEC"),
     (["batch-size=categorical:16,x"], "'x' is not of type int"),
-    (["lr=double:0.001:20"], "20.0 is out of range: lr = 20.0"),
+    (["lr=double:0.001:20"], "its end 20.0 is not a valid value: --lr = 20.0 is out of range"),
     (["warmup-epochs=int:0:5"], "5 is out of range"),  # above --epochs 3
     (["lr=double:0.01:0.1", "lr=categorical:0.1"], "--param lr is given twice"),
 ])

@@ -80,8 +80,9 @@ class TrainConfig:
                               "(decoded every epoch on the CPU), a cached training image "
                               "(every crop the preset can draw) and a validation image's "
                               "resize: on or off", choices=ON_OFF)
-    tensorboard: str = option("", "write TensorBoard event files of the per-epoch metrics to "
-                              "this folder (rank 0; empty: none)")
+    tensorboard: str | None = option(None, "write TensorBoard event files of the per-epoch "
+                                     "metrics to this folder (rank 0)", metavar="DIR",
+                                     unset="none")
 
     def validate(self) -> "TrainConfig":
         """Raise InvalidParameterError for an option out of range, not one of its choices, or

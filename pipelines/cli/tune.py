@@ -8,6 +8,7 @@ from pathlib import Path
 from pipelines.tune.experiment import ALGORITHMS, EARLY_STOPPING, Search
 from pipelines.tune.space import check_space, parse_param
 from trainer.errors import InvalidParameterError
+from trainer.options import HelpFormatter
 from trainer.reporting import OBJECTIVES
 
 EPILOG = """\
@@ -119,7 +120,7 @@ def register(subparsers, help: str) -> None:
     verbs = t.add_subparsers(dest="verb", required=True, metavar="VERB")
     run = verbs.add_parser("run", parents=[get_args_parser(add_help=False)],
                            help="search on this machine (Optuna); --out is the search's folder",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=HelpFormatter)
     _search_arguments(run)
     run.add_argument("--nproc-per-node", type=int, default=1,
                      help="training processes per trial (torchrun when > 1)")
@@ -127,7 +128,7 @@ def register(subparsers, help: str) -> None:
     render = verbs.add_parser("render", parents=[_job_render_parser()], add_help=False,
                               conflict_handler="resolve",
                               help="write a Katib Experiment whose trials are `job render` jobs",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=HelpFormatter)
     render.add_argument("-h", "--help", action="help", help="show this help message and exit")
     _search_arguments(render)
     render.add_argument("--kind", choices=KINDS, default="pytorchjob",

@@ -118,8 +118,8 @@ def check_space(params: list, base: TrainConfig) -> None:
             try:
                 dataclasses.replace(base, **{p.field: value}).validate()
             except InvalidParameterError as e:
-                raise InvalidParameterError(f"--param {p.name}: {value} is out of range: "
-                                            f"{e}") from e
+                raise InvalidParameterError(f"--param {p.name}: its end {value} is not a valid "
+                                            f"value: {e}") from e
 
 
 def apply(base: TrainConfig, values: dict) -> TrainConfig:
