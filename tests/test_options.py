@@ -22,7 +22,7 @@ PIPELINE = inspect.signature(image_classification.pipeline_func).parameters
 TABLE = pipeline_table()
 COMPONENTS = {name: getattr(components, name) for name in (
     "check_parameters", "convert_to_image_directory", "split_image_directory", "resnet",
-    "densenet", "train_pytorch_model", "score_image_model", "evaluate_model")}
+    "densenet", "train_pytorch_model", "score_image_model", "evaluate_model", "deploy_model")}
 # A component's own default that is meant to differ from the pipeline's.
 OWN_DEFAULTS = {("densenet", "model_name")}
 
