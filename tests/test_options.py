@@ -156,6 +156,6 @@ def test_no_help_repeats_a_default_or_hides_a_real_one(command, parser):
 
 
 def test_the_demos_settings_are_pipeline_parameters():
-    from pipelines.demo import DEMO_TRAIN
+    from pipelines.demo import DEMO_DEPLOY, DEMO_TRAIN
 
-    assert set(DEMO_TRAIN) <= set(TABLE)
+    assert set(DEMO_TRAIN) | set(DEMO_DEPLOY) <= set(TABLE)
