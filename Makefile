@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@
 
-demo: setup ## the whole KFP pipeline on the digits, locally (KFP local runner); prints the evaluation
+demo: setup ## the whole KFP pipeline on the digits, locally (KFP local runner), deploy on; prints the evaluation and the served figures
 	$(VENV)/bin/kfvision demo --out $(DEMO_DIR)
 
 test: setup ## run the whole test suite (what CI runs)

@@ -16,6 +16,8 @@ Components and their outputs:
     score-image-model            -> scored (Dataset: CSV, one row per image)
     evaluate-model               -> metrics (Metrics), confusion_matrix (ClassificationMetrics),
                                     report (Markdown), page (HTML), evaluation (Artifact: folder)
+    deploy-model                 -> metrics (Metrics), deployment (Artifact: folder with the
+                                    InferenceService YAML or the local server's log)
 """
 
 from kfp import dsl
@@ -47,7 +49,8 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
                      procs_per_node: int, gpus_per_node: int, node_selector: str,
                      tolerations: str, cpu_per_node: str, memory_per_node: str, shm_size: str,
                      timeout_seconds: int, image: str, pvc_name: str,
-                     execution_mode: str, job_kind: str, trainer_runtime: str) -> str:
+                     execution_mode: str, job_kind: str, trainer_runtime: str, deploy: bool,
+                     deploy_name: str, deploy_min_accuracy: float) -> str:
     """Validate every parameter of the pipeline (fail before any heavy work); returns the
     model family ("resnet" or "densenet") of model_name."""
     params = dict(locals())  # first statement: exactly the parameters
@@ -177,3 +180,24 @@ def evaluate_model(scored: Input[Dataset], metrics: Output[Metrics],
                                encoding="utf-8")
     print(f"evaluated {m['rows']} images: accuracy {m['accuracy']:.4f}, "
           f"top-{m['top_k']} {m['top5_accuracy']:.4f}, macro F1 {m['macro_avg']['f1']:.4f}")
+
+
+@component
+def deploy_model(trained_model: Input[Model], validation: Input[Dataset],
+                 evaluation: Input[Artifact], metrics: Output[Metrics],
+                 deployment: Output[Artifact], image: str, run_id: str,
+                 deploy_name: str = "image-classifier", deploy_min_accuracy: float = 0.0,
+                 pvc_name: str = "kfvision-data", execution_mode: str = "auto"):
+    """Deploy Model: if accurate enough, a KServe InferenceService on the cluster; locally the
+    model served by `kfvision serve` and checked over v1 and v2 against the scored labels."""
+    from pipelines.deploy_step import deploy_step
+    from pipelines.steps import run
+
+    figures = run(deploy_step, trained_model.path, validation.path, evaluation.path,
+                  deployment.path, name=deploy_name,
+                  min_accuracy=deploy_min_accuracy, mode=execution_mode, image=image,
+                  pvc_name=pvc_name, run_key=run_id)
+    for key, value in figures.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            metrics.log_metric(key, value)
+    deployment.metadata.update({k: v for k, v in figures.items() if v is not None})

@@ -4,8 +4,8 @@ with scikit-learn (no download).
 scikit-learn's handwritten digits (UCI, 1,797 8x8 images, 10 classes) are written as PNG files in
 class folders, split 80/20 per class, then the `image-classification` pipeline runs on this
 machine with KFP's local runner (`kfvision pipeline run-local`): convert both folders, write an
-untrained resnet18, train it as a PyTorchJob run as local processes, score the validation images
-and evaluate them.
+untrained resnet18, train it as a PyTorchJob run as local processes, score the validation images,
+evaluate them, and deploy: serve the model with `kfvision serve` and check the served labels.
 """
 
 import shutil
@@ -18,6 +18,9 @@ from PIL import Image
 # the pipeline's parameters.
 DEMO_TRAIN = {"image_size": 32, "batch_size": 32, "learning_rate": 0.05, "warmup_epochs": 1,
               "augment": "light", "patience": 5, "print_frequency": 20}
+
+# The deploy step on: served locally and checked over v1 and v2 when accuracy reaches the bar.
+DEMO_DEPLOY = {"deploy": True, "deploy_name": "digits", "deploy_min_accuracy": 0.95}
 
 
 def write_digits(out, val_fraction: float = 0.2, seed: int = 1, limit: int | None = None) -> dict:
@@ -50,7 +53,8 @@ def write_digits(out, val_fraction: float = 0.2, seed: int = 1, limit: int | Non
 def demo_arguments(raw: Path, epochs: int) -> dict:
     """The pipeline's arguments for the demo: the digits' own train/val folders, resnet18."""
     return {"train_source": str(raw / "train"), "validation_source": str(raw / "val"),
-            "model_name": "resnet18", "epochs": epochs, "execution_mode": "local", **DEMO_TRAIN}
+            "model_name": "resnet18", "epochs": epochs, "execution_mode": "local", **DEMO_TRAIN,
+            **DEMO_DEPLOY}
 
 
 def run_demo(out, epochs: int = 15) -> int:

@@ -135,6 +135,22 @@ def find(run: LocalPipelineRun, task_prefix: str, output: str) -> Path:
     return hits[0]
 
 
+def _deploy_lines(run: LocalPipelineRun) -> list:
+    """The deploy step's figures (none when the run had deploy off)."""
+    import json
+
+    if not any(t.startswith("deploy-model") for t in run.artifacts):
+        return []
+    f = json.loads((find(run, "deploy-model", "deployment") / "figures.json")
+                   .read_text(encoding="utf-8"))
+    if not f["deployed"]:
+        return [f"  deploy      {f['reason']}"]
+    return [f"  deploy      served locally by `kfvision serve`: {f['images']} images over v1 "
+            f"({f['v1_images_per_s']:.0f} images/s) and v2 ({f['v2_images_per_s']:.0f} "
+            f"images/s), labels equal the scored ones; server ready in "
+            f"{f['server_start_s']:.1f} s"]
+
+
 def summary(run: LocalPipelineRun) -> str:
     """The evaluation's headline figures and where every artifact of a local run is."""
     import json
@@ -150,7 +166,7 @@ def summary(run: LocalPipelineRun) -> str:
              f"{final['val_loss']:.4f}, {final['train_images_per_sec']:.0f} train images/s",
              f"  evaluation  {evaluation['rows']} images: accuracy {evaluation['accuracy']:.4f}, "
              f"top-{evaluation['top_k']} {evaluation['top5_accuracy']:.4f}, macro F1 "
-             f"{evaluation['macro_avg']['f1']:.4f}", "artifacts"]
+             f"{evaluation['macro_avg']['f1']:.4f}", *_deploy_lines(run), "artifacts"]
     for task, outputs in run.artifacts.items():
         for name, path in outputs.items():
             lines.append(f"  {task + ' / ' + name:<46} {path}")

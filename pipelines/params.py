@@ -53,6 +53,13 @@ class PipelineInputs:
                                   "stock torch-distributed, or kfvision-torch (manifests/"
                                   "trainer-v2/: retries lost peers, fails bad input at once)",
                                   pipeline=True)
+    deploy: bool = option(False, "after evaluation, deploy the model: on a cluster a KServe "
+                          "InferenceService; locally serve it and check the served labels",
+                          pipeline=True)
+    deploy_name: str = option("image-classifier", "the InferenceService's (and served model's) "
+                              "name", pipeline=True)
+    deploy_min_accuracy: float = option(0.0, "deploy only when the evaluated accuracy reaches "
+                                        "this", low=0.0, high=1.0, pipeline=True)
 
 
 TRAIN_OPTIONS = tuple(o for o in options_of(TrainConfig) if o.param)

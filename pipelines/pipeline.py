@@ -7,6 +7,7 @@
                      -> train-pytorch-model      (a TrainJob or PyTorchJob, locally or on a cluster)
                      -> score-image-model        (validation data, or convert(test_source))
                      -> evaluate-model
+                     -> deploy-model             (deploy: an InferenceService, or served locally)
 
 The three choices are dsl.If/dsl.Else groups merged with dsl.OneOf, so the KFP UI shows the branch
 taken. `image` sets every task's container image at run time (KFP backend 2.4 or later) and the
@@ -14,7 +15,8 @@ job's. On a cluster the tasks that read sources or stage data for the job mount 
 ReadWriteMany PVC `pvc_name` at /kfvision-data (see docs/pipeline.md, "Storage").
 
 Caching: on for the steps whose outputs are a function of their inputs (split, model, train,
-score, evaluate, check), off for convert, which reads a path or URL whose contents can change.
+score, evaluate, check), off for convert, which reads a path or URL whose contents can change,
+and deploy, which acts on the cluster (or a local server).
 """
 
 from kfp import compiler, dsl, kubernetes
@@ -83,6 +85,9 @@ def image_classification(
     execution_mode: str = "auto",
     job_kind: str = "auto",
     trainer_runtime: str = "torch-distributed",
+    deploy: bool = False,
+    deploy_name: str = "image-classifier",
+    deploy_min_accuracy: float = 0.0,
 ):
     params = dict(locals())  # first statement: every parameter, by name
     check = _step(c.check_parameters(**_inputs(c.check_parameters, params)), image,
@@ -125,8 +130,14 @@ def image_classification(
         on_test = _step(c.score_image_model(trained_model=trained,
                                             image_directory=test_dir.outputs["image_directory"]),
                         image)
-    _step(c.evaluate_model(scored=dsl.OneOf(on_val.outputs["scored"],
-                                            on_test.outputs["scored"])), image)
+    evaluated = _step(c.evaluate_model(scored=dsl.OneOf(on_val.outputs["scored"],
+                                                        on_test.outputs["scored"])), image)
+
+    with dsl.If(deploy == True, name="deploy"):  # noqa: E712 (a KFP condition, not a bool)
+        _step(c.deploy_model(trained_model=trained, validation=val_data,
+                             evaluation=evaluated.outputs["evaluation"],
+                             run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                             **_inputs(c.deploy_model, params)), image, cache=False, pvc=pvc_name)
 
 
 def compile_pipeline(path, image: str | None = None) -> None:

@@ -142,9 +142,26 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
                           else None, **job_settings(**params))
         for kind in job_kinds(params["job_kind"], mode):  # auto on a cluster: either may run
             render_job(jobs, kind, params["trainer_runtime"])
+        check_deploy(params)
     except InvalidParameterError as e:  # named as the pipeline's parameters, not the fields
         raise e.renamed(parameter_name) from e
     return family
+
+
+def check_deploy(params: dict) -> None:
+    """The deploy parameters: the accuracy bar in range; the name a valid InferenceService name
+    (checked only when deploying)."""
+    from pipelines.params import PipelineInputs
+    from pipelines.serve.deploy import DeployConfig
+    from trainer.options import options_of
+
+    bar = next(o for o in options_of(PipelineInputs) if o.name == "deploy_min_accuracy")
+    bar.check(params["deploy_min_accuracy"])
+    if params["deploy"]:
+        try:
+            DeployConfig(name=params["deploy_name"], model="pvc://x", image="x").check()
+        except InvalidParameterError as e:
+            raise InvalidParameterError(str(e).replace("name = ", "deploy_name = ", 1)) from e
 
 
 def _fetch(url: str, dest: Path) -> Path:

@@ -22,7 +22,7 @@ PIPELINE = inspect.signature(image_classification.pipeline_func).parameters
 TABLE = pipeline_table()
 COMPONENTS = {name: getattr(components, name) for name in (
     "check_parameters", "convert_to_image_directory", "split_image_directory", "resnet",
-    "densenet", "train_pytorch_model", "score_image_model", "evaluate_model")}
+    "densenet", "train_pytorch_model", "score_image_model", "evaluate_model", "deploy_model")}
 # A component's own default that is meant to differ from the pipeline's.
 OWN_DEFAULTS = {("densenet", "model_name")}
 
@@ -156,6 +156,6 @@ def test_no_help_repeats_a_default_or_hides_a_real_one(command, parser):
 
 
 def test_the_demos_settings_are_pipeline_parameters():
-    from pipelines.demo import DEMO_TRAIN
+    from pipelines.demo import DEMO_DEPLOY, DEMO_TRAIN
 
-    assert set(DEMO_TRAIN) <= set(TABLE)
+    assert set(DEMO_TRAIN) | set(DEMO_DEPLOY) <= set(TABLE)

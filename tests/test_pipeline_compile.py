@@ -89,8 +89,9 @@ def test_the_train_step_carries_the_cluster_settings(compiled):
 def test_every_step_runs_a_kfvision_function_from_the_image(compiled):
     spec = compiled[1][0]
     executors = spec["deploymentSpec"]["executors"]
-    # one executor per task: check, 4 converts, split, resnet, densenet, train, 2 scores, evaluate
-    assert len(executors) == 12
+    # one executor per task: check, 4 converts, split, resnet, densenet, train, 2 scores,
+    # evaluate, deploy
+    assert len(executors) == 13
     for name, executor in executors.items():
         c = executor["container"]
         text = " ".join(c["command"])
@@ -101,13 +102,14 @@ def test_every_step_runs_a_kfvision_function_from_the_image(compiled):
         assert c["resources"]["resourceMemoryLimit"] == "8G", name
 
 
-def test_caching_is_off_only_where_a_step_reads_a_changing_source(compiled):
+def test_caching_is_off_only_where_a_step_reads_a_changing_source_or_deploys(compiled):
     tasks = _tasks(compiled[1][0])
     for name, task in tasks.items():
         if "componentRef" not in task or name.startswith("condition"):
             continue
         cached = task.get("cachingOptions", {}).get("enableCache", False)
-        assert cached == (not name.startswith("convert-to-image-directory")), name
+        assert cached == (not name.startswith(("convert-to-image-directory", "deploy-model"))), \
+            name
 
 
 def test_the_three_choices_are_conditions_merged_with_oneof(compiled):
@@ -117,6 +119,7 @@ def test_the_three_choices_are_conditions_merged_with_oneof(compiled):
                            ("check-parameters-Output", "'resnet'")):
         when = f"inputs.parameter_values['pipelinechannel--{channel}'] == {value}"
         assert {when, f"!({when})"} <= conditions
+    assert "inputs.parameter_values['pipelinechannel--deploy'] == true" in conditions
     # train's model, train and validation inputs and evaluate's scored table: dsl.OneOf
     text = compiled[0].read_text()
     assert text.count("artifactSelectors") >= 4

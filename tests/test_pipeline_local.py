@@ -1,5 +1,5 @@
 """The whole pipeline on this machine with KFP's local runner: same results as the library path,
-and bad parameters stop it before any heavy work."""
+the deploy step serving the model, and bad parameters stop it before any heavy work."""
 
 import csv
 import json
@@ -52,8 +52,8 @@ def library_path(tiny, tmp) -> dict:
 @pytest.mark.slow
 def test_local_pipeline_reaches_the_same_accuracy_as_the_library_path(tiny_digits, tmp_path):
     run = run_local_pipeline({"train_source": str(tiny_digits["raw"] / "train"),
-                              "test_source": str(tiny_digits["raw"] / "val"), **SETTINGS},
-                             tmp_path / "pipeline")
+                              "test_source": str(tiny_digits["raw"] / "val"), **SETTINGS,
+                              "deploy": True, "deploy_name": "digits"}, tmp_path / "pipeline")
     ref = library_path(tiny_digits, tmp_path / "library")
     trained = json.loads((find(run, "train-pytorch-model", "trained_model") / "metrics.json")
                          .read_text())
@@ -84,8 +84,17 @@ def test_local_pipeline_reaches_the_same_accuracy_as_the_library_path(tiny_digit
     assert "| class | precision |" in find(run, "evaluate-model", "report").read_text()
     assert "data:image/png;base64," in find(run, "evaluate-model", "page").read_text()
     assert "split-image-directory" in run.artifacts  # no validation source: the split branch
+    # deploy on: the trained model served locally, its labels on the validation images (the
+    # split's) equal to the scored ones, over v1 and v2; the figures are the step's Metrics.
+    deployed = json.loads((find(run, "deploy-model", "deployment") / "figures.json").read_text())
+    n = len(list(find(run, "split-image-directory", "validation").rglob("*.png")))
+    assert deployed["deployed"] == 1 and deployed["accuracy"] == evaluation["accuracy"]
+    assert deployed["v1_labels_equal_scored"] == deployed["v2_labels_equal_scored"] == n > 0
+    shown = outputs_of(run, "deploy-model")["metrics"]["metadata"]
+    assert shown["v1_labels_equal_scored"] == n and shown["deployed"] == 1
     text = summary(run)
     assert f"accuracy {evaluation['accuracy']:.4f}" in text and str(run.root) in text
+    assert f"deploy      served locally by `kfvision serve`: {n} images over v1" in text
 
 
 @pytest.mark.parametrize("given, expected", [({}, "local"), ({"execution_mode": "auto"}, "local"),

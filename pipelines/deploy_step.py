@@ -1,0 +1,96 @@
+"""The deploy step: after evaluation, put the model behind KServe's protocols if it is good enough.
+
+    gate    both modes deploy only when the evaluated accuracy reaches deploy_min_accuracy
+            (pipelines.serve.check.deploy_decision); otherwise the step says why and succeeds.
+    cluster the trained model is copied onto the data PVC (`<mount>/kfvision-models/<name>/<run>`),
+            the InferenceService serving `pvc://<pvc_name>/...` is rendered
+            (pipelines.serve.deploy), applied and waited for until Ready (pipelines.serve.cluster).
+    local   (run-local, `make demo`) the validation images are scored (as `kfvision score`
+            does), `kfvision serve` runs on a free port, the same images go through the v1 and
+            v2 protocols and the served labels must equal the scored ones
+            (pipelines.serve.check.serve_and_check); the server is stopped again.
+
+Everything the step decided and measured is returned (the component logs it as Metrics) and
+written, with the InferenceService YAML or the server's log, into the step's `deployment` folder.
+"""
+
+import json
+import shutil
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from pipelines.serve.check import deploy_decision, serve_and_check
+from pipelines.steps import DATA_MOUNT, resolve_mode
+from pipelines.train_step import is_mount
+from trainer.errors import InvalidModelDirectoryError
+
+MODELS = "kfvision-models"  # on the data PVC: the models InferenceServices serve
+READY_TIMEOUT_S = 900.0
+FIGURES = "figures.json"
+
+
+def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
+                min_accuracy: float, mode: str = "auto", image: str = "", pvc_name: str = "",
+                run_key: str = "", connect=None, out=None) -> dict:
+    """Gate, then deploy on the cluster or serve-and-check locally; returns the figures.
+
+    `evaluation_dir`: the evaluate step's folder (its metrics.json gives the accuracy, on the
+    test images when the run had some); `val_dir`: the validation images the local check scores
+    (as `kfvision score` does) and serves. `connect`: makes the pipelines.serve.cluster
+    DeployClient (tests pass a fake). Figures: `deployed` (1 or 0), `accuracy`, `reason`, and
+    what the deployment measured.
+    """
+    out = out or sys.stdout
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics = json.loads((Path(evaluation_dir) / "metrics.json").read_text(encoding="utf-8"))
+    accuracy = metrics.get("accuracy")
+    ok, reason = deploy_decision(accuracy, min_accuracy)
+    print(reason, file=out, flush=True)
+    figures = {"deployed": 0, "accuracy": accuracy, "reason": reason}
+    if ok and resolve_mode(mode) == "cluster":
+        figures.update(_deploy_on_cluster(model_dir, out_dir, name, image, pvc_name, run_key,
+                                          connect, out))
+    elif ok:
+        from trainer.use.score import score
+
+        score(model_dir, val_dir, out_dir / "scored.csv", progress=False)
+        figures.update(serve_and_check(model_dir, val_dir, out_dir / "scored.csv",
+                                       out_dir / "server.log", name=name), deployed=1,
+                       where="local")
+        print(f"served {figures['images']} images locally over v1 and v2: labels equal the "
+              f"scored ones ({figures['v1_images_per_s']:.1f} and "
+              f"{figures['v2_images_per_s']:.1f} images/s)", file=out, flush=True)
+    (out_dir / FIGURES).write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+    return figures
+
+
+def model_uri(pvc_name: str, name: str, run_key: str) -> tuple[Path, str]:
+    """(where the step copies the model, the storage URI KServe fetches it from)."""
+    from pipelines.jobs.manifest import job_name
+
+    rel = f"{MODELS}/{name}/{job_name('run', run_key)}"
+    return Path(DATA_MOUNT) / rel, f"pvc://{pvc_name}/{rel}"
+
+
+def _deploy_on_cluster(model_dir, out_dir: Path, name, image, pvc_name, run_key, connect,
+                       out) -> dict:
+    from pipelines.serve import cluster
+    from pipelines.serve.deploy import DeployConfig, build_inference_service, to_yaml
+
+    isvc_cfg = DeployConfig(name=name, model="pvc://x", image=image).check()  # before copying
+    target, uri = model_uri(pvc_name, name, run_key)
+    if not is_mount(DATA_MOUNT):
+        raise InvalidModelDirectoryError(
+            f"{DATA_MOUNT} is not mounted in this step: on a cluster the deploy step copies the "
+            f"model onto the PVC {pvc_name!r} (pipeline parameter pvc_name) for KServe to serve.")
+    shutil.copytree(model_dir, target, dirs_exist_ok=True)
+    isvc = build_inference_service(replace(isvc_cfg, model=uri))
+    (out_dir / "inferenceservice.yaml").write_text(to_yaml(isvc), encoding="utf-8")
+    client = (connect or cluster.connect)(out=out)
+    print(f"{client.apply(isvc)} InferenceService {client.namespace}/{name} serving {uri}",
+          file=out, flush=True)
+    ready = client.wait_ready(name, READY_TIMEOUT_S)
+    return {"deployed": 1, "where": "cluster", "storage_uri": uri,
+            "url": (ready.get("status") or {}).get("url", "")}

@@ -1,0 +1,107 @@
+"""The pipeline's deploy step without KFP: the accuracy gate, the local serve-and-check on a real
+trained model, and the cluster path against a fake of the Kubernetes API."""
+
+import json
+
+import pytest
+import yaml
+from test_deploy_cluster import NOT_READY, READY, FakeKServe, client_for
+
+from pipelines import deploy_step as step
+from pipelines import steps
+from pipelines.params import parameter_name
+from pipelines.pipeline import parameter_defaults
+from trainer.errors import InvalidParameterError
+from trainer.use.evaluate import evaluate
+from trainer.use.score import score
+
+
+@pytest.fixture(scope="module")
+def evaluation(trained_tiny, tiny_digits, tmp_path_factory):
+    """The evaluate step's folder for the tiny model on the tiny validation images."""
+    tmp = tmp_path_factory.mktemp("evaluation")
+    score(trained_tiny, tiny_digits["val"], tmp / "scored.csv", progress=False)
+    evaluate(tmp / "scored.csv", tmp / "evaluation")
+    return tmp / "evaluation"
+
+
+def accuracy_of(evaluation) -> float:
+    return json.loads((evaluation / "metrics.json").read_text())["accuracy"]
+
+
+def test_locally_the_step_serves_the_model_and_the_served_labels_are_the_scored_ones(
+        trained_tiny, tiny_digits, evaluation, tmp_path, capsys):
+    figures = step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / "d",
+                               name="digits", min_accuracy=0.0, mode="local")
+    assert figures["deployed"] == 1 and figures["where"] == "local"
+    assert figures["images"] == figures["v1_labels_equal_scored"] == 60
+    assert figures["v2_labels_equal_scored"] == 60 and figures["v1_images_per_s"] > 0
+    assert figures["accuracy"] == accuracy_of(evaluation)
+    assert json.loads((tmp_path / "d" / "figures.json").read_text()) == figures
+    assert (tmp_path / "d" / "server.log").stat().st_size > 0
+    assert "served 60 images locally over v1 and v2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mode", ["local", "cluster"])
+def test_below_the_bar_nothing_is_served_or_deployed_and_the_step_says_why(
+        trained_tiny, tiny_digits, evaluation, tmp_path, capsys, mode):
+    bar = accuracy_of(evaluation) + 0.01
+
+    def connect(out=None):
+        raise AssertionError("the cluster was contacted")
+
+    figures = step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / "d",
+                               name="digits", min_accuracy=bar, mode=mode, image="img:1",
+                               pvc_name="data", run_key="r", connect=connect)
+    assert figures["deployed"] == 0
+    assert f"below deploy_min_accuracy {bar:.4f}" in figures["reason"]
+    assert figures["reason"] in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["figures.json"]
+
+
+def test_on_a_cluster_the_model_goes_to_the_pvc_and_the_inferenceservice_waits_for_ready(
+        trained_tiny, tiny_digits, evaluation, tmp_path, monkeypatch, capsys):
+    mount = tmp_path / "pvc"
+    mount.mkdir()
+    monkeypatch.setattr(step, "DATA_MOUNT", str(mount))
+    monkeypatch.setattr(step, "is_mount", lambda path: path == str(mount))
+    fake = FakeKServe([NOT_READY, READY])
+    figures = step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / "d",
+                               name="digits", min_accuracy=0.0, mode="cluster", image="img:1",
+                               pvc_name="data", run_key="run-7",
+                               connect=lambda out=None: client_for(fake, out))
+    target, uri = step.model_uri("data", "digits", "run-7")
+    assert figures["deployed"] == 1 and figures["storage_uri"] == uri
+    assert uri.startswith("pvc://data/kfvision-models/digits/run-")
+    assert figures["url"] == "http://digits.kubeflow.example.com"
+    assert (target / "metrics.json").is_file()  # the trained model, on the PVC
+    isvc = yaml.safe_load((tmp_path / "d" / "inferenceservice.yaml").read_text())
+    assert fake.objects["digits"]["spec"] == isvc["spec"]
+    container = isvc["spec"]["predictor"]["containers"][0]
+    assert container["image"] == "img:1"
+    assert [c for c in fake.calls if c[0] == "create"] == [("create", "inferenceservices")]
+    assert "ready at http://digits" in capsys.readouterr().out
+
+
+def test_on_a_cluster_without_the_pvc_the_step_says_so(trained_tiny, tiny_digits, evaluation,
+                                                       tmp_path, monkeypatch):
+    from trainer.errors import KfvisionError
+
+    monkeypatch.setattr(step, "DATA_MOUNT", str(tmp_path))  # a folder, not a mount
+    with pytest.raises(KfvisionError, match="is not mounted in this step.*pvc_name"):
+        step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / "d",
+                         name="digits", min_accuracy=0.0, mode="cluster", image="img:1",
+                         pvc_name="data", run_key="r")
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"deploy_min_accuracy": 1.5}, "deploy_min_accuracy = 1.5 is out of range"),
+    ({"deploy": True, "deploy_name": "Digits_1"}, "deploy_name = 'Digits_1' is not valid"),
+])
+def test_bad_deploy_parameters_are_refused_before_anything_runs(tiny_digits, over, message):
+    params = {**parameter_defaults(), "train_source": str(tiny_digits["raw"] / "train"),
+              "execution_mode": "local", **over}
+    with pytest.raises(InvalidParameterError) as e:
+        steps.check_parameters(**params)
+    assert message in e.value.named(parameter_name)  # as the step's log names it
+    steps.check_parameters(**{**params, "deploy": False, "deploy_min_accuracy": 0.5})
