@@ -8,11 +8,12 @@ import json
 import jsonschema
 import pytest
 import yaml
-from conftest import SHARED_REFERENCE, train_argv
+from conftest import SHARED_REFERENCE, reference_file, train_argv
 
 from pipelines.cli import main as cli
 from pipelines.jobs.manifest import JobConfig, build_pytorchjob
 from pipelines.jobs.rules import webhook_problems
+from pipelines.jobs.trainjob_rules import validate_trainjob
 from pipelines.tune.experiment import PYTORCHJOB, Search, build_experiment, substituted_trial
 from pipelines.tune.katib_rules import experiment_problems
 from pipelines.tune.local import check_search, parse_metrics
@@ -213,6 +214,58 @@ def test_tune_render_writes_the_experiment(tmp_path, capsys):
                 "t", "--val", "v", "--out", "o", "--param", "lr=double:0.01:0.1"]) == 2
     assert "metadata.name 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx': at most 40 characters" \
         in capsys.readouterr().err
+
+
+def _crd(*parts):
+    return yaml.safe_load(reference_file(*parts).read_text())["spec"]["versions"][0]["schema"][
+        "openAPIV3Schema"]
+
+
+@pytest.mark.parametrize("kind, runtime", [("pytorchjob", []), ("trainjob", []),
+                                           ("trainjob", ["--runtime", "kfvision-torch",
+                                                         "--runtime-kind", "TrainingRuntime"])])
+def test_tune_render_of_each_kind_passes_katib_and_the_trial_passes_the_job_checks(
+        tmp_path, kind, runtime):
+    out = tmp_path / "exp.yaml"
+    assert cli(["tune", "render", "--kind", kind, *runtime, "--name", "digits-lr", "--namespace",
+                "team", "--image", "registry.example.com/k:1", "--nodes", "2",
+                "--model", "/mnt/runs/m", "--train", "/mnt/runs/t", "--val", "/mnt/runs/v",
+                "--out", "/mnt/runs/tune", "--pvc", "runs:/mnt/runs", "--epochs", "3",
+                "--param", "lr=double:0.0001:0.1:log", "--param", "batch-size=categorical:16,32",
+                "--trials", "4", "--parallel", "2", "-o", str(out)]) == 0
+    exp = yaml.safe_load(out.read_text())
+    assert experiment_problems(exp) == []
+    jsonschema.validate(exp, _crd("katib", "kubeflow.org_experiments.yaml"))
+    template = exp["spec"]["trialTemplate"]
+    trial = substituted_trial(exp, "digits-lr-x7k2m9qp")
+    assert trial["kind"] == {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}[kind]
+    if kind == "pytorchjob":
+        assert template["successCondition"] == PYTORCHJOB.success_condition
+        assert webhook_problems(trial) == []
+        arg_lists = [r["template"]["spec"]["containers"][0]["args"]
+                     for r in trial["spec"]["pytorchReplicaSpecs"].values()]
+    else:
+        assert template["primaryContainerName"] == "node"
+        assert template["primaryPodLabels"] == {"jobset.sigs.k8s.io/replicatedjob-name": "node",
+                                                "batch.kubernetes.io/job-completion-index": "0"}
+        assert '"Complete"' in template["successCondition"]
+        assert '"Failed"' in template["failureCondition"]
+        assert validate_trainjob(trial, "the trial") == trial
+        jsonschema.validate(trial, _crd("trainer-v2", "trainer.kubeflow.org_trainjobs.yaml"))
+        assert trial["spec"]["runtimeRef"]["name"] == (runtime[1] if runtime else
+                                                       "torch-distributed")
+        arg_lists = [trial["spec"]["trainer"]["args"]]
+    for args in arg_lists:
+        assert args[args.index("--out") + 1] == "/mnt/runs/tune/digits-lr-x7k2m9qp"
+        assert args[args.index("--lr") + 1] == "0.0001"
+        assert args[args.index("--batch-size") + 1] == "16"
+
+
+def test_runtime_flags_without_trainjob_are_refused(capsys):
+    assert cli(["tune", "render", "--runtime", "kfvision-torch", "--name", "d", "--image", "i:1",
+                "--model", "m", "--train", "t", "--val", "v", "--out", "o",
+                "--param", "lr=double:0.01:0.1"]) == 2
+    assert "--runtime and --runtime-kind are for --kind trainjob" in capsys.readouterr().err
 
 
 # --- tune run ------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def render_argv(cfg: JobConfig) -> list:
 
 def _render(args) -> int:
     cfg = job_config(args)
-    job, kind_argv = _build(args, cfg)
+    job, kind_argv = build_job(args, cfg)
     header = ("Rendered by kfvision; edit the command, not this file:\n"
               f"kfvision job render {shlex.join(kind_argv + render_argv(cfg))}")
     text = to_yaml(job, header)
@@ -78,7 +78,7 @@ def _render(args) -> int:
 KINDS = tuple(sorted(k.lower() for k in JOB_KINDS))
 
 
-def _build(args, cfg: JobConfig) -> tuple:
+def build_job(args, cfg: JobConfig) -> tuple:
     """(job dict, the kind flags for the header) of `--kind`."""
     if args.kind == "pytorchjob":
         if args.runtime or args.runtime_kind:

@@ -19,7 +19,6 @@ the same search, two ways:
       --out /mnt/runs/tune --pvc runs:/mnt/runs --param lr=double:0.0001:0.1:log -o exp.yaml
   kubectl apply -f exp.yaml
 """
-KINDS = ("pytorchjob", "trainjob")
 
 
 def _param(text: str):
@@ -79,18 +78,16 @@ def _run(args) -> int:
 def _render(args) -> int:
     import dataclasses
 
-    from pipelines.cli.job import job_config
-    from pipelines.jobs.manifest import build_pytorchjob, to_yaml
-    from pipelines.tune.experiment import PYTORCHJOB, build_experiment
+    from pipelines.cli.job import build_job, job_config
+    from pipelines.jobs.manifest import to_yaml
+    from pipelines.tune.experiment import TRIAL_KINDS, build_experiment
 
-    if args.kind != "pytorchjob":
-        raise InvalidParameterError("--kind trainjob is not rendered yet; use --kind pytorchjob.")
     cfg = job_config(args)
     search = _search(args, cfg.train)
     # rendered under a name as long as a trial's (<experiment>-<8 characters>): the pods' names
     # grow from it
-    job = build_pytorchjob(dataclasses.replace(cfg, name=f"{cfg.name}-abcd1234"))
-    experiment = build_experiment(job, PYTORCHJOB, search, cfg.name, cfg.namespace)
+    job, _ = build_job(args, dataclasses.replace(cfg, name=f"{cfg.name}-abcd1234"))
+    experiment = build_experiment(job, TRIAL_KINDS[args.kind], search, cfg.name, cfg.namespace)
     text = to_yaml(experiment, "Rendered by `kfvision tune render` (docs/tuning.md): re-render "
                    "rather than edit.")
     if args.output in (None, "-"):
@@ -98,7 +95,7 @@ def _render(args) -> int:
     else:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(text, encoding="utf-8")
-        print(f"wrote Experiment {cfg.name} ({search.trials} trials of PyTorchJob) to "
+        print(f"wrote Experiment {cfg.name} ({search.trials} trials of {job['kind']}) to "
               f"{args.output}", file=sys.stderr)
     return 0
 
@@ -130,7 +127,5 @@ def register(subparsers, help: str) -> None:
                               help="write a Katib Experiment whose trials are `job render` jobs",
                               formatter_class=HelpFormatter)
     render.add_argument("-h", "--help", action="help", help="show this help message and exit")
-    _search_arguments(render)
-    render.add_argument("--kind", choices=KINDS, default="pytorchjob",
-                        help="the trials' job kind")
+    _search_arguments(render)  # --kind, --runtime, --runtime-kind: job render's (the trials')
     render.set_defaults(func=_render)

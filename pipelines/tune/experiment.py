@@ -6,9 +6,9 @@ the searched flags' values and `--out <out>/${trialParameters.trialName}` (Katib
 `${trialSpec.Name}`), so that trials sharing one volume never overwrite each other. Katib reads the
 metric line the trainer prints (trainer/reporting.py) with its StdOut collector.
 
-A job kind plugs in as a TrialKind: PyTorchJob here; a TrainJob's is the same five facts (success
-on `Complete`, failure on `Failed`, primary pod labels of the JobSet's `node` 0, container `node`,
-where its trainer arguments are).
+A job kind plugs in as a TrialKind: PYTORCHJOB (Training Operator v1.9) and TRAINJOB (Kubeflow
+Trainer v2, Katib >= v0.19: success on `Complete`, failure on `Failed`, the pod of the JobSet's
+`node` job with completion index 0, container `node`, arguments at `spec.trainer.args`).
 """
 
 import copy
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from pipelines.jobs.rules import CONTAINER_NAME, validate_pytorchjob
+from pipelines.jobs.trainjob_rules import NODE, validate_trainjob
 from pipelines.tune.katib_rules import validate_experiment
 from trainer.reporting import METRICS, OBJECTIVES
 
@@ -53,6 +54,21 @@ PYTORCHJOB = TrialKind(
     primary_container=CONTAINER_NAME,
     trainer_args=_pytorchjob_args,
     validate=validate_pytorchjob)
+
+
+def _trainjob_args(job: dict) -> list:
+    return [job["spec"]["trainer"].setdefault("args", [])]
+
+
+TRAINJOB = TrialKind(
+    success_condition='status.conditions.#(type=="Complete")#|#(status=="True")#',
+    failure_condition='status.conditions.#(type=="Failed")#|#(status=="True")#',
+    primary_pod_labels={"jobset.sigs.k8s.io/replicatedjob-name": NODE,
+                        "batch.kubernetes.io/job-completion-index": "0"},
+    primary_container=NODE,
+    trainer_args=_trainjob_args,
+    validate=validate_trainjob)
+TRIAL_KINDS = {"pytorchjob": PYTORCHJOB, "trainjob": TRAINJOB}
 
 
 class Search(NamedTuple):
