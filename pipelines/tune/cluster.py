@@ -1,0 +1,189 @@
+"""Run a Katib Experiment on a cluster through the Kubernetes API: submit (or re-attach), wait,
+status, delete; the best trial's parameters and objective come from `status.currentOptimalTrial`.
+
+Like pipelines/jobs/cluster.py, only CustomObjectsApi calls we choose, so that errors name
+kind/namespace/name and manifests/rbac.yaml grants exactly these verbs:
+    experiments: create, get, delete    trials: list, get (the best trial's model folder)
+"""
+
+import sys
+import time
+
+from pipelines.jobs.cluster import _http_errors, api_error, connect
+from pipelines.jobs.errors import JobFailedError, JobTimeoutError, KubernetesError
+from pipelines.tune.experiment import TRIAL_KINDS
+
+GROUP, VERSION = "kubeflow.org", "v1beta1"
+KIND, TRIAL = "Experiment", "Trial"
+EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"  # Katib's label on an Experiment's trials
+KATIB_INSTALL = ("install Katib v0.19 (kubectl apply -k \"github.com/kubeflow/katib.git/manifests/"
+                 "v1beta1/installs/katib-standalone?ref=v0.19.0\")")
+COUNTS = ("trialsSucceeded", "trialsRunning", "trialsPending", "trialsFailed",
+          "trialsEarlyStopped", "trialsKilled")
+
+
+def experiment_state(experiment: dict) -> tuple:
+    """(state, message) of an Experiment: Succeeded or Failed once finished, else the latest
+    true condition (Created, Running, Restarting) or Pending."""
+    conditions = [c for c in (experiment.get("status") or {}).get("conditions") or []
+                  if c.get("status") == "True"]
+    for final in ("Succeeded", "Failed"):
+        for c in conditions:
+            if c.get("type") == final:
+                return final, c.get("message") or c.get("reason") or ""
+    return (conditions[-1]["type"], conditions[-1].get("message", "")) if conditions else (
+        "Pending", "")
+
+
+def progress(experiment: dict) -> str:
+    """`2 succeeded, 1 running of 8 trials` from the Experiment's status counts."""
+    status = experiment.get("status") or {}
+    parts = [f"{status[c]} {c[len('trials'):].lower()}" for c in COUNTS if status.get(c)]
+    total = experiment.get("spec", {}).get("maxTrialCount", "?")
+    return f"{', '.join(parts) or 'no trials yet'} of {total} trials"
+
+
+def best_trial(experiment: dict) -> tuple | None:
+    """(trial name, {parameter: value}, objective name, objective value) of the best trial so
+    far, or None before one reported its metrics. The value follows the objective's metric
+    strategy (Katib's default: min when minimizing, max when maximizing)."""
+    optimal = (experiment.get("status") or {}).get("currentOptimalTrial") or {}
+    metrics = (optimal.get("observation") or {}).get("metrics") or []
+    if not optimal.get("bestTrialName") or not metrics:
+        return None
+    objective = experiment["spec"]["objective"]
+    name = objective["objectiveMetricName"]
+    strategies = {s["name"]: s["value"] for s in objective.get("metricStrategies") or []}
+    strategy = strategies.get(name, "min" if objective.get("type") == "minimize" else "max")
+    value = next((m.get(strategy, m.get("latest")) for m in metrics if m["name"] == name), None)
+    params = {p["name"]: p["value"] for p in optimal.get("parameterAssignments") or []}
+    return optimal["bestTrialName"], params, name, value
+
+
+class ExperimentClient:
+    """Katib Experiments (and their trials) in one namespace; `custom`: CustomObjectsApi."""
+
+    def __init__(self, custom, namespace: str, out=None, sleep=time.sleep, clock=time.monotonic):
+        self.custom, self.namespace = custom, namespace
+        self.out, self.sleep, self.clock = out or sys.stdout, sleep, clock
+
+    def say(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+    def _call(self, verb: str, kind: str, name: str, fn, *args, **kwargs):
+        api_exception, http_error = _http_errors()
+        try:
+            return fn(GROUP, VERSION, self.namespace, *args, **kwargs)
+        except (api_exception, http_error) as e:
+            error = api_error(e, verb, kind, self.namespace, name)
+            if getattr(e, "status", None) == 404 and verb == "create":
+                error = KubernetesError(f"{error} Is Katib's Experiment CRD "
+                                        f"(experiments.kubeflow.org) installed? If not, "
+                                        f"{KATIB_INSTALL}.", 404)
+            if getattr(e, "status", None) == 409 and verb == "create":
+                return None  # AlreadyExists: the caller re-attaches
+            raise error from e
+
+    def create(self, experiment: dict) -> tuple:
+        """Create `experiment`; if it already exists, return that one. -> (object, created)."""
+        name = experiment["metadata"]["name"]
+        body = {**experiment, "metadata": {**experiment["metadata"], "namespace": self.namespace}}
+        created = self._call("create", KIND, name, self.custom.create_namespaced_custom_object,
+                             "experiments", body)
+        return (created, True) if created is not None else (self.get(name), False)
+
+    def get(self, name: str) -> dict:
+        return self._call("get", KIND, name, self.custom.get_namespaced_custom_object,
+                          "experiments", name)
+
+    def delete(self, name: str) -> None:
+        """Delete the Experiment; Katib's owner references take its trials and their jobs."""
+        self._call("delete", KIND, name, self.custom.delete_namespaced_custom_object,
+                   "experiments", name, propagation_policy="Background")
+
+    def trials(self, name: str) -> list:
+        listed = self._call("list", TRIAL, f"(of experiment {name})",
+                            self.custom.list_namespaced_custom_object, "trials",
+                            label_selector=f"{EXPERIMENT_LABEL}={name}")
+        return sorted(listed.get("items") or [], key=lambda t: t["metadata"]["name"])
+
+    def trial_out(self, trial_name: str) -> str | None:
+        """The best trial's model folder: the `--out` of its job (Katib's runSpec)."""
+        trial = self._call("get", TRIAL, trial_name, self.custom.get_namespaced_custom_object,
+                           "trials", trial_name)
+        job = (trial.get("spec") or {}).get("runSpec") or {}
+        kind = TRIAL_KINDS.get(str(job.get("kind", "")).lower())
+        for args in kind.trainer_args(job) if kind else []:
+            if "--out" in args:
+                return args[args.index("--out") + 1]
+        return None
+
+    def report(self, name: str, experiment: dict) -> None:
+        """Print the state, the trial counts and the best trial (with its model folder)."""
+        state, message = experiment_state(experiment)
+        self.say(f"Experiment {self.namespace}/{name}: {state}; {progress(experiment)}"
+                 + (f" ({message})" if message else ""))
+        best = best_trial(experiment)
+        if best is None:
+            self.say("best trial: none yet (no trial has reported its metrics)")
+            return
+        trial, params, objective, value = best
+        flags = " ".join(f"--{k} {v}" for k, v in params.items())
+        self.say(f"best trial {trial}: {objective} {value} with {flags}")
+        out = self.trial_out(trial)
+        if out:
+            self.say(f"its model: {out}")
+
+    def trial_table(self, name: str) -> None:
+        for t in self.trials(name):
+            state, _ = experiment_state(t)
+            params = " ".join(f"{p['name']}={p['value']}"
+                              for p in t.get("spec", {}).get("parameterAssignments") or [])
+            self.say(f"  {t['metadata']['name']}  {state}  {params}")
+
+    def wait(self, name: str, timeout_s: float | None = None, poll_s: float = 10.0) -> dict:
+        """Poll until Succeeded (returns the Experiment) or Failed (JobFailedError, naming the
+        failed trials); JobTimeoutError after `timeout_s`, leaving the Experiment running."""
+        start, last = self.clock(), None
+        while True:
+            experiment = self.get(name)
+            state, message = experiment_state(experiment)
+            line = f"{state}: {progress(experiment)}"
+            if line != last:
+                self.say(f"Experiment {self.namespace}/{name} {line}")
+                last = line
+            if state == "Succeeded":
+                return experiment
+            if state == "Failed":
+                failed = [t["metadata"]["name"] for t in self.trials(name)
+                          if experiment_state(t)[0] == "Failed"]
+                raise JobFailedError(
+                    f"Experiment {self.namespace}/{name} failed: {message or state}. Failed "
+                    f"trials: {', '.join(failed) or 'none listed'} (kubectl describe trial "
+                    f"NAME -n {self.namespace}; their job's logs: kfvision job logs NAME).")
+            if timeout_s is not None and self.clock() - start >= timeout_s:
+                raise JobTimeoutError(
+                    f"Experiment {self.namespace}/{name} not finished after {timeout_s:g} s; it "
+                    f"goes on (kfvision tune status {name} -n {self.namespace}, kfvision tune "
+                    f"delete {name} -n {self.namespace}).")
+            self.sleep(poll_s)
+
+
+def client(namespace: str | None = None, out=None) -> ExperimentClient:
+    """An ExperimentClient for the current kubeconfig context (or the pod's service account)."""
+    jobs = connect(namespace, out=out)
+    return ExperimentClient(jobs.custom, jobs.namespace, out=out)
+
+
+def submit(api: ExperimentClient, experiment: dict, *, wait: bool = False,
+           timeout_s: float | None = None, poll_s: float = 10.0) -> dict:
+    """Create the Experiment (or re-attach to the one of that name), optionally wait for it, and
+    print where it stands and its best trial."""
+    name = experiment["metadata"]["name"]
+    current, created = api.create(experiment)
+    api.say(f"{'created' if created else 're-attached to existing'} Experiment "
+            f"{api.namespace}/{name}")
+    if wait:
+        current = api.wait(name, timeout_s=timeout_s, poll_s=poll_s)
+        api.report(name, current)
+    return current
