@@ -190,7 +190,7 @@ TIMING = ("train_seconds", "train_images_per_sec")
 
 def _render(tmp_path, data, model, name) -> dict:
     from pipelines.cli import main
-    from pipelines.jobs.rules import read_manifest
+    from pipelines.jobs.kinds import read_job
 
     manifest = tmp_path / f"{name}.yaml"
     assert main(["job", "render", "--name", name, "--image", "local", "--nodes", "2",
@@ -198,7 +198,7 @@ def _render(tmp_path, data, model, name) -> dict:
                  "--val", str(data["val"]), "--out", str(tmp_path / name), "--epochs", "2",
                  "--image-size", "32", "--batch-size", "8", "--lr", "0.02", "--augment", "light",
                  "--print-freq", "1", "--workers", "0", "--seed", "5", "-o", str(manifest)]) == 0
-    return read_manifest(manifest)
+    return read_job(manifest)
 
 
 def _progress(log: str, prefix: str) -> list:

@@ -238,7 +238,7 @@ def test_gpu_jobs_need_the_gpus_here(tmp_path, monkeypatch):
 def _render_and_run(tmp_path, data, model, nodes, nproc) -> tuple:
     """Render with `kfvision job render`, run with run-local; -> (error or None, metrics.json)."""
     from pipelines.cli import main
-    from pipelines.jobs.rules import read_manifest
+    from pipelines.jobs.kinds import read_job
 
     out, manifest = tmp_path / f"model-{nodes}x{nproc}", tmp_path / f"job-{nodes}x{nproc}.yaml"
     assert main(["job", "render", "--name", f"digits-{nodes}x{nproc}", "--image", "local",
@@ -249,7 +249,7 @@ def _render_and_run(tmp_path, data, model, nodes, nproc) -> tuple:
                  "-o", str(manifest)]) == 0
     error = None
     try:
-        run_local(read_manifest(manifest), tmp_path / f"logs-{nodes}x{nproc}", quiet=True)
+        run_local(read_job(manifest), tmp_path / f"logs-{nodes}x{nproc}", quiet=True)
     except JobFailedError as e:
         error = str(e)
     return error, json.loads((out / "metrics.json").read_text())

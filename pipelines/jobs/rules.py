@@ -125,26 +125,3 @@ def validate_pytorchjob(job, source: str = "the manifest") -> dict:
                               f"\n  - {lines}\nFix the manifest (or re-render it with "
                               "`kfvision job render`).")
     return job
-
-
-def read_manifest(path) -> dict:
-    """The one PyTorchJob in the YAML file `path` ("-": standard input), webhook-checked.
-
-    Raises:
-        InvalidJobError: unreadable file, not YAML, not exactly one object, or a broken rule.
-    """
-    import sys
-    from pathlib import Path
-
-    import yaml
-
-    source = "standard input" if str(path) == "-" else str(path)
-    try:
-        text = sys.stdin.read() if str(path) == "-" else Path(path).read_text(encoding="utf-8")
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except (OSError, yaml.YAMLError) as e:
-        raise InvalidJobError(f"cannot read the job manifest {source}: {e}") from e
-    if len(docs) != 1:
-        raise InvalidJobError(f"{source} holds {len(docs)} YAML documents; expected exactly one "
-                              "PyTorchJob (as `kfvision job render` writes).")
-    return validate_pytorchjob(docs[0], source)
