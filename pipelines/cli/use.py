@@ -44,26 +44,6 @@ def _export(args) -> int:
     return 0
 
 
-def _export(args) -> int:
-    from trainer.errors import ExportError
-    from trainer.use.export import TOLERANCE, check_export, export
-
-    meta = export(args.model, args.format, args.out)
-    size = meta["image_size"]
-    print(f"wrote the {args.format} export of {args.model} to {args.out}: input 'image' uint8 "
-          f"[batch, 3, {size}, {size}], output 'probabilities' over {len(meta['classes'])} "
-          "classes; classes and preprocessing are in its metadata ('kfvision')")
-    if args.check:
-        r = check_export(args.model, args.out, args.format, args.check, limit=args.check_limit)
-        print(f"checked against PyTorch on {r['images']} images of {args.check}: top-1 agrees on "
-              f"{r['top1_agree']}/{r['images']}, largest probability difference "
-              f"{r['max_abs_diff']:.2g}")
-        if r["max_abs_diff"] > TOLERANCE:
-            raise ExportError(f"{args.out} differs from the PyTorch model by more than "
-                              f"{TOLERANCE} on {args.check}; do not serve it.")
-    return 0
-
-
 def register(sub) -> None:
     """Add score, evaluate and export to the `kfvision` subparsers."""
     s = sub.add_parser("score", help="score an image directory with a trained model -> CSV",
