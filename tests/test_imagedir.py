@@ -12,7 +12,7 @@ from trainer.data.datasets import ImageDataset
 from trainer.data.decode import load_rgb
 from trainer.data.imagedir import MANIFEST, check_same_classes, read_image_directory
 from trainer.data.transforms import eval_transform, train_transform
-from trainer.errors import InvalidDatasetError, NotLabeledDatasetError
+from trainer.errors import ChangedDatasetError, InvalidDatasetError, NotLabeledDatasetError
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ def test_hash_verification_catches_same_size_corruption(imdir):
     data[-1] ^= 0xFF
     f.write_bytes(bytes(data))
     read_image_directory(imdir)  # same size: the cheap check passes
-    with pytest.raises(InvalidDatasetError, match="corrupt"):
+    with pytest.raises(ChangedDatasetError, match="same size, but its sha256"):
         read_image_directory(imdir, verify="hash")
 
 

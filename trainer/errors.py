@@ -72,6 +72,11 @@ class InvalidDatasetError(KfvisionError):
     """An image directory is missing, malformed, or does not fit the job (classes, images)."""
 
 
+class ChangedDatasetError(InvalidDatasetError):
+    """An image an image directory lists is missing or differs from what its manifest recorded
+    (size or sha256): it changed after the directory was made, or while convert was reading it."""
+
+
 class NotLabeledDatasetError(InvalidDatasetError):
     """Training or evaluation was given an image directory that has no labels."""
 

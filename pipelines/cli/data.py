@@ -8,7 +8,8 @@ def _convert(args) -> int:
 
     progress = False if args.quiet else None
     report = convert(args.src, args.out, labels=args.labels, strict=args.strict,
-                     overwrite=args.overwrite, progress=progress)
+                     overwrite=args.overwrite, progress=progress, in_place=args.in_place,
+                     extract_to=args.extract_to)
     print(report.summary())
     if args.pack:  # the image directory is complete and valid already; the pack is an addition
         from trainer.data.pack import write_pack
@@ -28,7 +29,7 @@ def _split(args) -> int:
     from trainer.data.split import split
 
     counts = split(args.src, args.train_out, args.val_out, fraction=args.fraction,
-                   seed=args.seed, overwrite=args.overwrite)
+                   seed=args.seed, overwrite=args.overwrite, in_place=args.in_place)
     for side, out in (("first", args.train_out), ("second", args.val_out)):
         per_class = ", ".join(f"{c}: {n}" for c, n in counts[side].items())
         print(f"wrote {sum(counts[side].values())} images to {out} ({per_class})")
@@ -49,6 +50,13 @@ def register(sub) -> None:
                    "a file on disk or inside SRC)")
     c.add_argument("--strict", action="store_true", help="fail on any unreadable file")
     c.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    c.add_argument("--in-place", action="store_true", help="copy nothing: OUT holds only the "
+                   "manifest, which references the images where they are (by absolute path, "
+                   "with each file's size and sha256; every reader checks them, so a file changed "
+                   "later is an error naming it). For data that already sits where training "
+                   "reads it: no second copy")
+    c.add_argument("--extract-to", metavar="DIR", help="with --in-place and an archive: the new "
+                   "folder it is extracted into, where its images then stay")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.add_argument("--pack", action="store_true", help="then write the pack (`kfvision pack "
                    "OUT`): raw pixels for fast training on data too big to cache in memory; "
@@ -78,4 +86,6 @@ def register(sub) -> None:
                     help="share of each class in the first output")
     sp.add_argument("--seed", type=int, default=1, help="fixes which images go where")
     sp.add_argument("--overwrite", action="store_true", help="replace outputs that exist")
+    sp.add_argument("--in-place", action="store_true", help="write two manifests over the "
+                    "input's image files instead of two copies of them")
     sp.set_defaults(func=_split)

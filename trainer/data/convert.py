@@ -10,6 +10,15 @@ Images are copied byte for byte (never re-encoded). Each is decoded once, throug
 Unreadable files are skipped and reported (or fail the run with strict); an image above Pillow's
 pixel limit fails the run (DecompressionBombError). Everything is written to a staging folder
 beside OUT and renamed into place at the end: on any failure nothing is left at OUT.
+
+    kfvision convert /data/photos data/all --in-place     # OUT holds the manifest only
+
+`in_place` copies nothing: OUT's manifest references the images where they are (a referenced
+image directory, see trainer.data.imagedir). An archive is then extracted once, into
+`extract_to`, and referenced there. The source may change while it is read: every file's size
+and modification time are taken before it is read and again at the end, and the source is
+listed again, so a file changed, added or removed meanwhile fails the conversion (a
+ChangedDatasetError naming it) instead of recording a mix of old and new.
 """
 
 import hashlib
@@ -27,7 +36,7 @@ from PIL import Image
 from trainer.data.archive import archive_kind, extract_archive
 from trainer.data.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
 from trainer.data.sources import Item, plan_source
-from trainer.errors import DecompressionBombError, InvalidDatasetError
+from trainer.errors import ChangedDatasetError, DecompressionBombError, InvalidDatasetError
 from trainer.progress import progress_bar
 
 UNLABELLED_NOTE = "no class folders and no labels: an UNLABELLED image directory (scoring only)"
@@ -102,7 +111,8 @@ def _bomb(where: str, what: str, limit) -> DecompressionBombError:
 
 
 def convert(src, out, *, labels=None, strict: bool = False, overwrite: bool = False,
-            progress: bool | None = None) -> ConvertReport:
+            progress: bool | None = None, in_place: bool = False,
+            extract_to=None) -> ConvertReport:
     """Convert a folder or archive of images into an ImageDirectory at `out`.
 
     Args:
@@ -112,34 +122,67 @@ def convert(src, out, *, labels=None, strict: bool = False, overwrite: bool = Fa
         labels: a CSV of path,label (paths relative to `src`, or to the archive's root).
         strict: fail on the first skippable file instead of skipping it.
         progress: a progress bar (None: only when attached to a terminal).
+        in_place: write only the manifest, referencing the images where they are.
+        extract_to: with `in_place` and an archive, the new folder it is extracted into (where
+            its images then stay; removed again if the conversion fails).
     Returns:
         the ConvertReport (per-class counts, skipped files with reasons).
     Raises:
         InvalidDatasetError: bad source or labels, no images, an empty or single class, or a bad
             file with `strict`. UnsafeArchiveError, DecompressionBombError: refused input.
+            ChangedDatasetError: (in_place) the source changed while it was read.
     """
     src, out = Path(src), Path(out)
     _check_paths(src, out, overwrite)
+    extract_to = _check_extract_to(src, in_place, extract_to)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    done = False
     try:
-        root, owned = src, False
-        if src.is_file():
-            root, owned = staging / "extracted", True
-            root.mkdir()
+        root, archived = Path(os.path.abspath(src)), src.is_file()
+        if archived:
+            root = extract_to or staging / "extracted"
+            root.mkdir(parents=True)
             extract_archive(src, root, progress)
-        plan = plan_source(root, shown=str(src), archive=owned, labels=labels)
+        plan = plan_source(root, shown=str(src), archive=archived, labels=labels)
         report = ConvertReport(out, list(plan.classes), {c: 0 for c in plan.classes})
         for where, why in plan.skipped:
             _skip(report, where, why, strict)
-        entries = _copy_images(plan, staging / "imagedir", report, strict=strict, move=owned,
-                               progress=progress)
-        _check_converted(src, report)
-        write_manifest(staging / "imagedir", plan.classes, entries)
+        if in_place:
+            (staging / "imagedir").mkdir()
+            entries = _reference_images(plan, root, report, strict=strict, progress=progress)
+            _check_converted(src, report)
+            _check_unchanged(plan, root, entries, str(src), archived, labels)
+            write_manifest(staging / "imagedir", plan.classes, [e for e, _ in entries],
+                           images_root=root)
+        else:
+            entries = _copy_images(plan, staging / "imagedir", report, strict=strict,
+                                   move=archived, progress=progress)
+            _check_converted(src, report)
+            write_manifest(staging / "imagedir", plan.classes, entries)
         _publish(staging / "imagedir", out, staging)
+        done = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if extract_to is not None and not done:
+            shutil.rmtree(extract_to, ignore_errors=True)
     return report
+
+
+def _check_extract_to(src: Path, in_place: bool, extract_to) -> Path | None:
+    """The absolute folder an archive is extracted into for an in-place conversion (None for a
+    folder source, or when not in place)."""
+    if not (in_place and src.is_file()):
+        return None
+    if extract_to is None:
+        raise InvalidDatasetError(
+            f"source {src} is an archive: converting it in place needs a folder to extract it "
+            "into, where its images then stay (--extract-to DIR).")
+    extract_to = Path(os.path.abspath(extract_to))
+    if extract_to.exists():
+        raise InvalidDatasetError(f"{extract_to} already exists; give a new folder to extract "
+                                  f"{src} into.")
+    return extract_to
 
 
 def _check_paths(src: Path, out: Path, overwrite: bool) -> None:
@@ -192,6 +235,58 @@ def _copy_images(plan, dest: Path, report: ConvertReport, *, strict: bool, move:
             report.counts[item.label] += 1
     report.images = len(entries)
     return entries
+
+
+def _reference_images(plan, root: Path, report: ConvertReport, *, strict: bool,
+                      progress) -> list[tuple[ImageEntry, tuple]]:
+    """(entry, (size, mtime_ns) before reading) of every readable image, read where it is; the
+    entry's path is relative to `root`."""
+    entries = []
+    for item in progress_bar(plan.items, "convert", "img", progress):
+        try:
+            st = os.stat(item.file)
+        except OSError:
+            st = None  # _read_item says why
+        why, data, size = _read_item(item)
+        if why:
+            _skip(report, item.shown, why, strict)
+            continue
+        if len(data) != st.st_size:
+            raise _changed(item.shown, f"it had {st.st_size} bytes when convert started "
+                                       f"reading it and {len(data)} when it finished")
+        label = None if item.label is None else plan.classes.index(item.label)
+        rel = item.file.relative_to(root).as_posix()
+        entries.append((ImageEntry(rel, label, len(data), hashlib.sha256(data).hexdigest(),
+                                   *size), (st.st_size, st.st_mtime_ns)))
+        if item.label is not None:
+            report.counts[item.label] += 1
+    report.images = len(entries)
+    return entries
+
+
+def _check_unchanged(plan, root: Path, entries, shown: str, archived: bool, labels) -> None:
+    """The source as it is now is the one that was read: same files, same sizes and times."""
+    for e, (size, mtime_ns) in entries:
+        try:
+            st = os.stat(root / e.path)
+        except OSError as err:
+            raise _changed(f"{shown}/{e.path}", f"it was removed ({err.strerror})") from err
+        if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
+            raise _changed(f"{shown}/{e.path}", f"{size} -> {st.st_size} bytes, modified "
+                                                "again after it was read")
+    again = plan_source(root, shown=shown, archive=archived, labels=labels)
+    before, now = {i.file for i in plan.items}, {i.file for i in again.items}
+    for what, files in (("added", now - before), ("removed", before - now)):
+        if files:
+            first = sorted(files)[0].relative_to(root).as_posix()
+            raise _changed(f"{shown}/{first}", f"{len(files)} file(s) were {what} (this one "
+                                               "among them)")
+
+
+def _changed(where: str, what: str) -> ChangedDatasetError:
+    return ChangedDatasetError(
+        f"{where} changed while convert was reading the source: {what}. Convert again once "
+        "nothing writes to the source any more.")
 
 
 def _read_item(item: Item):

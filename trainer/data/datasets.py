@@ -50,7 +50,9 @@ class ImageDataset(Dataset):
 
     def __init__(self, imdir: ImageDirectory, transform, *, cache: bool = False,
                  precompute: bool = False, pack: bool = True, dct_scaling: bool = False):
-        self.paths = [imdir.root / e.path for e in imdir.images]
+        self.paths = [imdir.file(e) for e in imdir.images]
+        # a referenced directory's files can change under it: each read is checked (check_bytes)
+        self.imdir = imdir if imdir.referenced else None
         self.labels = [(-1 if e.label is None else e.label) for e in imdir.images]
         self.transform = transform
         self.pack = open_pack(imdir) if pack else None
@@ -68,6 +70,8 @@ class ImageDataset(Dataset):
         its file's bytes, already read; `reduce`: see `load_rgb`."""
         if self.pack is not None:
             return self.pack[i]  # a view of the memory-mapped pixels
+        if data is None and self.imdir is not None:
+            data = self.read(i)
         if crop is not None:
             return decode_file(self.paths[i], crop[0], crop=crop[1:])
         return decode_file(self.paths[i], data, reduce)
@@ -83,6 +87,19 @@ class ImageDataset(Dataset):
 
     def __len__(self):
         return len(self.paths)
+
+    def read(self, i) -> torch.Tensor:
+        """The bytes of image i's file (uint8 tensor); in a referenced directory checked against
+        the manifest (ChangedDatasetError naming the file when it changed or is gone)."""
+        if self.imdir is None:
+            return read_file(str(self.paths[i]))
+        e = self.imdir.images[i]
+        try:
+            data = read_file(str(self.paths[i]))
+        except RuntimeError as err:
+            raise self.imdir.changed(e, f"it cannot be read ({err})") from err
+        self.imdir.check_bytes(e, data.numpy())
+        return data
 
     def __getitem__(self, i):
         if self.images is None and self.dct_scaling:
@@ -101,7 +118,7 @@ class ImageDataset(Dataset):
         frame = None
         if str(path).lower().endswith(JPEG_SUFFIXES):
             try:
-                data = read_file(str(path))
+                data = self.read(i)
                 frame = jpeg_frame(data)
             except RuntimeError:
                 pass  # unreadable: _load below says so

@@ -24,7 +24,7 @@ import logging
 import math
 
 import torch
-from torchvision.io import ImageReadMode, decode_jpeg, read_file
+from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as F
 
 from trainer.data.datasets import ImageDataset, make_loader
@@ -58,7 +58,7 @@ class EncodedImages(ImageDataset):
 
     def __getitem__(self, i):
         try:
-            data = read_file(str(self.paths[i]))
+            data = self.read(i)
         except RuntimeError:  # gone or unreadable: _load raises the dataset error that says so
             data = None
         if data is None or not device_decodable(data):

@@ -9,19 +9,30 @@ On disk an image directory is a folder of class sub-folders of images (so
                  "bytes": 10234, "sha256": "...", "width": 500, "height": 375}, ...]}
 
 Unlabelled directories (for scoring only) have `"classes": []` and images at any relative path.
+
+A *referenced* image directory (`kfvision convert --in-place`, and every image directory the
+pipeline makes) holds only the manifest: its images stay where they are, under the absolute
+folder `"images_root"`, and each entry's path is relative to that. The manifest then says
+`"version": 2` (a kfvision that reads version 1 only refuses it instead of finding no files).
+Splitting one writes two manifests over the same files. Because the files can change under it,
+every reader checks what it reads: `read_image_directory` each file's size, the datasets each
+image's sha256 as they read its bytes (`check_bytes`), so a changed or missing file is a
+ChangedDatasetError naming it, never a silently different model.
 """
 
 import hashlib
 import json
+import os
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainer.errors import InvalidDatasetError, NotLabeledDatasetError
+from trainer.errors import ChangedDatasetError, InvalidDatasetError, NotLabeledDatasetError
 
 MANIFEST = "kfvision-imagedir.json"
 FORMAT = "kfvision.image-directory"
-VERSION = 1
+VERSION = 1  # an image directory that holds its images
+REFERENCED_VERSION = 2  # one whose images stay under "images_root"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
@@ -37,13 +48,44 @@ class ImageEntry:
 
 @dataclass(frozen=True)
 class ImageDirectory:
-    root: Path
+    root: Path  # the folder of the manifest
     classes: tuple[str, ...]
     images: tuple[ImageEntry, ...]
+    images_root: Path | None = None  # where the images are, when not in `root` (referenced)
 
     @property
     def labelled(self) -> bool:
         return bool(self.classes)
+
+    @property
+    def referenced(self) -> bool:
+        return self.images_root is not None
+
+    @property
+    def base(self) -> Path:
+        """The folder the images' paths are relative to."""
+        return self.root if self.images_root is None else self.images_root
+
+    def file(self, e: ImageEntry) -> Path:
+        return self.base / e.path
+
+    def check_bytes(self, e: ImageEntry, data) -> None:
+        """Raise ChangedDatasetError unless `data` (the bytes just read of e's file) is what the
+        manifest recorded."""
+        size = len(data)
+        if size != e.bytes:
+            raise self.changed(e, f"it has {size} bytes, the manifest says {e.bytes}")
+        digest = _sha256(data)
+        if digest != e.sha256:
+            raise self.changed(e, f"same size, but its sha256 is {digest[:12]}..., the manifest "
+                                  f"says {e.sha256[:12]}...")
+
+    def changed(self, e: ImageEntry, what: str) -> ChangedDatasetError:
+        return ChangedDatasetError(
+            f"{self.file(e)} is missing or has changed since the image directory {self.root} was "
+            f"made: {what}. "
+            f"Put the original file back, or make the directory again (`kfvision convert`, or a "
+            "new pipeline run) so that training sees the images you mean.")
 
     def class_counts(self) -> dict[str, int]:
         counts = Counter(e.label for e in self.images)
@@ -75,13 +117,21 @@ def _bad(root: Path, what: str) -> InvalidDatasetError:
 def _parse_manifest(root: Path, doc) -> ImageDirectory:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise _bad(root, f"not a kfvision image directory manifest (format must be {FORMAT!r})")
-    if doc.get("version") != VERSION:
-        raise _bad(root, f"version {doc.get('version')!r} is not supported (this is {VERSION})")
+    if doc.get("version") not in (VERSION, REFERENCED_VERSION):
+        raise _bad(root, f"version {doc.get('version')!r} is not supported (this kfvision reads "
+                         f"{VERSION} and {REFERENCED_VERSION})")
     classes = doc.get("classes")
     if not isinstance(classes, list) or not all(isinstance(c, str) and c for c in classes):
         raise _bad(root, "field 'classes' must be a list of non-empty names")
     if classes != sorted(set(classes)):
         raise _bad(root, "field 'classes' must be sorted and without duplicates")
+    images_root = doc.get("images_root")
+    if doc["version"] == REFERENCED_VERSION and not (
+            isinstance(images_root, str) and Path(images_root).is_absolute()):
+        raise _bad(root, "field 'images_root' must be an absolute folder in a version "
+                         f"{REFERENCED_VERSION} manifest")
+    if doc["version"] == VERSION and images_root is not None:
+        raise _bad(root, f"field 'images_root' needs version {REFERENCED_VERSION}")
     try:
         images = tuple(ImageEntry(**e) for e in doc["images"])
     except (KeyError, TypeError) as e:
@@ -93,7 +143,8 @@ def _parse_manifest(root: Path, doc) -> ImageDirectory:
             raise _bad(root, f"image {e.path!r} has a label but the directory has no classes")
         if Path(e.path).is_absolute() or ".." in Path(e.path).parts:
             raise _bad(root, f"image path {e.path!r} must stay inside the directory")
-    return ImageDirectory(root, tuple(classes), images)
+    return ImageDirectory(root, tuple(classes), images,
+                          None if images_root is None else Path(images_root))
 
 
 def read_image_directory(root, *, verify: str = "size") -> ImageDirectory:
@@ -104,8 +155,8 @@ def read_image_directory(root, *, verify: str = "size") -> ImageDirectory:
         verify: "size" checks every image file exists with the recorded size (cheap);
             "hash" also checks its sha256 (reads every byte); "none" trusts the manifest.
     Raises:
-        InvalidDatasetError: no manifest, malformed manifest, missing/changed image, no images,
-            or a class without images.
+        InvalidDatasetError: no manifest, malformed manifest, no images, or a class without
+            images. ChangedDatasetError: a missing or changed image.
     """
     root = Path(root)
     if not root.is_dir():
@@ -131,16 +182,23 @@ def read_image_directory(root, *, verify: str = "size") -> ImageDirectory:
             "the class folders, then convert again."
         )
     if verify != "none":
-        for e in imdir.images:
-            f = root / e.path
-            if not f.is_file() or f.stat().st_size != e.bytes:
-                raise InvalidDatasetError(
-                    f"{f} is missing or has changed since {root} was made (expected {e.bytes} "
-                    f"bytes). Re-create the directory with `kfvision convert`."
-                )
-            if verify == "hash" and _sha256(f.read_bytes()) != e.sha256:
-                raise InvalidDatasetError(f"{f} is corrupt: its sha256 differs from the manifest.")
+        check_files(imdir, hash=verify == "hash")
     return imdir
+
+
+def check_files(imdir: ImageDirectory, *, hash: bool = False) -> None:
+    """Every image file is there with its recorded size (and sha256, `hash`); else a
+    ChangedDatasetError naming the first that is not."""
+    base = str(imdir.base)
+    for e in imdir.images:
+        try:
+            size = os.stat(os.path.join(base, e.path)).st_size
+        except OSError as err:
+            raise imdir.changed(e, f"it cannot be read ({err.strerror or err})") from err
+        if size != e.bytes:
+            raise imdir.changed(e, f"it has {size} bytes, the manifest says {e.bytes}")
+        if hash:
+            imdir.check_bytes(e, imdir.file(e).read_bytes())
 
 
 def check_same_classes(train: ImageDirectory, val: ImageDirectory) -> None:
@@ -163,8 +221,11 @@ def check_same_classes(train: ImageDirectory, val: ImageDirectory) -> None:
 # --- writing (the converter itself lives in trainer.data.convert) -----------------------------
 
 
-def write_manifest(root: Path, classes, images) -> None:
-    """Write the manifest of the image directory at `root` (classes sorted, images in order)."""
-    doc = {"format": FORMAT, "version": VERSION, "classes": list(classes),
-           "images": [asdict(e) for e in images]}
+def write_manifest(root: Path, classes, images, images_root=None) -> None:
+    """Write the manifest of the image directory at `root` (classes sorted, images in order);
+    `images_root`: the absolute folder of the images when they are not in `root`."""
+    doc = {"format": FORMAT, "version": VERSION, "classes": list(classes)}
+    if images_root is not None:
+        doc.update(version=REFERENCED_VERSION, images_root=str(images_root))
+    doc["images"] = [asdict(e) for e in images]
     (root / MANIFEST).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

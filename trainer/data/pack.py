@@ -183,8 +183,8 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
     def write(f) -> None:
         offset = 0
         for i in progress_bar(range(len(imdir.images)), "pack", "img", progress):
-            data = _read_unchanged(root, imdir.images[i])  # the bytes checked are those decoded
-            hwc = decode_file(root / imdir.images[i].path, data).permute(1, 2, 0).numpy()
+            data = _read_unchanged(imdir, imdir.images[i])  # the bytes checked are those decoded
+            hwc = decode_file(imdir.file(imdir.images[i]), data).permute(1, 2, 0).numpy()
             f.write(np.ascontiguousarray(hwc).data)
             entries.append([offset, hwc.shape[0], hwc.shape[1]])
             offset += hwc.nbytes
@@ -197,10 +197,10 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
     return PackReport(root, len(entries), total, files, written=True)
 
 
-def _read_unchanged(root: Path, entry) -> torch.Tensor:
+def _read_unchanged(imdir: ImageDirectory, entry) -> torch.Tensor:
     """The bytes of the file the manifest `entry` names (uint8 tensor), checked against its
     sha256."""
-    path = root / entry.path
+    root, path = imdir.root, imdir.file(entry)
     try:
         data = bytearray(path.read_bytes())
     except OSError as e:

@@ -8,6 +8,10 @@ own path: the split is the same on every machine and library version, and adding
 class does not move the images already there from one side to the other. Every class keeps at
 least one image on each side, so both outputs have the same class list (what training needs).
 Unlabelled directories are split the same way, as one group.
+
+`in_place` (what the pipeline does) writes two manifests over the input's files instead of two
+copies of them (see trainer.data.imagedir: referenced image directories): nothing but the
+manifests is written, whatever the size of the dataset.
 """
 
 import hashlib
@@ -49,14 +53,17 @@ def split_indices(imdir: ImageDirectory, fraction: float, seed: int) -> tuple[li
     return sorted(first), sorted(second)
 
 
-def _write_side(imdir: ImageDirectory, indices: list, dest: Path) -> dict:
+def _write_side(imdir: ImageDirectory, indices: list, dest: Path, in_place: bool) -> dict:
     entries = [imdir.images[i] for i in indices]
     dest.mkdir(parents=True)
-    for e in entries:
-        target = dest / e.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(imdir.root / e.path, target)
-    write_manifest(dest, imdir.classes, entries)
+    if in_place:
+        write_manifest(dest, imdir.classes, entries, images_root=imdir.base.absolute())
+    else:
+        for e in entries:
+            target = dest / e.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(imdir.file(e), target)
+        write_manifest(dest, imdir.classes, entries)
     counts = defaultdict(int)
     for e in entries:
         counts[imdir.classes[e.label] if e.label is not None else "(unlabelled)"] += 1
@@ -64,7 +71,7 @@ def _write_side(imdir: ImageDirectory, indices: list, dest: Path) -> dict:
 
 
 def split(src, first_out, second_out, *, fraction: float = 0.9, seed: int = 1,
-          overwrite: bool = False) -> dict:
+          overwrite: bool = False, in_place: bool = False) -> dict:
     """Write two image directories with `fraction` of each class in the first.
 
     Args:
@@ -73,6 +80,7 @@ def split(src, first_out, second_out, *, fraction: float = 0.9, seed: int = 1,
             and validation); must not exist unless overwrite.
         fraction: share of each class in the first output, 0 < fraction < 1 (default 0.9).
         seed: fixes which images go where.
+        in_place: the outputs reference the input's image files instead of copying them.
     Returns:
         {"first": {class: count}, "second": {class: count}}
     Raises:
@@ -94,7 +102,7 @@ def split(src, first_out, second_out, *, fraction: float = 0.9, seed: int = 1,
         for side, out, indices in (("first", outs[0], first), ("second", outs[1], second)):
             out.parent.mkdir(parents=True, exist_ok=True)
             stagings.append(Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent)))
-            counts[side] = _write_side(imdir, indices, stagings[-1] / "imagedir")
+            counts[side] = _write_side(imdir, indices, stagings[-1] / "imagedir", in_place)
         for out, staging in zip(outs, stagings):  # both complete: now put them in place
             if out.exists():
                 os.replace(out, staging / "previous")
