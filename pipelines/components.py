@@ -6,7 +6,12 @@ kfvision trainer image, `images/Dockerfile`) already has kfvision and kfp instal
 pip-installed at run time (`install_kfp_package=False`): steps work without network access.
 The pipeline sets every task's image from its `image` parameter; DEFAULT_IMAGE is the fallback.
 
+A component that reads or writes the run's data takes `workspace` (the pipeline passes
+dsl.WORKSPACE_PATH_PLACEHOLDER when it has a workspace, else ''): KFP mounts the workspace only
+in the tasks whose inputs name it (see pipelines.storage).
+
 Components and their outputs:
+    prepare-workspace            -> (nothing: makes the workspace's kfvision folder writable)
     check-parameters             -> the model family (every parameter validated, nothing else run)
     convert-to-image-directory   -> image_directory (Dataset)
     split-image-directory        -> train, validation (Dataset)
@@ -61,12 +66,25 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
 
 
 @component
-def convert_to_image_directory(source: str, image_directory: Output[Dataset],
-                               labels: str = ""):
-    """Convert to Image Directory: a folder, archive or http(s) URL of labelled images."""
-    from pipelines.steps import convert_step, run
+def prepare_workspace(workspace: str):
+    """Make the run's workspace writable by the steps and the job (run as root, once)."""
+    from pipelines.steps import run
+    from pipelines.storage import prepare_workspace as prepare
 
-    result = run(convert_step, source, image_directory.path, labels=labels)
+    print(run(prepare, workspace))
+
+
+@component
+def convert_to_image_directory(source: str, image_directory: Output[Dataset],
+                               labels: str = "", workspace: str = "", run_id: str = ""):
+    """Convert to Image Directory: a folder, archive or http(s) URL of labelled images. The
+    output is the manifest (and samples.jpg): images already on a volume stay there, an
+    archive is extracted once into the run's data place."""
+    from pipelines.steps import convert_step, resolve_mode, run
+    from pipelines.storage import data_place
+
+    place = data_place(workspace, run_id, cluster=resolve_mode("auto") == "cluster")
+    result = run(convert_step, source, image_directory.path, labels=labels, place=place)
     print(result.pop("summary"))
     image_directory.metadata.update({"source": source, **result})
 
@@ -74,8 +92,9 @@ def convert_to_image_directory(source: str, image_directory: Output[Dataset],
 @component
 def split_image_directory(image_directory: Input[Dataset], train: Output[Dataset],
                           validation: Output[Dataset], fraction: float = 0.9,
-                          random_seed: int = 1):
-    """Split Image Directory: `fraction` of each class to train, the rest to validation."""
+                          random_seed: int = 1, workspace: str = ""):
+    """Split Image Directory: `fraction` of each class to train, the rest to validation (two
+    manifests over the same images)."""
     from pipelines.steps import run, split_step
 
     counts = run(split_step, image_directory.path, train.path, validation.path, fraction,
@@ -117,8 +136,9 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
                         procs_per_node: int = 0, gpus_per_node: int = 0,
                         node_selector: str = "", tolerations: str = "", cpu_per_node: str = "",
                         memory_per_node: str = "", shm_size: str = "", timeout_seconds: int = 0,
-                        pvc_name: str = "kfvision-data", execution_mode: str = "auto",
-                        job_kind: str = "auto", trainer_runtime: str = "torch-distributed"):
+                        pvc_name: str = "", execution_mode: str = "auto",
+                        job_kind: str = "auto", trainer_runtime: str = "torch-distributed",
+                        workspace: str = ""):
     """Train PyTorch Model: a TrainJob or PyTorchJob (torchrun, DDP), on the cluster inside
     Kubernetes and as local processes elsewhere; the trained model, its metrics and curves."""
     params = dict(locals())  # first statement: exactly the parameters
@@ -131,7 +151,7 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
                   job.path, options=train_options(**params),
                   settings=job_settings(**params), run_key=unique_run_key(run_id, task_name),
                   mode=execution_mode, pvc_name=pvc_name, kind=job_kind,
-                  runtime=trainer_runtime)
+                  runtime=trainer_runtime, workspace=workspace)
     final = summary["final"]
     for key in ("val_top1", "val_top5", "val_loss", "train_images_per_sec"):
         metrics.log_metric(key, round(float(final[key]), 6))
@@ -145,7 +165,7 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
 
 @component
 def score_image_model(trained_model: Input[Model], image_directory: Input[Dataset],
-                      scored: Output[Dataset]):
+                      scored: Output[Dataset], workspace: str = ""):
     """Score Image Model: one CSV row per image, predicted label and class probabilities."""
     from pipelines.steps import run, score_step
 
@@ -187,7 +207,7 @@ def deploy_model(trained_model: Input[Model], validation: Input[Dataset],
                  evaluation: Input[Artifact], metrics: Output[Metrics],
                  deployment: Output[Artifact], image: str, run_id: str,
                  deploy_name: str = "image-classifier", deploy_min_accuracy: float = 0.0,
-                 pvc_name: str = "kfvision-data", execution_mode: str = "auto"):
+                 pvc_name: str = "", execution_mode: str = "auto", workspace: str = ""):
     """Deploy Model: if accurate enough, a KServe InferenceService on the cluster; locally the
     model served by `kfvision serve` and checked over v1 and v2 against the scored labels."""
     from pipelines.deploy_step import deploy_step

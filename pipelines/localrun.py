@@ -7,7 +7,10 @@
 Every component runs as a subprocess of this Python (kfp.local.SubprocessRunner(use_venv=False):
 kfvision and its dependencies are installed here, nothing is pip-installed), its artifacts under
 `<out>/image-classification-<timestamp>/<task>/<output>`. The train step sees no Kubernetes and
-runs its PyTorchJob as local processes (pipelines.jobs.local).
+runs its PyTorchJob as local processes (pipelines.jobs.local). The pipeline runs without a KFP
+workspace (pipelines.storage.LOCAL): kfp.local deletes its workspace folder when the run ends,
+and the image directories a run leaves behind reference their images, so a source folder is
+referenced where it is and an archive is extracted into the convert step's own output.
 
 kfp 2.17's local runner runs dsl.If/dsl.Else and merges *parameters* of dsl.OneOf, but refuses a
 dsl.OneOf of *artifacts* ("Expected 1 artifact in ArtifactSelectorSpec", in
@@ -95,8 +98,9 @@ def run_local_pipeline(arguments: dict, out) -> LocalPipelineRun:
     """
     from kfp import local
 
-    from pipelines.pipeline import PIPELINE_NAME, image_classification, parameter_defaults
+    from pipelines.pipeline import PIPELINE_NAME, build_pipeline, parameter_defaults
     from pipelines.steps import check_parameters
+    from pipelines.storage import LOCAL
 
     arguments = local_arguments(arguments)
     params = {**parameter_defaults(), **arguments}
@@ -114,7 +118,7 @@ def run_local_pipeline(arguments: dict, out) -> LocalPipelineRun:
         warnings.filterwarnings("ignore", message="You may be attemping", category=RuntimeWarning)
         warnings.filterwarnings("ignore", message=".*no effect in the current local runner")
         try:
-            image_classification(**arguments)
+            build_pipeline(LOCAL)(**arguments)
         except RuntimeError as e:  # kfp.local's "finished with status FAILURE. Inner task ..."
             raise PipelineFailedError(f"the local pipeline run failed: {e} The failing step's "
                                       f"log is above; its outputs are under {out}.") from e

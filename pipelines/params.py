@@ -25,7 +25,7 @@ class PipelineInputs:
 
     train_source: str = option(help="labelled images: a folder or archive (.zip/.tar[.gz|.bz2]) "
                                "of class folders, or an http(s) URL of one; on a cluster a path "
-                               "on the data PVC", pipeline=True)
+                               "on the data PVC (pvc_name), referenced there", pipeline=True)
     validation_source: str = option("", "labelled validation images (empty: split the training "
                                     "images)", pipeline=True)
     test_source: str = option("", "images to score and evaluate (empty: the validation images)",
@@ -40,8 +40,9 @@ class PipelineInputs:
                                       "block", pipeline=True)
     memory_efficient: bool = option(False, "DenseNet: gradient checkpointing (less memory, "
                                     "slower)", pipeline=True)
-    pvc_name: str = option("kfvision-data", "ReadWriteMany PVC shared by the steps and the "
-                           "PyTorchJob (cluster runs)", pipeline=True)
+    pvc_name: str = option("", "the PVC that holds your data on a cluster, mounted at "
+                           "/kfvision-data in the steps and the job (only in a pipeline compiled "
+                           "with --data-pvc, whose name is then the default)", pipeline=True)
     execution_mode: str = option("auto", "where training runs: auto (cluster inside "
                                  "Kubernetes), local or cluster", choices=EXECUTION_MODES,
                                  pipeline=True)

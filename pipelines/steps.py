@@ -22,11 +22,10 @@ from pipelines.params import (
     parameter_name,
     train_options,
 )
+from pipelines.storage import DATA_MOUNT, new_folder
 from trainer.config import TrainConfig
 from trainer.errors import InvalidDatasetError, InvalidParameterError, check_choice, ref
 
-# Where the train step (and the PyTorchJob's pods) mount the shared ReadWriteMany PVC on a cluster.
-DATA_MOUNT = "/kfvision-data"
 JOB_PREFIX = "kfvision-train"
 URL_SCHEMES = ("http", "https")
 
@@ -48,16 +47,15 @@ def run(step, *args, **kwargs):
         sys.exit(e.exit_code)
 
 
-def job_config(cfg: TrainConfig, *, run_id: str, pvc_name: str | None, mount: str = DATA_MOUNT,
-               **settings) -> JobConfig:
-    """The PyTorchJob of a pipeline run (settings: params.job_settings); validated.
+def job_config(cfg: TrainConfig, *, run_id: str, volumes: tuple = (), **settings) -> JobConfig:
+    """The job of a pipeline run (settings: params.job_settings); validated.
 
     The job name derives from the run (see pipelines.jobs.manifest.job_name), so a retried step
-    finds its own job again. `pvc_name` None: no volume (a local run); else it is mounted at
-    `mount` in every pod.
+    finds its own job again. `volumes`: the PVCs (pipelines.jobs.manifest.Volume) mounted in
+    every pod, none in a local run.
     """
     return JobConfig(name=job_name(JOB_PREFIX, run_id), train=cfg, **job_options(**settings),
-                     volumes=(Volume(pvc_name, mount),) if pvc_name else ()).validate()
+                     volumes=tuple(volumes)).validate()
 
 
 def resolve_mode(mode: str, environ=None) -> str:
@@ -84,8 +82,8 @@ def _check_source(name: str, source: str, required: bool, exists: bool) -> None:
     if not Path(source).exists():
         raise InvalidDatasetError(
             f"{name} {source} does not exist as this step sees it. Locally give a path on this "
-            f"machine; on a cluster a path on the data PVC (mounted at {DATA_MOUNT}) or an "
-            "http(s) URL.")
+            f"machine; on a cluster an http(s) URL, or a path on the data PVC (mounted at "
+            f"{DATA_MOUNT} when the pipeline is compiled with --data-pvc NAME).")
 
 
 def job_kinds(job_kind: str, mode: str) -> tuple:
@@ -138,14 +136,34 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
         mode = resolve_mode(params["execution_mode"])
         cfg = TrainConfig(model="model", train="train", val="val", out="out",
                           **train_options(**params)).validate()
-        jobs = job_config(cfg, run_id="check", pvc_name=params["pvc_name"] if mode == "cluster"
-                          else None, **job_settings(**params))
+        pvc = params["pvc_name"] if mode == "cluster" else ""
+        jobs = job_config(cfg, run_id="check", volumes=(Volume(pvc, DATA_MOUNT),) if pvc else (),
+                          **job_settings(**params))
         for kind in job_kinds(params["job_kind"], mode):  # auto on a cluster: either may run
             render_job(jobs, kind, params["trainer_runtime"])
         check_deploy(params)
+        if mode == "cluster" and check_sources:
+            _check_data_pvc(params)
     except InvalidParameterError as e:  # named as the pipeline's parameters, not the fields
         raise e.renamed(parameter_name) from e
     return family
+
+
+def _check_data_pvc(params: dict) -> None:
+    """In a cluster step: the data PVC is mounted if the run names one or deploys."""
+    import os
+
+    if os.path.ismount(DATA_MOUNT):
+        return
+    if params["pvc_name"]:
+        raise InvalidParameterError(
+            f"{ref('pvc_name')} = {params['pvc_name']!r}, but this pipeline mounts no data PVC: "
+            f"compile it with `kfvision pipeline compile --data-pvc {params['pvc_name']}`.")
+    if params["deploy"]:
+        raise InvalidParameterError(
+            f"{ref('deploy')} on a cluster copies the model onto the data PVC for KServe to "
+            "serve, and this pipeline has none: compile it with `kfvision pipeline compile "
+            "--data-pvc NAME`.")
 
 
 def check_deploy(params: dict) -> None:
@@ -177,28 +195,50 @@ def _fetch(url: str, dest: Path) -> Path:
     return target
 
 
-def convert_step(source: str, out, labels: str = "") -> dict:
-    """Convert a folder, archive or http(s) URL of images into an image directory at `out`.
+def convert_step(source: str, out, labels: str = "", place: Path | None = None) -> dict:
+    """Convert a folder, archive or http(s) URL of images into an image directory at `out`,
+    copying no image that is already where the job can read it (see pipelines.storage).
 
-    Returns {"images", "classes", "skipped", "summary"} for the step's log and artifact metadata.
+    A folder is referenced where it is (`out` holds the manifest). An archive, downloaded or
+    not, is extracted once: into a new folder of `place` (the run's data place, on a cluster),
+    and referenced there; with no place (a local run), into `out` itself. A download goes to
+    `place` too (a pod's own disk may be small), and is deleted once extracted. `out` also gets
+    `samples.jpg`, a few images of each class, for the KFP UI.
+
+    Returns {"images", "classes", "skipped", "bytes", "images_root", "summary"} for the step's
+    log and artifact metadata.
     """
     from trainer.data.convert import convert
+    from trainer.data.preview import write_samples
 
     with tempfile.TemporaryDirectory(prefix="kfvision-source-") as tmp:
-        src = source
+        src = Path(source)
         if urllib.parse.urlparse(source).scheme in URL_SCHEMES:
-            print(f"downloading {source}")
-            src = _fetch(source, Path(tmp))
-        report = convert(src, out, labels=labels or None, progress=False)
+            print(f"downloading {source}", flush=True)
+            src = _fetch(source, new_folder(place, "download-") if place else Path(tmp))
+        extract_to = new_folder(place, "source-") / "images" if place and src.is_file() else None
+        try:
+            report = convert(src, out, labels=labels or None, progress=False,
+                             in_place=src.is_dir() or extract_to is not None,
+                             extract_to=extract_to)
+        finally:
+            if src != Path(source):  # our download: extracted (or failed) now
+                shutil.rmtree(src.parent, ignore_errors=True)
+    imdir = write_samples(out)
     return {"images": report.images, "classes": len(report.classes),
-            "skipped": len(report.skipped), "summary": report.summary()}
+            "skipped": len(report.skipped), "bytes": sum(e.bytes for e in imdir.images),
+            "images_root": str(imdir.base), "summary": report.summary()}
 
 
 def split_step(data, train_out, val_out, fraction: float, random_seed: int) -> dict:
-    """Split an image directory (stratified); returns the image counts of both sides."""
+    """Split an image directory (stratified) into two manifests over its images (no copies),
+    each with its samples.jpg; returns the image counts of both sides."""
+    from trainer.data.preview import write_samples
     from trainer.data.split import split
 
-    counts = split(data, train_out, val_out, fraction=fraction, seed=random_seed)
+    counts = split(data, train_out, val_out, fraction=fraction, seed=random_seed, in_place=True)
+    for side in (train_out, val_out):
+        write_samples(side)
     return {"train_images": sum(counts["first"].values()),
             "validation_images": sum(counts["second"].values())}
 

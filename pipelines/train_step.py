@@ -9,11 +9,14 @@ cluster, runs a PyTorchJob as before TrainJobs.
             pipelines.jobs.local_trainjob), reading the step's input paths and writing straight
             into its Model output.
     cluster (a KFP step in a Kubernetes pod): the job's pods cannot see the step's local artifact
-            paths, so the inputs are staged on the ReadWriteMany PVC the step and the job both
-            mount at DATA_MOUNT (`<mount>/kfvision-runs/<job>/{model,train,val}`), the job is
-            submitted through the Kubernetes API (pipelines.jobs.cluster.submit: create or
+            paths, so the inputs are staged in the run's data place (pipelines.storage: the
+            KFP workspace, else the data PVC), `<place>/jobs/<job>/{model,train,val}`: the
+            untrained model and the two image directories' manifests, whose images are
+            already on a volume the job mounts too, at the same path (the step's own
+            workspace and data PVC claims, read from its pod). No image is copied. The job
+            is submitted through the Kubernetes API (pipelines.jobs.cluster.submit: create or
             re-attach, wait, stream the Master's log), and the trained model is copied from
-            the PVC into the step's Model output, so lineage and the KFP UI keep working.
+            the volume into the step's Model output, so lineage and the KFP UI keep working.
 
 The job name derives from the KFP run id and task name: a retried step finds its job again. A job
 that is still running or has succeeded is re-attached to; one that failed is deleted and created
@@ -30,19 +33,21 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.jobs.manifest import to_yaml
-from pipelines.steps import DATA_MOUNT, job_config, job_kinds, render_job, resolve_mode
+from pipelines.jobs.manifest import Volume, to_yaml
+from pipelines.steps import job_config, job_kinds, render_job, resolve_mode
+from pipelines.storage import DATA_MOUNT, data_place
 from trainer.config import TrainConfig
-from trainer.errors import InvalidModelDirectoryError
+from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
 
-STAGING = "kfvision-runs"
+JOBS = "jobs"  # the jobs' folders in the run's data place
 STAGED_MARK = ".staged"
 is_mount = os.path.ismount  # a PVC is a mount point; a folder of the image is not
 
 
 def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dict,
                settings: dict, run_key: str, mode: str = "auto", pvc_name: str = "",
-               kind: str = "auto", runtime: str = "torch-distributed", out=None) -> dict:
+               kind: str = "auto", runtime: str = "torch-distributed", workspace: str = "",
+               out=None) -> dict:
     """Train as a TrainJob or PyTorchJob and leave the trained model directory at `out_dir`.
 
     Args:
@@ -53,6 +58,7 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
             (params.job_settings: image, nodes, ...); run_key: what the job name derives from.
         mode: auto, local or cluster (steps.resolve_mode); pvc_name: the data PVC (cluster).
         kind: auto, trainjob or pytorchjob (steps.job_kinds); runtime: a TrainJob's runtime.
+        workspace: the run's KFP workspace as the step sees it ('' for none).
     Returns:
         the trained model's metrics.json (history, best_epoch, final figures).
     Raises:
@@ -63,11 +69,11 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
     mode = resolve_mode(mode)
     if mode == "cluster":
         return _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options,
-                                 settings, run_key, pvc_name, kind, runtime, out)
+                                 settings, run_key, pvc_name, kind, runtime, workspace, out)
     (job_kind,) = job_kinds(kind, mode)
     cfg = TrainConfig(model=str(model_dir), train=str(train_dir), val=str(val_dir),
                       out=str(out_dir), **options).validate()
-    job = _render(cfg, settings, run_key, None, job_yaml, job_kind, runtime)
+    job = _render(cfg, settings, run_key, (), job_yaml, job_kind, runtime)
     from pipelines.jobs.kinds import TRAINJOB
     from pipelines.jobs.local import run_local
     from pipelines.jobs.local_trainjob import run_local_trainjob
@@ -82,10 +88,9 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
     return read_metrics(out_dir)
 
 
-def _render(cfg: TrainConfig, settings: dict, run_key: str, pvc_name, job_yaml, kind,
+def _render(cfg: TrainConfig, settings: dict, run_key: str, volumes: tuple, job_yaml, kind,
             runtime: str) -> dict:
-    job = render_job(job_config(cfg, run_id=run_key, pvc_name=pvc_name, mount=DATA_MOUNT,
-                                **settings), kind, runtime)
+    job = render_job(job_config(cfg, run_id=run_key, volumes=volumes, **settings), kind, runtime)
     Path(job_yaml).parent.mkdir(parents=True, exist_ok=True)
     Path(job_yaml).write_text(to_yaml(job, "Rendered by kfvision's train-pytorch-model step; "
                                       "`kubectl apply -f` runs it again."), encoding="utf-8")
@@ -104,34 +109,58 @@ def stage_inputs(stage: Path, inputs: dict) -> None:
 
 
 def _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options, settings,
-                      run_key, pvc_name, kind, runtime, out) -> dict:
+                      run_key, pvc_name, kind, runtime, workspace, out) -> dict:
     from pipelines.jobs.cluster import connect, submit
     from pipelines.jobs.kinds import pick_kind
 
     cfg = TrainConfig(model="model", train="train", val="val", out="trained", **options)
-    name = job_config(cfg.validate(), run_id=run_key, pvc_name=pvc_name, **settings).name
-    stage = Path(DATA_MOUNT) / STAGING / name
-    if not is_mount(DATA_MOUNT):
+    name = job_config(cfg.validate(), run_id=run_key, **settings).name
+    run_id = run_key.partition("/")[0]  # steps.unique_run_key: the run's folder, as convert's
+    place = data_place(workspace, run_id, cluster=True, mounted=is_mount, data_mount=DATA_MOUNT)
+    if place is None:
         raise InvalidModelDirectoryError(
-            f"{DATA_MOUNT} is not mounted in this step: on a cluster the train step needs the "
-            f"ReadWriteMany PVC {pvc_name!r} (pipeline parameter pvc_name) to share data with "
-            "the job. Create it (docs/pipeline.md, 'Storage') or run with "
-            "execution_mode=local.")
+            "this step has neither the run's KFP workspace nor the data PVC (at "
+            f"{DATA_MOUNT}): on a cluster the job needs one of them to see its data. Compile the "
+            "pipeline with a workspace (the default; KFP 2.15+) or with --data-pvc NAME "
+            "(docs/pipeline.md, 'Storage'), or run with execution_mode=local.")
+    stage = place / JOBS / name
     kinds = job_kinds(kind, "cluster")
     client = connect(out=out)
     job_kind = pick_kind(client.custom) if len(kinds) > 1 else kinds[0]
     if job_kind is not client.kind:
         client = connect(out=out, kind=job_kind)
+    volumes = job_volumes(client, workspace, pvc_name, int(settings["nodes"]))
     stage_inputs(stage, {"model": model_dir, "train": train_dir, "val": val_dir})
     cfg = TrainConfig(model=str(stage / "model"), train=str(stage / "train"),
                       val=str(stage / "val"), out=str(stage / "trained"), **options)
-    job = _render(cfg, settings, run_key, pvc_name, job_yaml, job_kind, runtime)
+    job = _render(cfg, settings, run_key, volumes, job_yaml, job_kind, runtime)
     replace_failed_job(client, name, stage / "trained")
     submit(client, job, wait=True, poll_s=10.0, logs=True)
     shutil.copytree(stage / "trained", out_dir, dirs_exist_ok=True)
     shutil.rmtree(stage, ignore_errors=True)  # the model is in the step's output now
-    print(f"copied the trained model from the PVC into {out_dir}", file=out, flush=True)
+    print(f"copied the trained model into {out_dir}", file=out, flush=True)
     return read_metrics(out_dir)
+
+
+def job_volumes(client, workspace: str, pvc_name: str, nodes: int) -> tuple:
+    """The PVCs the job's pods mount, at the paths this step sees them at: the data PVC (when
+    this step has it) and the run's workspace (its claim read from this step's own pod)."""
+    volumes = [Volume(pvc_name, DATA_MOUNT)] if pvc_name and is_mount(DATA_MOUNT) else []
+    if not workspace:
+        return tuple(volumes)
+    pod = os.environ.get("HOSTNAME", "")
+    claim = client.own_claims(pod).get(workspace)
+    if claim is None:
+        raise InvalidModelDirectoryError(
+            f"this step's pod {pod!r} mounts no PVC at {workspace}, the run's KFP workspace, so "
+            "the job could not see the run's data. Is the KFP backend 2.15 or later?")
+    modes = client.access_modes(claim) if nodes > 1 else []
+    if nodes > 1 and "ReadWriteMany" not in modes:
+        raise InvalidParameterError(
+            f"nodes = {nodes}, but the run's workspace (PVC {claim}) is {'/'.join(modes)}: the "
+            "job's nodes could not all mount it. Compile the pipeline with --workspace-access "
+            "ReadWriteMany (and a storage class that offers it), or train on one node.")
+    return (*volumes, Volume(claim, workspace))
 
 
 def replace_failed_job(client, name: str, partial_out: Path, poll_s: float = 2.0,

@@ -23,6 +23,7 @@ from pipelines.jobs.cluster import JobClient, job_state, submit
 from pipelines.jobs.errors import JobFailedError, JobTimeoutError, KubernetesError
 from pipelines.jobs.manifest import JobConfig, build_pytorchjob
 from trainer.config import TrainConfig
+from trainer.errors import KfvisionError
 
 NS = "kubeflow"
 JOB = build_pytorchjob(JobConfig(name="digits", image="i", nodes=3,
@@ -61,6 +62,17 @@ class FakeResponse:
         pass
 
 
+# A KFP task's pod as the backend makes it (volume names as its driver gives them)
+STEP_POD = {"spec": {
+    "volumes": [{"name": "kfp-workspace",
+                 "persistentVolumeClaim": {"claimName": "run-x7k2p-kfp-workspace"}},
+                {"name": "kfp-launcher", "emptyDir": {}}],
+    "containers": [{"name": "main", "volumeMounts": [
+        {"name": "kfp-workspace", "mountPath": "/kfp-workspace"},
+        {"name": "kfp-launcher", "mountPath": "/kfp-launcher"}]}]}}
+WORKSPACE_CALLS = {("get", "pods"), ("get", "persistentvolumeclaims")}  # the train step's
+
+
 class FakeCluster:
     """A FAKE of CustomObjectsApi + CoreV1Api (not a cluster): see the module docstring.
 
@@ -76,6 +88,7 @@ class FakeCluster:
         self.jobs, self.calls = {}, []
         self.runtimes = set()  # (plural, name) of the (Cluster)TrainingRuntimes it has
         self.served = {}  # (group, version) -> resources, for API discovery
+        self.workspace_modes = ["ReadWriteMany"]  # the bound workspace PVC's access modes
 
     def _serve(self, verb, resource):
         self.calls.append((verb, resource))
@@ -121,6 +134,17 @@ class FakeCluster:
         lines = self.logs.get(name, [])[-tail_lines:] if tail_lines else self.logs.get(name, [])
         return FakeResponse("".join(line + "\n" for line in lines).encode())
 
+
+    def read_namespaced_pod(self, name, namespace, _preload_content=True):
+        """The train step's own pod, in which KFP mounted the run's workspace."""
+        self._serve("get", "pods")
+        return FakeResponse(json.dumps(STEP_POD).encode())
+
+    def read_namespaced_persistent_volume_claim(self, name, namespace, _preload_content=True):
+        self._serve("get", "persistentvolumeclaims")
+        pvc = {"spec": {"accessModes": ["ReadWriteMany"]},
+               "status": {"accessModes": self.workspace_modes}}
+        return FakeResponse(json.dumps(pvc).encode())
 
     def get_cluster_custom_object(self, group, version, plural, name):
         self._serve("get", plural)
@@ -297,7 +321,30 @@ def test_the_role_grants_exactly_the_calls_the_train_step_makes(tmp_path, monkey
     assert main(["job", "submit", str(manifest), "--wait", "--timeout", "5"]) == 124
     # logs and delete look for a TrainJob of that name first (tests/test_trainjob_cluster.py
     # checks the Role against the calls of both kinds together)
-    assert set(fake.calls) == _rbac_rules("pytorchjobs") | {("get", "trainjobs")}
+    assert set(fake.calls) == (_rbac_rules("pytorchjobs") - WORKSPACE_CALLS) | {
+        ("get", "trainjobs")}
+
+
+def test_the_train_step_gives_the_job_the_workspace_claim_of_its_own_pod(monkeypatch):
+    from pipelines import train_step
+    from pipelines.jobs.manifest import Volume
+    from trainer.errors import InvalidParameterError
+
+    fake = FakeCluster([RUNNING])
+    client = client_for(fake)
+    monkeypatch.setenv("HOSTNAME", "image-classification-x7k2p-system-container-impl-1")
+    assert train_step.job_volumes(client, "/kfp-workspace", "", nodes=1) == (
+        Volume("run-x7k2p-kfp-workspace", "/kfp-workspace"),)
+    assert fake.calls == [("get", "pods")]  # one node: the access mode does not matter
+    assert train_step.job_volumes(client, "/kfp-workspace", "", nodes=2)[0].claim == \
+        "run-x7k2p-kfp-workspace"
+    fake.workspace_modes = ["ReadWriteOnce"]
+    with pytest.raises(InvalidParameterError, match="nodes = 2.*ReadWriteOnce.*"
+                                                    "--workspace-access ReadWriteMany"):
+        train_step.job_volumes(client, "/kfp-workspace", "", nodes=2)
+    assert set(fake.calls) == WORKSPACE_CALLS <= _rbac_rules()
+    with pytest.raises(KfvisionError, match="mounts no PVC at /elsewhere"):
+        train_step.job_volumes(client, "/elsewhere", "", nodes=1)
 
 
 def test_logs_of_a_replica_without_a_pod_and_namespace_conflicts_are_clear(tmp_path,

@@ -75,10 +75,6 @@ def test_the_train_step_carries_the_cluster_settings(compiled):
     # The job name comes from the run, resolved by KFP when the step runs: never compile-time.
     assert params["run_id"]["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
     assert params["task_name"]["runtimeValue"]["constant"] == "{{$.pipeline_task_name}}"
-    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    mount = executors["exec-train-pytorch-model"]["pvcMount"][0]
-    assert mount["mountPath"] == "/kfvision-data"
-    assert mount["pvcNameParameter"] == {"componentInputParameter": "pvc_name"}
     train_exec = spec["deploymentSpec"]["executors"]["exec-train-pytorch-model"]["container"]
     assert train_exec["image"] == "{{$.inputs.parameters['pipelinechannel--image']}}"
     for output in ("trained_model", "metrics", "curves", "job"):
@@ -89,9 +85,9 @@ def test_the_train_step_carries_the_cluster_settings(compiled):
 def test_every_step_runs_a_kfvision_function_from_the_image(compiled):
     spec = compiled[1][0]
     executors = spec["deploymentSpec"]["executors"]
-    # one executor per task: check, 4 converts, split, resnet, densenet, train, 2 scores,
-    # evaluate, deploy
-    assert len(executors) == 13
+    # one executor per task: check, prepare-workspace, 4 converts, split, resnet, densenet,
+    # train, 2 scores, evaluate, deploy
+    assert len(executors) == 14
     for name, executor in executors.items():
         c = executor["container"]
         text = " ".join(c["command"])
@@ -108,8 +104,8 @@ def test_caching_is_off_only_where_a_step_reads_a_changing_source_or_deploys(com
         if "componentRef" not in task or name.startswith("condition"):
             continue
         cached = task.get("cachingOptions", {}).get("enableCache", False)
-        assert cached == (not name.startswith(("convert-to-image-directory", "deploy-model"))), \
-            name
+        assert cached == (not name.startswith(("convert-to-image-directory", "deploy-model",
+                                               "prepare-workspace"))), name
 
 
 def test_the_three_choices_are_conditions_merged_with_oneof(compiled):
@@ -136,6 +132,54 @@ def test_compile_command_writes_a_loadable_pipeline_with_the_image_default(tmp_p
 
     loaded = components.load_component_from_file(str(out))
     assert loaded.component_spec.inputs["image"].default == "registry.local/kfvision:1.2.3"
+
+
+DATA_STEPS = ("convert-to-image-directory", "split-image-directory", "train-pytorch-model",
+              "score-image-model", "deploy-model")  # the tasks that read or write the data
+
+
+def _data_tasks(spec) -> dict:
+    return {n: t for n, t in _tasks(spec).items() if "componentRef" in t
+            and not n.startswith("condition") and n.startswith(DATA_STEPS)}
+
+
+def test_by_default_the_run_keeps_its_data_in_a_kfp_workspace_mounted_where_used(compiled):
+    spec, platform = compiled[1]
+    config = platform["platforms"]["kubernetes"]["pipelineConfig"]["workspace"]
+    assert config == {"size": "50Gi", "kubernetes": {"pvcSpecPatch": {
+        "accessModes": ["ReadWriteMany"]}}}
+    # KFP mounts the workspace in the tasks whose inputs name it (and only those)
+    for name, task in _tasks(spec).items():
+        if "componentRef" not in task or name.startswith("condition"):
+            continue
+        ws = task["inputs"].get("parameters", {}).get("workspace")
+        named = ws == {"runtimeValue": {"constant": "{{$.workspace_path}}"}}
+        assert named == name.startswith((*DATA_STEPS, "prepare-workspace")), name
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert not any("pvcMount" in e for e in executors.values())  # no hand-made PVC
+    assert executors["exec-prepare-workspace"]["securityContext"]["runAsUser"] == "0"
+    assert "pvc_name" in parameter_defaults() and parameter_defaults()["pvc_name"] == ""
+
+
+@pytest.mark.parametrize("workspace_size", ["50Gi", ""])
+def test_with_a_data_pvc_every_step_that_reads_data_mounts_it(tmp_path, workspace_size):
+    from pipelines.storage import Storage
+
+    path = tmp_path / "p.yaml"
+    compile_pipeline(path, storage=Storage(workspace_size=workspace_size,
+                                           data_pvc="kfvision-data"))
+    spec, platform = yaml.safe_load_all(path.read_text())
+    assert spec["root"]["inputDefinitions"]["parameters"]["pvc_name"]["defaultValue"] == \
+        "kfvision-data"
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for name, task in _data_tasks(spec).items():
+        (mount,) = executors[task["componentRef"]["name"].replace("comp-", "exec-")]["pvcMount"]
+        assert mount["mountPath"] == "/kfvision-data", name
+        assert mount["pvcNameParameter"]["componentInputParameter"] in (
+            "pvc_name", "pipelinechannel--pvc_name"), name  # inside a condition: its channel
+    config = platform["platforms"]["kubernetes"].get("pipelineConfig", {})
+    assert ("workspace" in config) == bool(workspace_size)
+    assert ("exec-prepare-workspace" in executors) == bool(workspace_size)
 
 
 def test_nothing_runs_before_the_parameters_are_checked(compiled):

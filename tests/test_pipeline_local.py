@@ -118,14 +118,15 @@ def test_the_pipelines_first_step_refuses_bad_parameters_before_any_other_runs(t
     from kfp import local
 
     from pipelines.localrun import support_oneof_artifacts
-    from pipelines.pipeline import image_classification
+    from pipelines.pipeline import build_pipeline
+    from pipelines.storage import LOCAL
 
     support_oneof_artifacts()
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path))
     with warnings.catch_warnings(), pytest.raises(RuntimeError, match="check-parameters"):
         warnings.simplefilter("ignore")  # kfp.local's notes on the image and resources
-        image_classification(train_source=str(tiny_digits["raw"] / "train"),
-                             model_name="resnet19")
+        build_pipeline(LOCAL)(train_source=str(tiny_digits["raw"] / "train"),
+                              model_name="resnet19")
     ran = {p.name for p in tmp_path.glob("*/*") if p.is_dir()}
     assert ran <= {"check-parameters"}  # nothing converted, built or trained
 

@@ -173,9 +173,17 @@ class FakeJobs:
     """A JobClient stand-in (no API server can run here): the job's state per get(), deletions
     recorded; `served`: the job kinds its API discovery reports."""
 
-    def __init__(self, states, kind=PYTORCHJOB, served=(PYTORCHJOB,)):
+    def __init__(self, states, kind=PYTORCHJOB, served=(PYTORCHJOB,), claims=None,
+                 modes=("ReadWriteMany",)):
         self.states, self.deleted, self.namespace, self.said = list(states), [], "ns", []
         self.kind, self.custom = kind, FakeDiscovery(served)
+        self.claims, self.modes = claims or {}, list(modes)  # this step's pod's PVCs
+
+    def own_claims(self, pod):
+        return self.claims
+
+    def access_modes(self, claim):
+        return self.modes
 
     def get(self, name):
         state = self.states.pop(0) if self.states else None
@@ -258,7 +266,7 @@ def test_the_cluster_path_stages_submits_and_copies_the_model_back(
         assert client.kind.kind == job["kind"]
         args = _pod_and_args(job)[1]
         flags = dict(zip(args[::2], args[1:][::2]))
-        seen.update(flags, staged=sorted(p.name for p in (mount / "kfvision-runs").iterdir()))
+        seen.update(flags, staged=sorted(p.name for p in runs.iterdir()))
         out = Path(flags["--out"])
         out.mkdir(parents=True)
         (out / "metrics.json").write_text(json.dumps(fake_metrics()))
@@ -267,6 +275,7 @@ def test_the_cluster_path_stages_submits_and_copies_the_model_back(
 
     monkeypatch.setattr(cluster, "submit", submit)
     settings = _job_settings(gpus_per_node=2, node_selector="pool=gpu")
+    runs = mount / "kfvision-runs" / "run-1" / "jobs"  # the run's folder on the data PVC
     summary = train_step.train_step(
         resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "trained",
         tmp_path / "job.yaml", options=train_options(
@@ -276,14 +285,14 @@ def test_the_cluster_path_stages_submits_and_copies_the_model_back(
         kind=job_kind)
     assert summary["best_epoch"] == 2
     assert (tmp_path / "trained" / "metrics.json").is_file()  # copied into the Model output
-    assert not list((mount / "kfvision-runs").iterdir())  # staging removed after the copy
+    assert not list(runs.iterdir())  # staging removed after the copy
     job = yaml.safe_load((tmp_path / "job.yaml").read_text())
     assert job["kind"] == expected.kind
     assert train_step.job_summary(tmp_path / "job.yaml")["kind"] == expected.kind
     name = job["metadata"]["name"]
     assert seen["staged"] == [name]
     for flag, sub in (("--model", "model"), ("--train", "train"), ("--val", "val")):
-        assert seen[flag] == str(mount / "kfvision-runs" / name / sub)
+        assert seen[flag] == str(runs / name / sub)
     pod = _pod_and_args(job)[0]
     assert {"name": "pvc-0", "persistentVolumeClaim": {"claimName": "data"}} in pod["volumes"]
     assert pod["nodeSelector"] == {"pool": "gpu"}
@@ -315,7 +324,7 @@ def test_the_cluster_path_needs_the_data_pvc(tmp_path, monkeypatch, tiny_digits,
     from trainer.errors import KfvisionError
 
     monkeypatch.setattr(train_step, "DATA_MOUNT", str(tmp_path))  # a folder, not a mount
-    with pytest.raises(KfvisionError, match="is not mounted in this step.*pvc_name"):
+    with pytest.raises(KfvisionError, match="neither the run's KFP workspace nor the data PVC"):
         train_step.train_step(resnet18_dir, tiny_digits["train"], tiny_digits["val"],
                               tmp_path / "o", tmp_path / "job.yaml",
                               options=train_options(

@@ -23,6 +23,7 @@ from test_job_cluster import (
     fake_connect,
 )
 
+from pipelines import train_step
 from pipelines.cli import main
 from pipelines.jobs import cluster
 from pipelines.jobs.cluster import job_state, submit
@@ -185,6 +186,7 @@ def test_the_role_grants_exactly_the_calls_both_kinds_make(tmp_path, monkeypatch
         assert f"deleted {job['kind']} kubeflow/digits" in capsys.readouterr().out
         fake.script, fake.step = [([cond("Failed")], [])], 0
         assert main(["job", "submit", str(manifest), "--wait", "--timeout", "5"]) == 1
+        train_step.job_volumes(cluster.connect(), "/kfp-workspace", "", nodes=2)
         calls |= set(fake.calls)
     katib = {(v, r) for v, r in _rbac_rules() if r in ("experiments", "trials")}
     assert calls == _rbac_rules() - katib  # Katib's: tests/test_tune_cluster.py

@@ -14,9 +14,9 @@ from trainer.options import HelpFormatter, add_flags
 EPILOG = """\
 examples:
   kfvision pipeline compile -o pipeline.yaml            # upload in the KFP UI, or:
-  kfp run create -e digits -f pipeline.yaml train_source=/kfvision-data/digits/train.tar.gz
+  kfp run create -e digits -f pipeline.yaml train_source=https://example.com/digits.tar.gz
   kfvision pipeline submit --endpoint http://localhost:8080 --experiment digits \\
-      --train-source /kfvision-data/digits/train.tar.gz --gpus-per-node 1
+      --data-pvc kfvision-data --train-source /kfvision-data/photos --gpus-per-node 1
   kfvision pipeline run-local --train-source photos/ --epochs 3   # this machine, no cluster
 See docs/pipeline.md.
 """
@@ -40,11 +40,28 @@ def pipeline_arguments(args) -> dict:
     return {n: getattr(args, n) for n in parameter_defaults() if getattr(args, n) is not None}
 
 
+def add_storage_flags(parser: argparse.ArgumentParser) -> None:
+    """The compile-time storage flags (pipelines.storage.Storage)."""
+    from pipelines.storage import Storage
+    from trainer.options import options_of
+
+    add_flags(parser.add_argument_group(
+        "storage (compiled in: where a run's data lives on the cluster; docs/pipeline.md, "
+        "'Storage')"), options_of(Storage))
+
+
+def storage_of(args):
+    from pipelines.storage import Storage
+    from trainer.options import options_of
+
+    return Storage(**{o.name: getattr(args, o.name) for o in options_of(Storage)})
+
+
 def _compile(args) -> int:
     from pipelines.pipeline import compile_pipeline
 
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    compile_pipeline(args.output, image=args.image)
+    compile_pipeline(args.output, image=args.image, storage=storage_of(args))
     print(f"wrote the image-classification pipeline to {args.output}: upload it in the KFP UI, "
           f"or `kfp run create -e EXPERIMENT -f {args.output} train_source=...`")
     return 0
@@ -104,7 +121,7 @@ def _submit(args) -> int:
         client = kfp.Client(host=args.endpoint, namespace=args.namespace, existing_token=token,
                             cookies=args.cookies, ssl_ca_cert=args.ssl_ca_cert)
         package = Path(tmp) / "pipeline.yaml"
-        compile_pipeline(package)
+        compile_pipeline(package, storage=storage_of(args))
         run = client.create_run_from_pipeline_package(
             str(package), arguments=arguments, run_name=args.run_name,
             experiment_name=args.experiment, namespace=args.namespace)
@@ -153,6 +170,7 @@ def register(subparsers, help: str) -> None:
     c.add_argument("-o", "--output", default="pipeline.yaml", help="YAML file to write")
     c.add_argument("--image", help="default of the pipeline's image parameter (default: "
                    f"{DEFAULT_IMAGE})")
+    add_storage_flags(c)
     c.set_defaults(func=_compile)
     s = sub.add_parser("submit", formatter_class=fmt,
                        help="compile and start a run on a KFP endpoint (kfp.Client)")
@@ -170,6 +188,7 @@ def register(subparsers, help: str) -> None:
                    "'authservice_session=...'")
     s.add_argument("--ssl-ca-cert", metavar="FILE", help="certificate authority that signed the "
                    "endpoint's TLS certificate")
+    add_storage_flags(s)
     add_parameter_flags(s)
     s.set_defaults(func=_submit)
     r = sub.add_parser("run-local", formatter_class=fmt, help="run the whole pipeline on this "

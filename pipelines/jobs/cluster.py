@@ -185,6 +185,26 @@ class JobClient:
         finally:
             resp.release_conn()
 
+    def own_claims(self, pod: str) -> dict:
+        """{mount path: PVC name} of the volumes the pod `pod` (this step's own: its name is
+        its HOSTNAME) mounts in its containers: the job's pods mount the same claims to see
+        the step's files at the same paths."""
+        resp = self._call("get", "Pod", pod, self.core.read_namespaced_pod, pod, self.namespace,
+                          _preload_content=False)
+        spec = json.loads(resp.data)["spec"]
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+                  for v in spec.get("volumes") or [] if v.get("persistentVolumeClaim")}
+        return {m["mountPath"]: claims[m["name"]] for c in spec.get("containers") or []
+                for m in c.get("volumeMounts") or [] if m["name"] in claims}
+
+    def access_modes(self, claim: str) -> list:
+        """The access modes PVC `claim` was bound with (those it asked for, while unbound)."""
+        resp = self._call("get", "PersistentVolumeClaim", claim,
+                          self.core.read_namespaced_persistent_volume_claim, claim,
+                          self.namespace, _preload_content=False)
+        pvc = json.loads(resp.data)
+        return (pvc.get("status") or {}).get("accessModes") or pvc["spec"].get("accessModes", [])
+
     def find_pod(self, name: str, replica: str) -> dict | None:
         return next((p for p in self.pods(name) if self.kind.replica_name(p) == replica), None)
 

@@ -1,0 +1,138 @@
+"""Where a run's data lives on a cluster: the run's KFP workspace, a data PVC, or both.
+
+The dataset crosses storage once. A source folder on a PVC is referenced where it is (the image
+directories the steps pass on hold manifests, not images: trainer.data.imagedir); an archive or
+an http(s) download is extracted once, into the run's *data place*; the job reads the images at
+the paths the steps saw them at, and only the trained model is copied into the artifact store.
+
+    the data place                         when
+    <workspace>/kfvision/...               the pipeline has a KFP workspace (KFP 2.15+; default):
+                                           a PVC KFP makes for each run, mounted at
+                                           /kfp-workspace in the tasks that ask for it
+    /kfvision-data/kfvision-runs/<run>/... no workspace (--workspace-size ''): the data PVC
+    (none: the image directory's folder)   a local run (no cluster): the convert step's output
+
+Which of these a pipeline uses is fixed when it is compiled (`Storage`, the flags of `kfvision
+pipeline compile`): KFP mounts volumes by the compiled spec, and a PVC whose name is empty at run
+time fails the task ("missing mountpath or pvc name"). The run parameter `pvc_name` names the
+data PVC of a pipeline compiled with one.
+"""
+
+import os
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.errors import InvalidParameterError, OutputError
+from trainer.options import check_options, option
+
+WORKSPACE_MOUNT = "/kfp-workspace"  # kfp.dsl.constants.WORKSPACE_MOUNT_PATH (and the backend's)
+DATA_MOUNT = "/kfvision-data"  # where the data PVC is mounted, in the steps and the job's pods
+OUR_FOLDER = "kfvision"  # ours inside the workspace
+RUNS_FOLDER = "kfvision-runs"  # ours on the data PVC, one folder per run
+ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce")
+USER = 1000  # uid and gid of the image's user: the steps' and the job pods'
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Compile-time storage of the pipeline (see the module doc)."""
+
+    workspace_size: str = option(
+        "50Gi", "size of the run's KFP workspace (a PVC that KFP 2.15+ makes for each run and "
+        "deletes when the run succeeds): it holds extracted archives and downloads, and the "
+        "job's model until the train step has copied it out; '' for none (KFP before 2.15; "
+        "then --data-pvc is needed)")
+    workspace_class: str = option(
+        "", "storage class of the workspace ('': the cluster's default class)")
+    workspace_access: str = option(
+        "ReadWriteMany", "access mode of the workspace: ReadWriteMany lets the steps and every "
+        "node of the job mount it wherever they run; ReadWriteOnce only works when all of them "
+        "land on one node (a one-node cluster, a one-node job)", choices=ACCESS_MODES)
+    data_pvc: str = option(
+        "", "a PVC that already holds your data, mounted at /kfvision-data in the steps that "
+        "read data and in the job's pods (sources are then paths there, referenced in place); "
+        "the default of the run parameter pvc_name. '': none (sources are http(s) URLs)",
+        metavar="NAME")
+
+    @property
+    def workspace(self) -> bool:
+        return bool(self.workspace_size)
+
+    def validate(self) -> "Storage":
+        """For a cluster: a place for the run's data (workspace or data PVC) and valid values."""
+        check_options(self)
+        if not self.workspace and not self.data_pvc:
+            raise InvalidParameterError(
+                "--workspace-size '' (no workspace) needs --data-pvc NAME: without a KFP "
+                "workspace, the run's extracted data and the job's model go on the data PVC.")
+        if self.workspace:
+            from kfp.dsl import WorkspaceConfig
+
+            try:
+                WorkspaceConfig(size=self.workspace_size)
+            except ValueError as e:
+                raise InvalidParameterError(f"--workspace-size {self.workspace_size!r}: {e}") from e
+        return self
+
+    def pipeline_config(self):
+        """The kfp.dsl.PipelineConfig that asks KFP for the workspace (None without one)."""
+        from kfp import dsl
+
+        if not self.workspace:
+            return None
+        patch = {"accessModes": [self.workspace_access]}
+        if self.workspace_class:
+            patch["storageClassName"] = self.workspace_class
+        return dsl.PipelineConfig(workspace=dsl.WorkspaceConfig(
+            size=self.workspace_size, kubernetes=dsl.KubernetesWorkspaceConfig(pvcSpecPatch=patch)))
+
+
+DEFAULT = Storage()  # what `kfvision pipeline compile` makes without storage flags
+LOCAL = Storage(workspace_size="", data_pvc="")  # a local run: neither (not validated)
+
+
+def data_place(workspace: str, run_id: str, *, cluster: bool, mounted=os.path.ismount,
+               data_mount: str = DATA_MOUNT) -> Path | None:
+    """The folder for the run's own data (extracted sources, the job's staging): in the
+    workspace when the task has one, else on the data PVC (cluster), else None (local)."""
+    if workspace:
+        return Path(workspace) / OUR_FOLDER
+    if cluster and mounted(data_mount):
+        return Path(data_mount) / RUNS_FOLDER / safe_name(run_id)
+    return None
+
+
+def safe_name(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in text) or "run"
+
+
+def new_folder(place: Path, prefix: str) -> Path:
+    """A new, uniquely named folder in `place` (a retried step never meets an earlier attempt's)."""
+    place.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=place))
+
+
+def prepare_workspace(workspace: str) -> str:
+    """Make <workspace>/kfvision writable by the steps and the job's pods (uid 1000): KFP gives
+    its pods no fsGroup, so a new volume's root may be writable by root only. The step runs as
+    root, once per run, before the steps that write there; KFP drops every capability, so it
+    cannot chown: it makes the folder (root's) and opens it to every user (mode 0777; the
+    volume belongs to this run alone). Returns what it did."""
+    if not workspace:
+        return "no workspace: nothing to prepare"
+    ours = Path(workspace) / OUR_FOLDER
+    ours.mkdir(exist_ok=True)
+    if stat.S_IMODE(ours.stat().st_mode) & 0o777 == 0o777:
+        return f"{ours} is writable by every user already"
+    try:
+        os.chmod(ours, 0o777)
+    except PermissionError as e:
+        if os.access(ours, os.W_OK | os.X_OK) and os.geteuid() == USER:
+            return f"{ours} is writable by uid {USER}"
+        raise OutputError(
+            f"{ours} cannot be opened to uid {USER} ({e.strerror}): the prepare-workspace step "
+            "must run as root (or as the volume's owner). See docs/pipeline.md, 'Storage'."
+        ) from e
+    return f"{ours}: mode 0777 (the steps and the job's pods run as uid {USER})"
