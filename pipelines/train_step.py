@@ -99,12 +99,15 @@ def _render(cfg: TrainConfig, settings: dict, run_key: str, volumes: tuple, job_
 
 def stage_inputs(stage: Path, inputs: dict) -> None:
     """Copy {"model": dir, ...} to stage/<key>, once: a retried step finds them already there
-    (and its job may be reading them), which the marker file tells."""
+    (and its job may be reading them), which the marker file tells. An image directory's
+    samples.jpg (for the KFP UI) stays behind: the job does not read it."""
+    from trainer.data.preview import SAMPLES
+
     if (stage / STAGED_MARK).exists():
         return
     shutil.rmtree(stage, ignore_errors=True)  # a half-finished copy of an interrupted attempt
     for key, src in inputs.items():
-        shutil.copytree(src, stage / key)
+        shutil.copytree(src, stage / key, ignore=shutil.ignore_patterns(SAMPLES))
     (stage / STAGED_MARK).write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"), encoding="utf-8")
 
 

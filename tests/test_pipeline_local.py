@@ -12,6 +12,7 @@ import yaml
 from conftest import REPO, train_argv
 
 from pipelines.localrun import find, run_local_pipeline, summary
+from trainer.data.imagedir import read_image_directory
 from trainer.errors import InvalidParameterError
 
 SETTINGS = {"epochs": 3, "image_size": 32, "batch_size": 16, "learning_rate": 0.05,
@@ -87,7 +88,9 @@ def test_local_pipeline_reaches_the_same_accuracy_as_the_library_path(tiny_digit
     # deploy on: the trained model served locally, its labels on the validation images (the
     # split's) equal to the scored ones, over v1 and v2; the figures are the step's Metrics.
     deployed = json.loads((find(run, "deploy-model", "deployment") / "figures.json").read_text())
-    n = len(list(find(run, "split-image-directory", "validation").rglob("*.png")))
+    validation = read_image_directory(find(run, "split-image-directory", "validation"))
+    assert validation.referenced  # the split's manifests reference the source's images
+    n = len(validation.images)
     assert deployed["deployed"] == 1 and deployed["accuracy"] == evaluation["accuracy"]
     assert deployed["v1_labels_equal_scored"] == deployed["v2_labels_equal_scored"] == n > 0
     shown = outputs_of(run, "deploy-model")["metrics"]["metadata"]

@@ -39,15 +39,25 @@ def _post(url: str, body: bytes) -> dict:
 
 
 def serve_and_check(model_dir, data_dir, scored_csv, log, name: str = "model") -> dict:
-    """Serve `model_dir` locally, send every image `scored_csv` lists (relative to `data_dir`)
-    through v1 and v2, and compare with the table's `scored_label`. Returns the figures.
+    """Serve `model_dir` locally, send every image `scored_csv` lists (paths in the image
+    directory `data_dir`) through v1 and v2, and compare with the table's `scored_label`.
+    Returns the figures.
 
     Raises:
         ServedLabelsDifferError: a served label differs from the scored one, or a request failed.
+        ChangedDatasetError: an image changed since the directory was made.
     """
+    from trainer.data.imagedir import read_image_directory
+
     with Path(scored_csv).open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    files = [(Path(data_dir) / r["image"]).read_bytes() for r in rows]
+    imdir = read_image_directory(data_dir, verify="none")
+    entries = {e.path: e for e in imdir.images}
+    files = []
+    for r in rows:
+        e = entries[r["image"]]
+        files.append(imdir.file(e).read_bytes())
+        imdir.check_bytes(e, files[-1])
     scored = [r["scored_label"] for r in rows]
     start = time.perf_counter()
     server = Server(["--model", model_dir, "--name", name], log)
