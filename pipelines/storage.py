@@ -76,6 +76,29 @@ class Storage:
                 raise InvalidParameterError(f"--workspace-size {self.workspace_size!r}: {e}") from e
         return self
 
+    def check_arguments(self, params: dict) -> None:
+        """What a run of the pipeline compiled with this storage cannot do (checked before
+        submitting; the check step finds the same from its mounts)."""
+        if self.data_pvc:
+            return
+        import urllib.parse
+
+        for name in ("train_source", "validation_source", "test_source"):
+            source = params.get(name) or ""
+            if source and urllib.parse.urlparse(source).scheme not in ("http", "https"):
+                raise InvalidParameterError(
+                    f"{name} {source!r} is a path, but the pipeline is compiled without a data "
+                    "PVC, so no step could see it: give an http(s) URL, or add --data-pvc NAME "
+                    "(the PVC that holds it, mounted at /kfvision-data).")
+        if params.get("pvc_name"):
+            raise InvalidParameterError(
+                f"pvc_name = {params['pvc_name']!r}, but the pipeline is compiled without a "
+                f"data PVC: add --data-pvc {params['pvc_name']}.")
+        if params.get("deploy"):
+            raise InvalidParameterError(
+                "deploy on a cluster copies the model onto the data PVC for KServe to serve: add "
+                "--data-pvc NAME.")
+
     def pipeline_config(self):
         """The kfp.dsl.PipelineConfig that asks KFP for the workspace (None without one)."""
         from kfp import dsl

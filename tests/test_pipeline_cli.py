@@ -27,7 +27,9 @@ class FakeClient:
                                          namespace):
         with open(path, encoding="utf-8") as f:
             spec = next(yaml.safe_load_all(f))
+        pvc = spec["root"]["inputDefinitions"]["parameters"]["pvc_name"].get("defaultValue")
         self.calls.append({"pipeline": spec["pipelineInfo"]["name"], "arguments": arguments,
+                           "pvc_default": pvc,
                            "run_name": run_name, "experiment": experiment_name,
                            "namespace": namespace})
         return types.SimpleNamespace(run_id="run-123")
@@ -57,7 +59,7 @@ def fake_kfp(monkeypatch):
 
 def test_submit_compiles_and_starts_a_run_with_the_given_parameters(fake_kfp, capsys):
     rc = cli.main(["pipeline", "submit", "--endpoint", fake_kfp.endpoint, "--token", "t0k",
-                   "--experiment", "digits", "--namespace", "team-a",
+                   "--experiment", "digits", "--namespace", "team-a", "--data-pvc", "photos",
                    "--train-source", "/kfvision-data/digits/train.tar.gz", "--epochs", "15",
                    "--gpus-per-node", "2", "--node-selector", "pool=gpu", "--pretrained"])
     assert rc == 0
@@ -70,6 +72,21 @@ def test_submit_compiles_and_starts_a_run_with_the_given_parameters(fake_kfp, ca
     assert args["epochs"] == 15 and args["gpus_per_node"] == 2 and args["pretrained"] is True
     assert args["train_source"] == "/kfvision-data/digits/train.tar.gz"
     assert f"{fake_kfp.endpoint}/#/runs/details/run-123" in capsys.readouterr().out
+    assert call["pvc_default"] == args["pvc_name"] == "photos"  # compiled in, and the run's
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--train-source", "/kfvision-data/x"], "train_source '/kfvision-data/x' is a path, but "
+                                             "the pipeline is compiled without a data PVC"),
+    (["--pvc-name", "data"], "add --data-pvc data"),
+    (["--deploy"], "deploy on a cluster copies the model onto the data PVC"),
+    (["--workspace-size", ""], "needs --data-pvc NAME"),
+])
+def test_submit_refuses_what_the_compiled_storage_cannot_do(fake_kfp, capsys, flags, message):
+    args = ["--train-source", "https://example.com/photos.tgz", *flags]
+    rc = cli.main(["pipeline", "submit", "--endpoint", fake_kfp.endpoint, *args])
+    assert rc == 2 and fake_kfp.made == []
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -81,7 +98,7 @@ def test_submit_compiles_and_starts_a_run_with_the_given_parameters(fake_kfp, ca
 def test_submit_refuses_bad_parameters_before_contacting_the_endpoint(fake_kfp, capsys, flags,
                                                                       message):
     rc = cli.main(["pipeline", "submit", "--endpoint", fake_kfp.endpoint,
-                   "--train-source", "/kfvision-data/x.tar.gz", *flags])
+                   "--data-pvc", "data", "--train-source", "/kfvision-data/x.tar.gz", *flags])
     assert rc == 2 and fake_kfp.made == []
     assert message in capsys.readouterr().err
 

@@ -108,6 +108,10 @@ def _submit(args) -> int:
 
     arguments = pipeline_arguments(args)
     validate_for_cluster(arguments)
+    storage = storage_of(args).validate()
+    storage.check_arguments(arguments)
+    if storage.data_pvc and not arguments.get("pvc_name"):  # the flags' default is the
+        arguments["pvc_name"] = storage.data_pvc  # uncompiled one: ''; the run mounts this
     token = args.token or _read_token(args.token_file)
     warnings.filterwarnings("ignore", message="This client only works with Kubeflow Pipeline",
                             category=FutureWarning)  # kfp's note on every start; we need v2 too
@@ -121,7 +125,7 @@ def _submit(args) -> int:
         client = kfp.Client(host=args.endpoint, namespace=args.namespace, existing_token=token,
                             cookies=args.cookies, ssl_ca_cert=args.ssl_ca_cert)
         package = Path(tmp) / "pipeline.yaml"
-        compile_pipeline(package, storage=storage_of(args))
+        compile_pipeline(package, storage=storage)
         run = client.create_run_from_pipeline_package(
             str(package), arguments=arguments, run_name=args.run_name,
             experiment_name=args.experiment, namespace=args.namespace)
