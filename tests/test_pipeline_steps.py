@@ -363,3 +363,30 @@ def test_the_local_path_runs_a_trainjob_when_asked(tmp_path, tiny_digits, resnet
     assert train_step.job_summary(tmp_path / "job.yaml") == {
         "kind": "TrainJob", "name": yaml.safe_load((tmp_path / "job.yaml").read_text())[
             "metadata"]["name"], "nodes": 1, "procs_per_node": 1}
+
+
+def test_the_run_data_place_is_the_workspace_else_the_data_pvc_else_none(tmp_path):
+    from pipelines.storage import data_place
+
+    pvc = str(tmp_path / "pvc")
+    mounted = lambda path: path == pvc  # noqa: E731
+    assert data_place("/kfp-workspace", "run/1", cluster=True, mounted=mounted,
+                      data_mount=pvc) == Path("/kfp-workspace/kfvision")
+    assert data_place("", "run/1", cluster=True, mounted=mounted, data_mount=pvc) == \
+        Path(pvc) / "kfvision-runs" / "run-1"
+    assert data_place("", "run/1", cluster=False, mounted=mounted, data_mount=pvc) is None
+
+
+def test_prepare_workspace_opens_the_kfvision_folder_once(tmp_path):
+    import os
+    import stat
+
+    from pipelines.storage import prepare_workspace
+
+    assert prepare_workspace("") == "no workspace: nothing to prepare"
+    if os.geteuid() != 0:
+        pytest.skip("the step runs as root (kubernetes.set_security_context); this test too")
+    said = prepare_workspace(str(tmp_path))
+    assert "mode 0777" in said
+    assert stat.S_IMODE((tmp_path / "kfvision").stat().st_mode) == 0o777
+    assert "already" in prepare_workspace(str(tmp_path))
