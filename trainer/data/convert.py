@@ -21,6 +21,7 @@ listed again, so a file changed, added or removed meanwhile fails the conversion
 ChangedDatasetError naming it) instead of recording a mix of old and new.
 """
 
+import gc
 import hashlib
 import io
 import multiprocessing
@@ -319,9 +320,16 @@ def _examined(items: list, progress, keep_data: bool = False):
         return
     import trainer.data.decode  # noqa: F401  (torch: imported once, before the fork)
 
-    with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as pool:
-        results = pool.imap(partial(_examine, keep_data=keep_data), items, chunksize=64)
-        yield ((item, next(results)) for item in progress_bar(items, "convert", "img", progress))
+    # Frozen, this process's objects are left alone by the workers' garbage collections, which
+    # would otherwise write to (and so copy) every page of them in each worker.
+    gc.freeze()
+    try:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as pool:
+            results = pool.imap(partial(_examine, keep_data=keep_data), items, chunksize=64)
+            yield ((item, next(results))
+                   for item in progress_bar(items, "convert", "img", progress))
+    finally:
+        gc.unfreeze()
 
 
 def _pool_size(n_items: int) -> int:

@@ -117,7 +117,9 @@ def _posix(rel: str) -> str:
 
 def relative_path(f: str, root) -> str:
     """The '/'-separated path of the file `f` (a path string) relative to the folder `root`."""
-    prefix = os.path.join(str(root), "")
+    prefix = str(root)
+    if not prefix.endswith(os.sep):
+        prefix += os.sep
     if f.startswith(prefix):
         return _posix(f[len(prefix):])
     return Path(f).relative_to(root).as_posix()  # e.g. root "." (its files are "a", not "./a")
