@@ -11,9 +11,10 @@ process, so that its peak memory is its own:
   `ImageDataset(imdir, transform=None, pack=False)`, which decodes nothing yet.
 
 Seconds are those of the call alone (not the interpreter's start or imports); the page cache is
-warm (the files were just written). Peak memory is the phase process's maximum resident set
-(ru_maxrss), imports included, with what it held before the call beside it; a process pool's
-workers, if the phase starts any, are given apart (the largest one's peak). Microseconds per image
+warm (the files were just written). Memory: the phase process's peak resident set (VmHWM),
+imports included, with what it held before the call; and the peak proportional set (PSS, sampled
+every 0.1 s) of it and the processes it started (convert's pool), where a page the processes
+share counts once in all: the memory the phase takes from the machine. Microseconds per image
 show whether the time grows linearly with N. Generating the images is not measured.
 
     python -m bench.manifest --images 20000 200000 [--work build/bench-manifest] [--keep]
@@ -22,6 +23,7 @@ The table is printed and written to build/bench/manifest-cpu.md.
 """
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -29,6 +31,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -98,6 +101,47 @@ def generate(src: Path, n: int, seed: int = 0) -> None:
 # --- one phase, in its own process --------------------------------------------------------------
 
 
+class TreePss:
+    """The peak PSS of this process and its children, sampled in a thread while in the block."""
+
+    def __init__(self, every: float = 0.1):
+        self.every, self.peak_mib = every, 0.0
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self):
+        while True:
+            self.peak_mib = max(self.peak_mib, sum(map(_pss_mib, _tree())))
+            if self._stop.wait(self.every):
+                return
+
+
+def _tree() -> list[int]:
+    pids = [os.getpid()]
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            pids += map(int, Path(f"/proc/self/task/{task}/children").read_text().split())
+    return pids
+
+
+def _pss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass  # a worker that ended meanwhile
+    return 0.0
+
+
 def _peak_mib() -> float:
     """This process's peak resident set (VmHWM): unlike ru_maxrss, not inherited through the
     fork and exec that started it from a larger parent."""
@@ -118,17 +162,18 @@ def run_phase(phase: str, work: Path) -> dict:
     if phase == "open":
         from trainer.data.datasets import ImageDataset
     before = _peak_mib()
-    start = time.perf_counter()
-    if phase == "convert":
-        images = convert(work / "src", work / "all", in_place=True, progress=False).images
-    elif phase == "split":
-        images = sum(sum(c.values()) for c in split(
-            work / "all", work / "train", work / "val", fraction=0.9, in_place=True).values())
-    else:
-        images = len(ImageDataset(read_image_directory(work / "train"), None, pack=False))
-    seconds = time.perf_counter() - start
+    with TreePss() as pss:
+        start = time.perf_counter()
+        if phase == "convert":
+            images = convert(work / "src", work / "all", in_place=True, progress=False).images
+        elif phase == "split":
+            images = sum(sum(c.values()) for c in split(
+                work / "all", work / "train", work / "val", fraction=0.9, in_place=True).values())
+        else:
+            images = len(ImageDataset(read_image_directory(work / "train"), None, pack=False))
+        seconds = time.perf_counter() - start
     return {"phase": phase, "images": images, "seconds": seconds,
-            "imports_mib": before, "peak_mib": _peak_mib()}
+            "imports_mib": before, "peak_mib": _peak_mib(), "pss_mib": pss.peak_mib}
 
 
 def measure(n: int, work: Path) -> list[dict]:
@@ -142,19 +187,19 @@ def measure(n: int, work: Path) -> list[dict]:
                                "--work", str(work)], check=True, stdout=subprocess.PIPE, text=True)
         row = json.loads(done.stdout.splitlines()[-1])
         row["n"] = n
-        print(f"  {SHOWN[phase]}: {row['seconds']:.1f} s, peak {row['peak_mib']:.0f} MiB",
-              flush=True)
+        print(f"  {SHOWN[phase]}: {row['seconds']:.1f} s, peak RSS {row['peak_mib']:.0f} MiB, "
+              f"PSS {row['pss_mib']:.0f} MiB", flush=True)
         rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| phase | images | seconds | us per image | peak RSS MiB | of which before the "
-             "call (imports) |", "|---|---|---|---|---|---|"]
+    lines = ["| phase | images | seconds | us per image | peak RSS MiB (before the call) | "
+             "peak PSS MiB, with its pool |", "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {SHOWN[r['phase']]} | {r['n']:,} | {r['seconds']:.2f} | "
-                     f"{r['seconds'] / r['n'] * 1e6:.0f} | {r['peak_mib']:.0f} | "
-                     f"{r['imports_mib']:.0f} |")
+                     f"{r['seconds'] / r['n'] * 1e6:.0f} | {r['peak_mib']:.0f} "
+                     f"({r['imports_mib']:.0f}) | {r['pss_mib']:.0f} |")
     return "\n".join(lines)
 
 
