@@ -11,10 +11,13 @@ process, so that its peak memory is its own:
   `ImageDataset(imdir, transform=None, pack=False)`, which decodes nothing yet.
 
 Seconds are those of the call alone (not the interpreter's start or imports); the page cache is
-warm (the files were just written). Memory: the phase process's peak resident set (VmHWM),
-imports included, with what it held before the call; and the peak proportional set (PSS, sampled
-every 0.1 s) of it and the processes it started (convert's pool), where a page the processes
-share counts once in all: the memory the phase takes from the machine. Microseconds per image
+warm (the files were just written). CPU seconds (user + system, the pool's workers included)
+are the work done, which other load on the machine changes far less than the wall-clock time.
+Memory: the phase process's peak resident set (VmHWM), imports included, with what it held
+before the call; and the peak proportional set size (PSS, sampled every 0.5 s) of it and the
+processes it started (convert's pool), where a page they share counts once in all: the memory
+the phase takes. (PSS also splits a library's pages with other processes that map it, e.g.
+torch's with other Python processes, so it reads lower while those run.) Microseconds per image
 show whether the time grows linearly with N. Generating the images is not measured.
 
     python -m bench.manifest --images 20000 200000 [--work build/bench-manifest] [--keep]
@@ -102,10 +105,13 @@ def generate(src: Path, n: int, seed: int = 0) -> None:
 
 
 class TreePss:
-    """The peak PSS of this process and its children, sampled in a thread while in the block."""
+    """The peak PSS of this process and its children, sampled in a thread while in the block.
 
-    def __init__(self, every: float = 0.1):
-        self.every, self.peak_mib = every, 0.0
+    Reading a process's smaps_rollup takes ~20 ms once torch is imported: samples are 0.5 s
+    apart, and the CPU time they take (`cpu_seconds`) is left out of the phase's."""
+
+    def __init__(self, every: float = 0.5):
+        self.every, self.peak_mib, self.cpu_seconds = every, 0.0, 0.0
         self._stop = threading.Event()
 
     def __enter__(self):
@@ -120,6 +126,7 @@ class TreePss:
     def _sample(self):
         while True:
             self.peak_mib = max(self.peak_mib, sum(map(_pss_mib, _tree())))
+            self.cpu_seconds = time.thread_time()
             if self._stop.wait(self.every):
                 return
 
@@ -142,6 +149,13 @@ def _pss_mib(pid: int) -> float:
     return 0.0
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and of its children that ended (the pool's)."""
+    own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                     resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _peak_mib() -> float:
     """This process's peak resident set (VmHWM): unlike ru_maxrss, not inherited through the
     fork and exec that started it from a larger parent."""
@@ -161,7 +175,7 @@ def run_phase(phase: str, work: Path) -> dict:
         import trainer.data.decode  # noqa: F401  (what convert's decoding imports: torch)
     if phase == "open":
         from trainer.data.datasets import ImageDataset
-    before = _peak_mib()
+    before, cpu = _peak_mib(), _cpu_seconds()
     with TreePss() as pss:
         start = time.perf_counter()
         if phase == "convert":
@@ -173,6 +187,7 @@ def run_phase(phase: str, work: Path) -> dict:
             images = len(ImageDataset(read_image_directory(work / "train"), None, pack=False))
         seconds = time.perf_counter() - start
     return {"phase": phase, "images": images, "seconds": seconds,
+            "cpu_seconds": _cpu_seconds() - cpu - pss.cpu_seconds,
             "imports_mib": before, "peak_mib": _peak_mib(), "pss_mib": pss.peak_mib}
 
 
@@ -187,18 +202,21 @@ def measure(n: int, work: Path) -> list[dict]:
                                "--work", str(work)], check=True, stdout=subprocess.PIPE, text=True)
         row = json.loads(done.stdout.splitlines()[-1])
         row["n"] = n
-        print(f"  {SHOWN[phase]}: {row['seconds']:.1f} s, peak RSS {row['peak_mib']:.0f} MiB, "
+        print(f"  {SHOWN[phase]}: {row['seconds']:.1f} s ({row['cpu_seconds']:.1f} CPU-s), "
+              f"peak RSS {row['peak_mib']:.0f} MiB, "
               f"PSS {row['pss_mib']:.0f} MiB", flush=True)
         rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| phase | images | seconds | us per image | peak RSS MiB (before the call) | "
-             "peak PSS MiB, with its pool |", "|---|---|---|---|---|---|"]
+    lines = ["| phase | images | seconds | us per image | CPU seconds (with its pool) | "
+             "CPU us per image | peak RSS MiB (before the call) | peak PSS MiB, with its pool |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {SHOWN[r['phase']]} | {r['n']:,} | {r['seconds']:.2f} | "
-                     f"{r['seconds'] / r['n'] * 1e6:.0f} | {r['peak_mib']:.0f} "
+                     f"{r['seconds'] / r['n'] * 1e6:.0f} | {r['cpu_seconds']:.2f} | "
+                     f"{r['cpu_seconds'] / r['n'] * 1e6:.0f} | {r['peak_mib']:.0f} "
                      f"({r['imports_mib']:.0f}) | {r['pss_mib']:.0f} |")
     return "\n".join(lines)
 
