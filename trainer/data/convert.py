@@ -39,7 +39,7 @@ from PIL import Image
 
 from trainer.data.archive import archive_kind, extract_archive
 from trainer.data.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
-from trainer.data.sources import Item, plan_source, relative_path
+from trainer.data.sources import plan_source, relative_path
 from trainer.errors import ChangedDatasetError, DecompressionBombError, InvalidDatasetError
 from trainer.progress import progress_bar
 
@@ -315,7 +315,7 @@ def _examined(items: list, progress, keep_data: bool = False):
     """
     workers = _pool_size(len(items))
     if workers < 2:
-        yield ((item, _examine(item, keep_data)) for item in
+        yield ((item, _examine(item.file, item.shown, keep_data)) for item in
                progress_bar(items, "convert", "img", progress))
         return
     import trainer.data.decode  # noqa: F401  (torch: imported once, before the fork)
@@ -325,7 +325,9 @@ def _examined(items: list, progress, keep_data: bool = False):
     gc.freeze()
     try:
         with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as pool:
-            results = pool.imap(partial(_examine, keep_data=keep_data), items, chunksize=64)
+            # (file, shown) pairs: pickled 10x faster than Items
+            results = pool.imap(partial(_examine_pair, keep_data=keep_data),
+                                ((item.file, item.shown) for item in items), chunksize=64)
             yield ((item, next(results))
                    for item in progress_bar(items, "convert", "img", progress))
     finally:
@@ -346,33 +348,37 @@ def _worker_init() -> None:
     # safe to use in a forked child
 
 
-def _examine(item: Item, keep_data: bool = False):
+def _examine_pair(pair: tuple[str, str], keep_data: bool):
+    return _examine(*pair, keep_data)
+
+
+def _examine(file: str, shown: str, keep_data: bool = False):
     """(size and mtime_ns before reading or None, skip reason or None, the bytes (b"" unless
-    `keep_data`), their length, sha256, (width, height)) of a candidate image: read, hashed and
-    fully decoded (`probe_image`)."""
+    `keep_data`), their length, sha256, (width, height)) of a candidate image (an Item's `file`
+    and `shown`): read, hashed and fully decoded (`probe_image`)."""
     try:
-        st = os.stat(item.file)
+        st = os.stat(file)
         before = (st.st_size, st.st_mtime_ns)
     except OSError:
         before = None  # _read_item says why
-    why, data, size = _read_item(item)
+    why, data, size = _read_item(file, shown)
     if why:
         return before, why, b"", 0, "", None
     return (before, None, data if keep_data else b"", len(data),
             hashlib.sha256(data).hexdigest(), size)
 
 
-def _read_item(item: Item):
+def _read_item(file: str, shown: str):
     """(skip reason or None, bytes, (width, height))."""
-    if Path(item.file).suffix.lower() not in IMAGE_EXTENSIONS:
+    if Path(file).suffix.lower() not in IMAGE_EXTENSIONS:
         return f"not an image type ({' '.join(IMAGE_EXTENSIONS)})", b"", None
     try:
-        with open(item.file, "rb") as f:
+        with open(file, "rb") as f:
             data = f.read()
     except OSError as e:
         return f"cannot be read ({type(e).__name__}: {e.strerror or e})", b"", None
     try:
-        return None, data, probe_image(data, item.shown)
+        return None, data, probe_image(data, shown)
     except ValueError as e:
         return str(e), b"", None
 
