@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 from PIL import Image
 
@@ -361,24 +362,31 @@ def _examine(file: str, shown: str, keep_data: bool = False):
         before = (st.st_size, st.st_mtime_ns)
     except OSError:
         before = None  # _read_item says why
-    why, data, size = _read_item(file, shown)
+    why, data, size = _read_item(_Candidate(Path(file), shown))
     if why:
         return before, why, b"", 0, "", None
     return (before, None, data if keep_data else b"", len(data),
             hashlib.sha256(data).hexdigest(), size)
 
 
-def _read_item(file: str, shown: str):
+class _Candidate(NamedTuple):
+    """A file `_read_item` reads (its Path made only then: the plan keeps strings) and how
+    reports name it."""
+
+    file: Path
+    shown: str
+
+
+def _read_item(item: _Candidate):
     """(skip reason or None, bytes, (width, height))."""
-    if Path(file).suffix.lower() not in IMAGE_EXTENSIONS:
+    if item.file.suffix.lower() not in IMAGE_EXTENSIONS:
         return f"not an image type ({' '.join(IMAGE_EXTENSIONS)})", b"", None
     try:
-        with open(file, "rb") as f:
-            data = f.read()
+        data = item.file.read_bytes()
     except OSError as e:
         return f"cannot be read ({type(e).__name__}: {e.strerror or e})", b"", None
     try:
-        return None, data, probe_image(data, shown)
+        return None, data, probe_image(data, item.shown)
     except ValueError as e:
         return str(e), b"", None
 
