@@ -21,21 +21,26 @@ listed again, so a file changed, added or removed meanwhile fails the conversion
 ChangedDatasetError naming it) instead of recording a mix of old and new.
 """
 
+import gc
 import hashlib
 import io
+import multiprocessing
 import os
 import shutil
 import tempfile
 import warnings
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 from PIL import Image
 
 from trainer.data.archive import archive_kind, extract_archive
 from trainer.data.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
-from trainer.data.sources import Item, plan_source
+from trainer.data.sources import plan_source, relative_path
 from trainer.errors import ChangedDatasetError, DecompressionBombError, InvalidDatasetError
 from trainer.progress import progress_bar
 
@@ -150,11 +155,13 @@ def convert(src, out, *, labels=None, strict: bool = False, overwrite: bool = Fa
             _skip(report, where, why, strict)
         if in_place:
             (staging / "imagedir").mkdir()
-            entries = _reference_images(plan, root, report, strict=strict, progress=progress)
+            entries, mtimes = _reference_images(plan, root, report, strict=strict,
+                                                progress=progress)
             _check_converted(src, report)
-            _check_unchanged(plan, root, entries, str(src), archived, labels)
-            write_manifest(staging / "imagedir", plan.classes, [e for e, _ in entries],
-                           images_root=root)
+            listed = [item.file for item in plan.items]
+            plan.items.clear()  # all read: let 200,000 Items (~50 MiB) go before listing again
+            _check_unchanged(listed, root, entries, mtimes, str(src), archived, labels)
+            write_manifest(staging / "imagedir", plan.classes, entries, images_root=root)
         else:
             entries = _copy_images(plan, staging / "imagedir", report, strict=strict,
                                    move=archived, progress=progress)
@@ -217,68 +224,71 @@ def _copy_images(plan, dest: Path, report: ConvertReport, *, strict: bool, move:
                  progress) -> list[ImageEntry]:
     entries = []
     dest.mkdir()
-    for item in progress_bar(plan.items, "convert", "img", progress):
-        why, data, size = _read_item(item)
-        if why:
-            _skip(report, item.shown, why, strict)
-            continue
-        target = dest / item.rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if move and not item.file.is_symlink():  # our own extracted copy: rename, not rewrite
-            os.replace(item.file, target)
-        else:
-            target.write_bytes(data)
-        label = None if item.label is None else plan.classes.index(item.label)
-        entries.append(ImageEntry(item.rel, label, len(data), hashlib.sha256(data).hexdigest(),
-                                  *size))
-        if item.label is not None:
-            report.counts[item.label] += 1
+    index = {c: i for i, c in enumerate(plan.classes)}
+    with _examined(plan.items, progress, keep_data=True) as examined:
+        for item, (_, why, data, length, digest, size) in examined:
+            if why:
+                _skip(report, item.shown, why, strict)
+                continue
+            target = dest / item.rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if move and not os.path.islink(item.file):  # our own extracted copy: rename
+                os.replace(item.file, target)
+            else:
+                target.write_bytes(data)
+            label = None if item.label is None else index[item.label]
+            entries.append(ImageEntry(item.rel, label, length, digest, *size))
+            if item.label is not None:
+                report.counts[item.label] += 1
     report.images = len(entries)
     return entries
 
 
 def _reference_images(plan, root: Path, report: ConvertReport, *, strict: bool,
-                      progress) -> list[tuple[ImageEntry, tuple]]:
-    """(entry, (size, mtime_ns) before reading) of every readable image, read where it is; the
-    entry's path is relative to `root`."""
-    entries = []
-    for item in progress_bar(plan.items, "convert", "img", progress):
-        try:
-            st = os.stat(item.file)
-        except OSError:
-            st = None  # _read_item says why
-        why, data, size = _read_item(item)
-        if why:
-            _skip(report, item.shown, why, strict)
-            continue
-        if len(data) != st.st_size:
-            raise _changed(item.shown, f"it had {st.st_size} bytes when convert started "
-                                       f"reading it and {len(data)} when it finished")
-        label = None if item.label is None else plan.classes.index(item.label)
-        rel = item.file.relative_to(root).as_posix()
-        entries.append((ImageEntry(rel, label, len(data), hashlib.sha256(data).hexdigest(),
-                                   *size), (st.st_size, st.st_mtime_ns)))
-        if item.label is not None:
-            report.counts[item.label] += 1
+                      progress) -> tuple[list[ImageEntry], list[int]]:
+    """The entries of the readable images, read where they are (paths relative to `root`), and
+    each one's mtime_ns before it was read."""
+    entries, mtimes = [], []
+    index = {c: i for i, c in enumerate(plan.classes)}
+    with _examined(plan.items, progress) as examined:
+        for item, (before, why, _, length, digest, size) in examined:
+            if why:
+                _skip(report, item.shown, why, strict)
+                continue
+            if before is None or length != before[0]:
+                raise _changed(item.shown, "it had " + (
+                    "no size" if before is None else f"{before[0]} bytes")
+                    + f" when convert started reading it and {length} when it finished")
+            label = None if item.label is None else index[item.label]
+            entries.append(ImageEntry(relative_path(item.file, root), label, length, digest,
+                                      *size))
+            mtimes.append(before[1])
+            if item.label is not None:
+                report.counts[item.label] += 1
     report.images = len(entries)
-    return entries
+    return entries, mtimes
 
 
-def _check_unchanged(plan, root: Path, entries, shown: str, archived: bool, labels) -> None:
-    """The source as it is now is the one that was read: same files, same sizes and times."""
-    for e, (size, mtime_ns) in entries:
+def _check_unchanged(listed: list, root: Path, entries, mtimes, shown: str, archived: bool,
+                     labels) -> None:
+    """The source as it is now is the one that was read: same files (`listed`: those of its
+    plan), same sizes and times (`mtimes`: each entry's before it was read)."""
+    base = str(root)
+    for e, mtime_ns in zip(entries, mtimes):
         try:
-            st = os.stat(root / e.path)
+            st = os.stat(os.path.join(base, e.path))
         except OSError as err:
             raise _changed(f"{shown}/{e.path}", f"it was removed ({err.strerror})") from err
-        if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
-            raise _changed(f"{shown}/{e.path}", f"{size} -> {st.st_size} bytes, modified "
+        if (st.st_size, st.st_mtime_ns) != (e.bytes, mtime_ns):
+            raise _changed(f"{shown}/{e.path}", f"{e.bytes} -> {st.st_size} bytes, modified "
                                                 "again after it was read")
-    again = plan_source(root, shown=shown, archive=archived, labels=labels)
-    before, now = {i.file for i in plan.items}, {i.file for i in again.items}
+    now = [i.file for i in plan_source(root, shown=shown, archive=archived, labels=labels).items]
+    if now == listed:  # the same plan lists the same files in the same order
+        return
+    before, now = set(listed), set(now)
     for what, files in (("added", now - before), ("removed", before - now)):
         if files:
-            first = sorted(files)[0].relative_to(root).as_posix()
+            first = relative_path(sorted(files, key=Path)[0], root)
             raise _changed(f"{shown}/{first}", f"{len(files)} file(s) were {what} (this one "
                                                "among them)")
 
@@ -289,7 +299,85 @@ def _changed(where: str, what: str) -> ChangedDatasetError:
         "nothing writes to the source any more.")
 
 
-def _read_item(item: Item):
+# Below this many files a pool's start (tens of ms) is not worth it; tests stay in one process.
+POOL_MIN_ITEMS = 500
+POOL_MAX_WORKERS = 8
+
+
+@contextmanager
+def _examined(items: list, progress, keep_data: bool = False):
+    """An iterator of (item, `_examine(item)`) in the items' order, under a progress bar.
+
+    Decoding is most of a conversion's time (a few hundred microseconds an image however
+    small): with many items and several cores it runs in a pool of processes, one a core.
+    They are forked, so they share the torch and Pillow this process imported (a spawned
+    worker would take its own ~600 MiB to import torch) and see Pillow's pixel limit as the
+    caller set it.
+    """
+    workers = _pool_size(len(items))
+    if workers < 2:
+        yield ((item, _examine(item.file, item.shown, keep_data)) for item in
+               progress_bar(items, "convert", "img", progress))
+        return
+    import trainer.data.decode  # noqa: F401  (torch: imported once, before the fork)
+
+    # Frozen, this process's objects are left alone by the workers' garbage collections, which
+    # would otherwise write to (and so copy) every page of them in each worker.
+    gc.freeze()
+    try:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as pool:
+            # (file, shown) pairs: pickled 10x faster than Items
+            results = pool.imap(partial(_examine_pair, keep_data=keep_data),
+                                ((item.file, item.shown) for item in items), chunksize=64)
+            yield ((item, next(results))
+                   for item in progress_bar(items, "convert", "img", progress))
+    finally:
+        gc.unfreeze()
+
+
+def _pool_size(n_items: int) -> int:
+    if n_items < POOL_MIN_ITEMS or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(cores or 1, POOL_MAX_WORKERS)
+
+
+def _worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one image at a time per process; and OpenMP's threads are not
+    # safe to use in a forked child
+
+
+def _examine_pair(pair: tuple[str, str], keep_data: bool):
+    return _examine(*pair, keep_data)
+
+
+def _examine(file: str, shown: str, keep_data: bool = False):
+    """(size and mtime_ns before reading or None, skip reason or None, the bytes (b"" unless
+    `keep_data`), their length, sha256, (width, height)) of a candidate image (an Item's `file`
+    and `shown`): read, hashed and fully decoded (`probe_image`)."""
+    try:
+        st = os.stat(file)
+        before = (st.st_size, st.st_mtime_ns)
+    except OSError:
+        before = None  # _read_item says why
+    why, data, size = _read_item(_Candidate(Path(file), shown))
+    if why:
+        return before, why, b"", 0, "", None
+    return (before, None, data if keep_data else b"", len(data),
+            hashlib.sha256(data).hexdigest(), size)
+
+
+class _Candidate(NamedTuple):
+    """A file `_read_item` reads (its Path made only then: the plan keeps strings) and how
+    reports name it."""
+
+    file: Path
+    shown: str
+
+
+def _read_item(item: _Candidate):
     """(skip reason or None, bytes, (width, height))."""
     if item.file.suffix.lower() not in IMAGE_EXTENSIONS:
         return f"not an image type ({' '.join(IMAGE_EXTENSIONS)})", b"", None

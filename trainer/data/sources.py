@@ -20,9 +20,9 @@ from trainer.errors import InvalidDatasetError
 IGNORED = {"__MACOSX", "Thumbs.db", "desktop.ini"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per candidate image: 200,000 of them are common
 class Item:
-    file: Path  # where to read it
+    file: str  # where to read it (a path string: a Path object per image costs 4x the memory)
     rel: str  # its path inside the image directory
     label: str | None
     shown: str  # how reports name it: the source path the user gave + its place there
@@ -52,47 +52,82 @@ def _undecodable(name: str) -> bool:
 _NOT_UTF8 = "name is not valid UTF-8 (rename it to use it)"
 
 
-def walk_files(base: Path, root: Path, shown: str, skipped: list) -> list[tuple[str, Path]]:
-    """(path relative to `base`, file) for every usable file under base, sorted.
+def walk_files(base: Path, root: Path, shown: str, skipped: list) -> list[tuple[str, str]]:
+    """(path relative to `base`, '/'-separated; the file's path) for every usable file under
+    base, sorted.
 
     Links to folders are not followed; links to files are kept only when they resolve inside
     `root` (the whole source), else reported in `skipped`.
     """
-    real_root = os.path.realpath(root)
-    found = []
-    for d, dirs, files in os.walk(base):
-        d = Path(d)
-        for name in list(dirs):
-            if _ignored(name):
-                dirs.remove(name)
-            elif _undecodable(name):
-                dirs.remove(name)
-                skipped.append((_show(shown, root, d / name), "folder " + _NOT_UTF8))
-            elif (d / name).is_symlink():
-                skipped.append((_show(shown, root, d / name), "link to a folder (not followed)"))
-        for name in files:
-            f = d / name
-            if _ignored(name):
-                continue
-            if _undecodable(name):
-                skipped.append((_show(shown, root, f), "file " + _NOT_UTF8))
-                continue
-            if f.is_symlink():
-                target = os.path.realpath(f)
-                if os.path.commonpath([target, real_root]) != real_root:
-                    skipped.append((_show(shown, root, f),
-                                    "symbolic link pointing outside the source (not followed)"))
-                    continue
-                if not os.path.isfile(target):
-                    skipped.append((_show(shown, root, f), "broken symbolic link"))
-                    continue
-            found.append((f.relative_to(base).as_posix(), f))
+    found: list = []
+    _walk(str(base), len(os.path.join(str(base), "")), root, os.path.realpath(root), shown,
+          skipped, found)
     return sorted(found)
 
 
-def _show(shown: str, root: Path, f: Path) -> str:
+def _walk(d: str, cut: int, root: Path, real_root: str, shown: str, skipped: list,
+          found: list) -> None:
+    """os.walk's top-down order (its folders' reports, then its files', then each sub-folder),
+    on os.scandir's entries: whether an entry is a link then needs no system call of its own."""
+    try:
+        with os.scandir(d) as it:
+            entries = list(it)
+    except OSError:
+        return  # as os.walk: a folder that cannot be listed is passed over
+    dirs, files = [], []
+    for e in entries:
+        try:
+            is_dir = e.is_dir()
+        except OSError:
+            is_dir = False
+        (dirs if is_dir else files).append(e)
+    below = []
+    for e in dirs:
+        if _ignored(e.name):
+            continue
+        if _undecodable(e.name):
+            skipped.append((_show(shown, root, e.path), "folder " + _NOT_UTF8))
+        elif e.is_symlink():
+            skipped.append((_show(shown, root, e.path), "link to a folder (not followed)"))
+        else:
+            below.append(e.path)
+    for e in files:
+        if _ignored(e.name):
+            continue
+        if _undecodable(e.name):
+            skipped.append((_show(shown, root, e.path), "file " + _NOT_UTF8))
+            continue
+        if e.is_symlink():
+            target = os.path.realpath(e.path)
+            if os.path.commonpath([target, real_root]) != real_root:
+                skipped.append((_show(shown, root, e.path),
+                                "symbolic link pointing outside the source (not followed)"))
+                continue
+            if not os.path.isfile(target):
+                skipped.append((_show(shown, root, e.path), "broken symbolic link"))
+                continue
+        found.append((_posix(e.path[cut:]), e.path))
+    for sub in below:
+        _walk(sub, cut, root, real_root, shown, skipped, found)
+
+
+def _posix(rel: str) -> str:
+    return rel if os.sep == "/" else rel.replace(os.sep, "/")
+
+
+def relative_path(f: str, root) -> str:
+    """The '/'-separated path of the file `f` (a path string) relative to the folder `root`."""
+    prefix = str(root)
+    if not prefix.endswith(os.sep):
+        prefix += os.sep
+    if f.startswith(prefix):
+        return _posix(f[len(prefix):])
+    return Path(f).relative_to(root).as_posix()  # e.g. root "." (its files are "a", not "./a")
+
+
+def _show(shown: str, root: Path, f) -> str:
     # undecodable bytes shown as \xNN: the report must print on any terminal
-    rel = os.fsencode(f.relative_to(root).as_posix()).decode("utf-8", "backslashreplace")
+    rel = os.fsencode(relative_path(str(f), root)).decode("utf-8", "backslashreplace")
     return f"{shown}/{rel}"
 
 
@@ -172,11 +207,12 @@ def _plan_labelled(root: Path, shown: str, archive: bool, labels) -> Plan:
     top = unwrap(root, archive)
     skipped: list = []
     used, items = set(), []
+    csv_real = csv_path.resolve()
     for rel, f in walk_files(root, root, shown, skipped):
-        if f.resolve() == csv_path.resolve():
+        if Path(f).resolve() == csv_real:
             continue
         # CSV paths may be relative to the source or to its wrapping folder
-        rel_top = f.relative_to(top).as_posix() if top in f.parents else None
+        rel_top = Path(f).relative_to(top).as_posix() if top in Path(f).parents else None
         key = rel if rel in mapping else rel_top if rel_top in mapping else None
         if key is None:
             skipped.append((_show(shown, root, f), "not listed in the labels file"))
