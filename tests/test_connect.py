@@ -61,7 +61,7 @@ def server(tmp_path):
 
 def _submit(endpoint: str, *extra) -> list:
     return ["pipeline", "submit", "--endpoint", endpoint, "--train-source",
-            "/kfvision-data/digits.tar.gz", *extra]
+            "https://example.com/digits.tar.gz", *extra]
 
 
 def _one_named_line(err: str, name: str, endpoint: str) -> None:
