@@ -19,16 +19,15 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torchvision
 
+from bench import publish
 from trainer.engine import make_sgd
 from trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
 from trainer.runtime import cpu_bf16_decision, describe_cpu
 
-BENCH = Path("build/bench")
 # name -> (bf16 autocast, channels_last, one-pixel convolutions as GEMM)
 VARIANTS = {"fp32": (False, False, True), "bf16": (True, True, True),
             "fp32-nhwc": (False, True, True), "bf16-nchw": (True, False, True),
@@ -108,9 +107,7 @@ def main(argv=None) -> int:
             f"{args.seconds:g} s per variant after a warm-up, the order reversing every round. "
             f"{machine}")
     table = "\n".join(rows)
-    print("\n" + table + note)
-    BENCH.mkdir(parents=True, exist_ok=True)
-    (BENCH / "amp-cpu.md").write_text(table + "\n" + note + "\n")
+    publish(table + "\n" + note, "amp-cpu.md")
     return 0
 
 

@@ -32,6 +32,7 @@ import torch
 import torchvision
 from torchvision import transforms
 
+from bench import BENCH, publish
 from bench.jpegset import PHOTO, make_jpeg_set
 from trainer.data.datasets import ImageDataset
 from trainer.data.imagedir import read_image_directory
@@ -41,7 +42,6 @@ from trainer.runtime import describe_cpu
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 EPOCHS = 5  # kfvision train's default
-BENCH = Path("build/bench")
 
 
 def baseline_dataset(raw, size):
@@ -168,9 +168,7 @@ def main(argv=None) -> int:
     out = "\n\n".join(tables) + (
         f"\n\nMedians over {a.rounds} rounds; a ratio is taken within each round. "
         f"torch {torch.__version__}, torchvision {torchvision.__version__}. {describe_cpu()}.")
-    print("\n" + out)
-    BENCH.mkdir(parents=True, exist_ok=True)
-    (BENCH / "inputs-cpu.md").write_text(out + "\n")
+    publish(out, "inputs-cpu.md")
     return 0
 
 

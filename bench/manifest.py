@@ -42,7 +42,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-BENCH = Path("build/bench")
+from bench import publish
+
 CLASSES = 10
 PHASES = ("convert", "split", "open")
 SHOWN = {"convert": "convert (in place)", "split": "split (in place, 0.9)",
@@ -249,9 +250,7 @@ def main(argv=None) -> int:
 
     out = (table(rows) + f"\n\nPython {sys.version.split()[0]}, {describe_cpu()}, "
            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB.")
-    print("\n" + out)
-    BENCH.mkdir(parents=True, exist_ok=True)
-    (BENCH / "manifest-cpu.md").write_text(out + "\n")
+    publish(out, "manifest-cpu.md")
     return 0
 
 

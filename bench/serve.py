@@ -33,12 +33,13 @@ from pathlib import Path
 
 import torch
 
+import bench
 from bench.jpegset import PHOTO, make_jpeg_set
 from pipelines.serve.client import Server, free_port, request
 from trainer.model.arch import WEIGHTS_FILE, build_model, read_model_spec, write_untrained_model
 from trainer.model.trained import atomic_torch_save, write_model_files
 
-BENCH = Path("build/bench/serve")
+BENCH = bench.BENCH / "serve"
 
 
 def bench_model(out: Path, classes: int = 10, size: int = 224) -> Path:

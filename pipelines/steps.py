@@ -142,28 +142,15 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
         for kind in job_kinds(params["job_kind"], mode):  # auto on a cluster: either may run
             render_job(jobs, kind, params["trainer_runtime"])
         check_deploy(params)
-        if mode == "cluster" and check_sources:
-            _check_data_pvc(params)
+        if mode == "cluster" and check_sources:  # in a cluster step: what it has mounted
+            import os
+
+            from pipelines.storage import check_data_pvc_use
+
+            check_data_pvc_use(params, os.path.ismount(DATA_MOUNT))
     except InvalidParameterError as e:  # named as the pipeline's parameters, not the fields
         raise e.renamed(parameter_name) from e
     return family
-
-
-def _check_data_pvc(params: dict) -> None:
-    """In a cluster step: the data PVC is mounted if the run names one or deploys."""
-    import os
-
-    if os.path.ismount(DATA_MOUNT):
-        return
-    if params["pvc_name"]:
-        raise InvalidParameterError(
-            f"{ref('pvc_name')} = {params['pvc_name']!r}, but this pipeline mounts no data PVC: "
-            f"compile it with `kfvision pipeline compile --data-pvc {params['pvc_name']}`.")
-    if params["deploy"]:
-        raise InvalidParameterError(
-            f"{ref('deploy')} on a cluster copies the model onto the data PVC for KServe to "
-            "serve, and this pipeline has none: compile it with `kfvision pipeline compile "
-            "--data-pvc NAME`.")
 
 
 def check_deploy(params: dict) -> None:

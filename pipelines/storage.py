@@ -78,26 +78,8 @@ class Storage:
 
     def check_arguments(self, params: dict) -> None:
         """What a run of the pipeline compiled with this storage cannot do (checked before
-        submitting; the check step finds the same from its mounts)."""
-        if self.data_pvc:
-            return
-        import urllib.parse
-
-        for name in ("train_source", "validation_source", "test_source"):
-            source = params.get(name) or ""
-            if source and urllib.parse.urlparse(source).scheme not in ("http", "https"):
-                raise InvalidParameterError(
-                    f"{name} {source!r} is a path, but the pipeline is compiled without a data "
-                    "PVC, so no step could see it: give an http(s) URL, or add --data-pvc NAME "
-                    "(the PVC that holds it, mounted at /kfvision-data).")
-        if params.get("pvc_name"):
-            raise InvalidParameterError(
-                f"pvc_name = {params['pvc_name']!r}, but the pipeline is compiled without a "
-                f"data PVC: add --data-pvc {params['pvc_name']}.")
-        if params.get("deploy"):
-            raise InvalidParameterError(
-                "deploy on a cluster copies the model onto the data PVC for KServe to serve: add "
-                "--data-pvc NAME.")
+        submitting; the check step does the same from its mounts)."""
+        check_data_pvc_use(params, bool(self.data_pvc))
 
     def pipeline_config(self):
         """The kfp.dsl.PipelineConfig that asks KFP for the workspace (None without one)."""
@@ -110,6 +92,31 @@ class Storage:
             patch["storageClassName"] = self.workspace_class
         return dsl.PipelineConfig(workspace=dsl.WorkspaceConfig(
             size=self.workspace_size, kubernetes=dsl.KubernetesWorkspaceConfig(pvcSpecPatch=patch)))
+
+
+def check_data_pvc_use(params: dict, has_data_pvc: bool) -> None:
+    """Without a data PVC a run cannot read a path source, mount `pvc_name` or deploy (KServe
+    serves the model from the data PVC)."""
+    if has_data_pvc:
+        return
+    import urllib.parse
+
+    for name in ("train_source", "validation_source", "test_source"):
+        source = params.get(name) or ""
+        if source and urllib.parse.urlparse(source).scheme not in ("http", "https"):
+            raise InvalidParameterError(
+                f"{name} {source!r} is a path, but the pipeline is compiled without a data "
+                "PVC, so no step could see it: give an http(s) URL, or add --data-pvc NAME "
+                "(the PVC that holds it, mounted at /kfvision-data).")
+    if params.get("pvc_name"):
+        raise InvalidParameterError(
+            f"pvc_name = {params['pvc_name']!r}, but the pipeline is compiled without a data "
+            f"PVC: add --data-pvc {params['pvc_name']} (`kfvision pipeline compile` or "
+            "`submit`).")
+    if params.get("deploy"):
+        raise InvalidParameterError(
+            "deploy on a cluster copies the model onto the data PVC for KServe to serve: add "
+            "--data-pvc NAME (`kfvision pipeline compile` or `submit`).")
 
 
 DEFAULT = Storage()  # what `kfvision pipeline compile` makes without storage flags

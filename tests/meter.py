@@ -60,6 +60,14 @@ def files(root) -> dict:
     return out
 
 
+def snapshot(roots) -> dict:
+    """files() of every folder in `roots`, together."""
+    now = {}
+    for root in roots:
+        now.update(files(root))
+    return now
+
+
 class Meter:
     def __init__(self, dataset_bytes: int):
         self.dataset_bytes = dataset_bytes
@@ -81,9 +89,7 @@ class Meter:
     def new_files(self, step: str, before: dict, roots) -> dict:
         """Count the files under `roots` that are new or rewritten since `before`; returns the
         snapshot now (the next `before`)."""
-        now = {}
-        for root in roots:
-            now.update(files(root))
+        now = snapshot(roots)
         self.count(step, {p: v for p, v in now.items() if before.get(p) != v}, None)
         return now
 
@@ -165,18 +171,11 @@ class ClusterBranch:
         local_out = {name: pod / "outputs" / name for name in outputs}
         for p in local_out.values():
             p.parent.mkdir(parents=True, exist_ok=True)
-        before = self._volumes_now()
-        self.current = (step, before)
+        self.current = (step, snapshot(self.volumes))
         kwargs = {k: v for k, v in kwargs.items() if accepts(fn, k)}  # the code measured may
         result = fn(*args, *local_in, *local_out.values(), **kwargs)  # predate an argument
         self.meter.new_files(step, self.current[1], self.volumes)
         return result, self.upload(step, local_out)
-
-    def _volumes_now(self) -> dict:
-        now = {}
-        for v in self.volumes:
-            now.update(files(v))
-        return now
 
     def look(self) -> None:
         """Count what the running step wrote on the volumes so far (called mid-step, e.g. while

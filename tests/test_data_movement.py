@@ -80,7 +80,6 @@ def cluster_run(tmp_path, monkeypatch, source: str, *, pvc: Path | None, workspa
     mount = pvc or tmp_path / "no-pvc"
     meter = Meter(dataset_bytes)
     branch = ClusterBranch(tmp_path / "run", meter, pvc=pvc, workspace=ws)
-    branch.volumes = [v for v in (pvc, ws) if v]
     monkeypatch.setattr(train_step, "DATA_MOUNT", str(mount))
     monkeypatch.setattr(train_step, "is_mount", lambda p: pvc is not None and p == str(pvc))
     monkeypatch.setattr(cluster, "connect", lambda out=None, kind=None, namespace=None:

@@ -9,7 +9,7 @@ from PIL import Image, ImageDraw
 
 from pipelines.tune.experiment import Search
 from trainer.fileio import atomic_write_json
-from trainer.use.plot import _font
+from trainer.use.plot import load_font
 
 PANEL, MARGIN = 260, 36
 DOT = {"COMPLETE": (8, 48, 107), "PRUNED": (200, 120, 0), "FAIL": (180, 0, 0)}
@@ -52,7 +52,7 @@ def write_outputs(study, search: Search, out: Path) -> dict:
 
 def _panel(draw, box, points, xlabel: str, ylabel: str, log_x: bool) -> None:
     x0, y0, x1, y1 = box
-    font = _font(11)
+    font = load_font(11)
     draw.rectangle(box, outline=(120, 120, 120))
     draw.text((x0, y1 + 4), xlabel, fill=(0, 0, 0), font=font)
     draw.text((x0, y0 - 16), ylabel, fill=(0, 0, 0), font=font)

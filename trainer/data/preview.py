@@ -8,21 +8,15 @@ shows instead. Pillow only; each image read is checked against the manifest like
 
 from pathlib import Path
 
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image, ImageDraw
 
 from trainer.data.imagedir import ImageDirectory, read_image_directory
+from trainer.use.plot import load_font, short
 
 SAMPLES = "samples.jpg"
 THUMB = 64  # pixels, the side of each thumbnail
 PER_ROW = 8
 MAX_ROWS = 20  # classes shown; the rest are counted in the last line
-
-
-def _font(size: int):
-    try:
-        return ImageFont.load_default(size=size)  # scalable font: Pillow >= 10.1 with FreeType
-    except TypeError:
-        return ImageFont.load_default()
 
 
 def _thumbnail(imdir: ImageDirectory, e) -> Image.Image:
@@ -44,7 +38,7 @@ def samples_picture(imdir: ImageDirectory) -> Image.Image:
         name = imdir.classes[e.label] if e.label is not None else "(unlabelled)"
         groups.setdefault(name, []).append(e)
     shown = list(groups.items())[:MAX_ROWS]
-    font = _font(13)
+    font = load_font(13)
     label_w = 170
     rows = len(shown) + (len(groups) > MAX_ROWS)
     sheet = Image.new("RGB", (label_w + PER_ROW * (THUMB + 4) + 4, rows * (THUMB + 6) + 6),
@@ -52,9 +46,9 @@ def samples_picture(imdir: ImageDirectory) -> Image.Image:
     draw = ImageDraw.Draw(sheet)
     for r, (name, entries) in enumerate(shown):
         y = 6 + r * (THUMB + 6)
-        text = name if len(name) <= 20 else name[:9] + "…" + name[-10:]
-        draw.text((6, y + THUMB // 2 - 14), text, fill="black", font=font)
-        draw.text((6, y + THUMB // 2 + 2), f"{len(entries)} images", fill="gray", font=font)
+        draw.text((6, y + THUMB // 2 - 14), short(name, 20), fill="black", font=font)
+        draw.text((6, y + THUMB // 2 + 2), f"{len(entries)} images", fill="gray",
+                  font=font)
         for c, e in enumerate(entries[:PER_ROW]):
             im = _thumbnail(imdir, e)
             x = label_w + c * (THUMB + 4)

@@ -1,4 +1,5 @@
-"""The confusion-matrix picture `kfvision evaluate` writes (Pillow only: no plotting library).
+"""The confusion-matrix picture `kfvision evaluate` writes (Pillow only: no plotting library), and
+the text helpers the other pictures share (`load_font`, `short`).
 
 Rows are the true classes, columns the predicted ones. Each cell shows its count; its colour is the
 share of the true class it holds (the row-normalised matrix, i.e. per-class recall on the
@@ -13,7 +14,7 @@ BLUE = (8, 48, 107)  # darkest cell colour (a full row in one cell)
 MARGIN = 12
 
 
-def _font(size: int):
+def load_font(size: int):
     try:
         return ImageFont.load_default(size=size)  # scalable font: Pillow >= 10.1 with FreeType
     except TypeError:
@@ -29,7 +30,7 @@ def _text_size(draw, text, font) -> tuple[int, int]:
     return right - left, bottom - top
 
 
-def _short(name: str, limit: int = 18) -> str:
+def short(name: str, limit: int = 18) -> str:
     # keep both ends: class names often share a prefix and differ at the end
     half = (limit - 1) // 2
     return name if len(name) <= limit else name[:half] + "…" + name[-(limit - 1 - half):]
@@ -48,9 +49,9 @@ def confusion_matrix_png(matrix, classes, title: str = "Confusion matrix") -> by
     """PNG bytes of a confusion matrix (list of rows of counts; rows true, columns predicted)."""
     n = len(classes)
     cell = max(14, min(64, 720 // max(n, 1)))
-    font, small = _font(max(9, min(16, cell // 3))), _font(13)
-    rows = [_label(_short(c), font) for c in classes]
-    cols = [_label(_short(c), font, rotate=True) for c in classes]
+    font, small = load_font(max(9, min(16, cell // 3))), load_font(13)
+    rows = [_label(short(c), font) for c in classes]
+    cols = [_label(short(c), font, rotate=True) for c in classes]
     head = [_label(title, small), _label("predicted class (columns)", small)]
     side = _label("true class (rows)", small, rotate=True)
     left = MARGIN + side.width + 8 + max(r.width for r in rows) + 6
