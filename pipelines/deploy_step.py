@@ -68,7 +68,7 @@ def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
 
 def model_uri(pvc_name: str, name: str, run_key: str) -> tuple[Path, str]:
     """(where the step copies the model, the storage URI KServe fetches it from)."""
-    from pipelines.jobs.manifest import job_name
+    from pipelines.jobs.config import job_name
 
     rel = f"{MODELS}/{name}/{job_name('run', run_key)}"
     return Path(DATA_MOUNT) / rel, f"pvc://{pvc_name}/{rel}"

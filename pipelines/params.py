@@ -9,9 +9,9 @@ function, the components): tests/test_options.py checks them against these decla
 
 from dataclasses import dataclass
 
+from pipelines.jobs.config import JobConfig
 from pipelines.jobs.kinds import KINDS
-from pipelines.jobs.manifest import JobConfig
-from pipelines.jobs.trainjob import STOCK_RUNTIME
+from pipelines.jobs.trainjob.build import STOCK_RUNTIME
 from trainer.config import TrainConfig
 from trainer.options import option, options_of
 

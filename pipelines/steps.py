@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from pipelines.jobs.manifest import JobConfig, Volume, job_name
+from pipelines.jobs.config import JobConfig, Volume, job_name
 from pipelines.params import (
     EXECUTION_MODES,
     JOB_KINDS,
@@ -48,10 +48,11 @@ def run(step, *args, **kwargs):
 
 
 def job_config(cfg: TrainConfig, *, run_id: str, volumes: tuple = (), **settings) -> JobConfig:
-    """The job of a pipeline run (settings: params.job_settings); validated.
+    """The job of a pipeline run (settings: params.job_settings); validated. (`kfvision job
+    render`'s flags give theirs through pipelines.cli.job.job_config_from_args.)
 
-    The job name derives from the run (see pipelines.jobs.manifest.job_name), so a retried step
-    finds its own job again. `volumes`: the PVCs (pipelines.jobs.manifest.Volume) mounted in
+    The job name derives from the run (see pipelines.jobs.config.job_name), so a retried step
+    finds its own job again. `volumes`: the PVCs (pipelines.jobs.config.Volume) mounted in
     every pod, none in a local run.
     """
     return JobConfig(name=job_name(JOB_PREFIX, run_id), train=cfg, **job_options(**settings),
@@ -103,10 +104,10 @@ def render_job(cfg: JobConfig, kind, runtime: str) -> dict:
     from pipelines.jobs.kinds import TRAINJOB
 
     if kind is TRAINJOB:
-        from pipelines.jobs.trainjob import Runtime, build_trainjob
+        from pipelines.jobs.trainjob.build import Runtime, build_trainjob
 
         return build_trainjob(cfg, Runtime(runtime).validate())
-    from pipelines.jobs.manifest import build_pytorchjob
+    from pipelines.jobs.pytorchjob.build import build_pytorchjob
 
     return build_pytorchjob(cfg)
 

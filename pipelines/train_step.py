@@ -5,8 +5,8 @@ The job is a TrainJob (Kubeflow Trainer v2) or a PyTorchJob (Training Operator v
 cluster, runs a PyTorchJob as before TrainJobs.
 
     local   (kfvision pipeline run-local, or any run outside Kubernetes): the job runs as local
-            processes with the platform's exact environment (pipelines.jobs.local,
-            pipelines.jobs.local_trainjob), reading the step's input paths and writing straight
+            processes with the platform's exact environment (pipelines.jobs.pytorchjob.local,
+            pipelines.jobs.trainjob.local), reading the step's input paths and writing straight
             into its Model output.
     cluster (a KFP step in a Kubernetes pod): the job's pods cannot see the step's local artifact
             paths, so the inputs are staged in the run's data place (pipelines.storage: the
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.jobs.manifest import Volume, to_yaml
+from pipelines.jobs.config import Volume, to_yaml
 from pipelines.steps import job_config, job_kinds, render_job, resolve_mode
 from pipelines.storage import DATA_MOUNT, data_place
 from trainer.config import TrainConfig
@@ -75,11 +75,11 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
                       out=str(out_dir), **options).validate()
     job = _render(cfg, settings, run_key, (), job_yaml, job_kind, runtime)
     from pipelines.jobs.kinds import TRAINJOB
-    from pipelines.jobs.local import run_local
-    from pipelines.jobs.local_trainjob import run_local_trainjob
+    from pipelines.jobs.pytorchjob import local as pytorchjob_local
+    from pipelines.jobs.trainjob import local as trainjob_local
 
     name, what = job["metadata"]["name"], job_kind.kind
-    runner = run_local_trainjob if job_kind is TRAINJOB else run_local
+    runner = (trainjob_local if job_kind is TRAINJOB else pytorchjob_local).run_local
     with tempfile.TemporaryDirectory(prefix=f"{name}-logs-") as logs:
         print(f"running {what} {name} on this machine (kfvision job run-local)", file=out,
               flush=True)
@@ -129,7 +129,7 @@ def _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options,
     stage = place / JOBS / name
     kinds = job_kinds(kind, "cluster")
     client = connect(out=out)
-    job_kind = pick_kind(client.custom) if len(kinds) > 1 else kinds[0]
+    job_kind = pick_kind(client.api) if len(kinds) > 1 else kinds[0]
     if job_kind is not client.kind:
         client = connect(out=out, kind=job_kind)
     volumes = job_volumes(client, workspace, pvc_name, int(settings["nodes"]))
@@ -170,7 +170,7 @@ def replace_failed_job(client, name: str, partial_out: Path, poll_s: float = 2.0
                        timeout_s: float = 120.0) -> None:
     """Delete a Failed job of this name (and its partial output) so submit creates it anew."""
     from pipelines.jobs.cluster import job_state
-    from pipelines.jobs.errors import KubernetesError
+    from pipelines.k8s import KubernetesError
 
     try:
         job = client.get(name)

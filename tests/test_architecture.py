@@ -117,3 +117,45 @@ def test_commands_that_need_no_torch_do_not_load_it(command, tmp_path, tiny_digi
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split()[-2:] == ["0", "False"]
+
+
+def _trees():
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            yield _module_name(path), ast.parse(path.read_text(encoding="utf-8"))
+
+
+def test_no_module_uses_another_modules_private_names():
+    """`from pipelines.x import _y` and `x._y` on a module of ours imported as `x` are what
+    drifted before (STYLE.md): what a module shares, it names publicly."""
+    ours = {name for name, _ in _trees()}
+    found = []
+    for name, tree in _trees():
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                for a in node.names:
+                    if f"{node.module}.{a.name}" in ours:  # a module imported by name
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                    elif node.module in ours and a.name.startswith("_"):
+                        found.append(f"{name}: from {node.module} import {a.name}")
+            elif isinstance(node, ast.Import):
+                aliases.update({a.asname: a.name for a in node.names if a.asname in ours})
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                found.append(f"{name}: {aliases[node.value.id]}.{node.attr}")
+    assert found == []
+
+
+def test_one_module_talks_to_kubernetes():
+    """Every API call, and the one mapping of its failures, is pipelines/k8s.py's."""
+    importers = set()
+    for name, tree in _trees():
+        for node in ast.walk(tree):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(m == "kubernetes" or m.startswith("kubernetes.") for m in mods):
+                importers.add(name)
+    assert importers == {"pipelines.k8s"}

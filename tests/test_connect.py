@@ -114,3 +114,43 @@ current-context: x
     err = run.stderr
     _one_named_line(err, "EndpointUnreachableError", endpoint)
     assert "kubeconfig context" in err
+
+
+def _kubeconfig(path, server: str) -> str:
+    """A kubeconfig whose one context points at `server`: what a stale port-forward leaves."""
+    path.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "{server}"}}}}]
+users: [{{name: u, user: {{token: not-a-real-token}}}}]
+contexts: [{{name: x, context: {{cluster: c, user: u, namespace: team}}}}]
+current-context: x
+""")
+    return str(path)
+
+
+def test_job_deploy_and_tune_fail_alike_when_the_api_server_is_unreachable(
+        tmp_path, monkeypatch, capsys):
+    """One Kubernetes layer (pipelines/k8s.py): the same failure gives the same named line and
+    exit code whichever command met it. Nothing listens on the port of the kubeconfig."""
+    endpoint = f"https://127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("KUBECONFIG", _kubeconfig(tmp_path / "kubeconfig", endpoint))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    common = ["--name", "digits", "--image", "registry.example.com/kfvision:1"]
+    train = ["--model", "/d/m", "--train", "/d/t", "--val", "/d/v", "--out", "/d/o"]
+    renders = {
+        "job": ["job", "render", *common, *train],
+        "tune": ["tune", "render", *common, *train, "--param", "lr=double:0.001:0.1"],
+        "deploy": ["deploy", "render", *common, "--model", "pvc://data/models/digits"],
+    }
+    lines = {}
+    for command, argv in renders.items():
+        manifest = tmp_path / f"{command}.yaml"
+        assert main([*argv, "-o", str(manifest)]) == 0
+        capsys.readouterr()
+        assert main([command, "submit", str(manifest)]) == EXIT_UNAVAILABLE, command
+        err = capsys.readouterr().err
+        _one_named_line(err, "EndpointUnreachableError", endpoint)
+        lines[command] = err.split(" (", 1)[0]  # what follows names the object's call
+    assert len(set(lines.values())) == 1, lines
+    assert lines["job"] == ("error: EndpointUnreachableError: cannot reach the Kubernetes API "
+                            f"at {endpoint}")

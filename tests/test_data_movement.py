@@ -16,9 +16,9 @@ from meter import ClusterBranch, Meter, files, local_run_meter
 
 from pipelines import steps, train_step
 from pipelines.jobs import cluster
-from pipelines.jobs.errors import KubernetesError
 from pipelines.jobs.kinds import PYTORCHJOB
-from pipelines.jobs.local import run_local
+from pipelines.jobs.pytorchjob.local import run_local
+from pipelines.k8s import KubernetesError
 from pipelines.params import train_options
 from pipelines.pipeline import parameter_defaults
 from pipelines.storage import data_place
@@ -52,7 +52,7 @@ class FakeAPI:
     """A FAKE Kubernetes API (no API server can run here): only what the train step asks. No
     job of that name yet; this step's pod mounts the workspace PVC `run-1-kfp-workspace`."""
 
-    namespace, kind, custom = "ns", PYTORCHJOB, None
+    namespace, kind, api = "ns", PYTORCHJOB, None
 
     def __init__(self, workspace):
         self.claims = {str(workspace): "run-1-kfp-workspace"} if workspace else {}

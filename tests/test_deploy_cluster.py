@@ -12,7 +12,7 @@ from conftest import REPO
 from kubernetes.client.exceptions import ApiException
 
 from pipelines.cli import main
-from pipelines.jobs.errors import JobTimeoutError, KubernetesError
+from pipelines.k8s import Api, KubernetesError, WaitTimeoutError
 from pipelines.serve import cluster
 from pipelines.serve.deploy import DeployConfig, build_inference_service
 
@@ -57,7 +57,8 @@ class FakeKServe:
         return {**self.objects[name], "status": {"conditions": conditions,
                                                  "url": "http://digits.kubeflow.example.com"}}
 
-    def delete_namespaced_custom_object(self, group, version, namespace, plural, name):
+    def delete_namespaced_custom_object(self, group, version, namespace, plural, name,
+                                        propagation_policy=None):
         self._serve("delete", group, version, plural)
         if self.objects.pop(name, None) is None:
             raise ApiException(status=404, reason="Not Found")
@@ -76,7 +77,8 @@ class Clock:
 
 def client_for(fake, out=None):
     clock = Clock()
-    return cluster.DeployClient(fake, "kubeflow", out=out, sleep=clock.sleep, clock=clock)
+    return cluster.DeployClient(Api(fake, None, "kubeflow", out=out, sleep=clock.sleep,
+                                    clock=clock))
 
 
 @pytest.mark.parametrize("conditions, ready, words", [
@@ -107,7 +109,7 @@ def test_apply_creates_then_updates_and_waits_until_ready(capsys):
     ({"create": ApiException(status=403, reason="Forbidden")}, "apply",
      ["create InferenceService kubeflow/digits failed: HTTP 403", "rbac-deploy.yaml"]),
     ({"create": ApiException(status=404, reason="Not Found")}, "apply",
-     ["is KServe installed"]),
+     ["install KServe", "inferenceservices.serving.kserve.io"]),
     ({}, "delete", ["delete InferenceService kubeflow/digits failed: HTTP 404"]),
 ])
 def test_api_errors_name_the_object_and_what_to_do(fail, call, words):
@@ -121,7 +123,7 @@ def test_api_errors_name_the_object_and_what_to_do(fail, call, words):
 def test_waiting_past_the_timeout_says_why():
     client = client_for(FakeKServe([NOT_READY]))
     client.apply(ISVC)
-    with pytest.raises(JobTimeoutError, match="not Ready after 10 s .Revision is not ready"):
+    with pytest.raises(WaitTimeoutError, match="not Ready after 10 s .Revision is not ready"):
         client.wait_ready("digits", timeout=10, poll=1)
 
 

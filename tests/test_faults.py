@@ -17,7 +17,7 @@ from test_job_local import MASTER_WAITS_FOR_WORKER, make_job
 
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
-from pipelines.jobs.local import run_local, should_restart
+from pipelines.jobs.pytorchjob.local import run_local, should_restart
 from trainer import exitcodes
 from trainer.errors import InvalidDatasetError, NonFiniteLossError, OutputError
 

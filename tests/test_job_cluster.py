@@ -18,10 +18,13 @@ from conftest import REPO
 from kubernetes.client.exceptions import ApiException
 
 from pipelines.cli import main
+from pipelines.connect import EndpointAuthError
 from pipelines.jobs import cluster
 from pipelines.jobs.cluster import JobClient, job_state, submit
-from pipelines.jobs.errors import JobFailedError, JobTimeoutError, KubernetesError
-from pipelines.jobs.manifest import JobConfig, build_pytorchjob
+from pipelines.jobs.config import JobConfig
+from pipelines.jobs.errors import JobFailedError, JobTimeoutError
+from pipelines.jobs.pytorchjob.build import build_pytorchjob
+from pipelines.k8s import Api, KubernetesError
 from trainer.config import TrainConfig
 from trainer.errors import KfvisionError
 
@@ -179,8 +182,8 @@ def fake_connect(fake):
 
 def client_for(fake, out=None, kind=None) -> JobClient:
     clock = FakeClock()
-    return JobClient(fake, fake, NS, out=out or io.StringIO(), sleep=clock.sleep, clock=clock,
-                     **({"kind": kind} if kind else {}))
+    api = Api(fake, fake, NS, out=out or io.StringIO(), sleep=clock.sleep, clock=clock)
+    return JobClient(api, **({"kind": kind} if kind else {}))
 
 
 RUNNING = ([cond("Created"), cond("Running")], [pod("master-0"), pod("worker-0"),
@@ -269,7 +272,6 @@ def test_timeout_is_honoured_and_deletes_the_job_unless_kept(keep):
 @pytest.mark.parametrize("status,verb,words", [
     (403, "create", ["create PyTorchJob kubeflow/digits failed: HTTP 403", "manifests/rbac.yaml"]),
     (404, "create", ["HTTP 404", "pytorchjobs.kubeflow.org", "Training Operator v1.9"]),
-    (401, "create", ["HTTP 401", "credentials"]),
     (500, "get", ["get PyTorchJob kubeflow/digits failed: HTTP 500: etcd is down"]),
 ])
 def test_kubernetes_errors_name_kind_namespace_and_name(status, verb, words):
@@ -280,6 +282,17 @@ def test_kubernetes_errors_name_kind_namespace_and_name(status, verb, words):
         submit(client_for(fake), JOB, wait=True)
     assert all(w in str(e.value) for w in words), str(e.value)
     assert e.value.__cause__ is error and e.value.status == status
+
+
+def test_refused_credentials_are_an_auth_error_exit_77():
+    """401: the README's EndpointAuthError (77), from jobs, Experiments and InferenceServices
+    alike (pipelines/k8s.py maps it once)."""
+    error = ApiException(status=401, reason="Unauthorized")
+    fake = FakeCluster([RUNNING], fail={("create", "pytorchjobs"): error})
+    with pytest.raises(EndpointAuthError) as e:
+        submit(client_for(fake), JOB, wait=True)
+    assert "create PyTorchJob kubeflow/digits failed: HTTP 401" in str(e.value)
+    assert "credentials" in str(e.value) and e.value.exit_code == 77
 
 
 @pytest.mark.parametrize("conditions,state", [
@@ -327,7 +340,7 @@ def test_the_role_grants_exactly_the_calls_the_train_step_makes(tmp_path, monkey
 
 def test_the_train_step_gives_the_job_the_workspace_claim_of_its_own_pod(monkeypatch):
     from pipelines import train_step
-    from pipelines.jobs.manifest import Volume
+    from pipelines.jobs.config import Volume
     from trainer.errors import InvalidParameterError
 
     fake = FakeCluster([RUNNING])

@@ -15,10 +15,11 @@ import time
 import pytest
 import yaml
 
+from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
-from pipelines.jobs.local import ReplicaPlan, operator_env, run_local
-from pipelines.jobs.manifest import JobConfig, build_pytorchjob
 from pipelines.jobs.procs import proc_table
+from pipelines.jobs.pytorchjob.build import build_pytorchjob
+from pipelines.jobs.pytorchjob.local import ReplicaPlan, operator_env, run_local
 from trainer.config import TrainConfig
 
 TRAIN = TrainConfig(model="/m", train="/t", val="/v", out="/o")

@@ -14,17 +14,10 @@ import yaml
 from conftest import reference_file
 
 from pipelines.cli import main
+from pipelines.jobs.config import JobConfig, Toleration, Volume, job_name, to_yaml, train_flags
 from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.manifest import (
-    JobConfig,
-    Toleration,
-    Volume,
-    build_pytorchjob,
-    job_name,
-    to_yaml,
-    train_flags,
-)
-from pipelines.jobs.rules import validate_pytorchjob, webhook_problems
+from pipelines.jobs.pytorchjob.build import build_pytorchjob
+from pipelines.jobs.pytorchjob.rules import validate_pytorchjob, webhook_problems
 from trainer.config import TrainConfig, config_from_args
 from trainer.errors import InvalidParameterError
 from trainer.train import get_args_parser

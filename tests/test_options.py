@@ -10,7 +10,7 @@ import pytest
 
 from pipelines import components
 from pipelines.cli import build_parser
-from pipelines.jobs.manifest import JobConfig, Toleration
+from pipelines.jobs.config import JobConfig, Toleration
 from pipelines.params import JOB_OPTIONS, TRAIN_OPTIONS, PipelineInputs, parameter_name
 from pipelines.params import pipeline_options as pipeline_table
 from pipelines.pipeline import image_classification, parameter_defaults

@@ -14,7 +14,7 @@ import yaml
 from conftest import REPO
 
 from pipelines import components
-from pipelines.jobs.manifest import TRAIN_COMMAND, JobConfig
+from pipelines.jobs.config import TRAIN_COMMAND, JobConfig
 from trainer.config import TrainConfig
 
 DOCKERFILES = [REPO / "images" / "Dockerfile", REPO / "images" / "Dockerfile.cpu"]

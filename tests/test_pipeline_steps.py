@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from pipelines import steps, train_step
-from pipelines.jobs.errors import KubernetesError
 from pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB
+from pipelines.k8s import Api, KubernetesError
 from pipelines.params import job_options, train_options
 from pipelines.pipeline import parameter_defaults
 from pipelines.report import curves_html, evaluation_html
@@ -176,7 +176,7 @@ class FakeJobs:
     def __init__(self, states, kind=PYTORCHJOB, served=(PYTORCHJOB,), claims=None,
                  modes=("ReadWriteMany",)):
         self.states, self.deleted, self.namespace, self.said = list(states), [], "ns", []
-        self.kind, self.custom = kind, FakeDiscovery(served)
+        self.kind, self.api = kind, Api(FakeDiscovery(served), None, "ns")
         self.claims, self.modes = claims or {}, list(modes)  # this step's pod's PVCs
 
     def own_claims(self, pod):

@@ -17,10 +17,10 @@ from test_job_manifest import TRAIN, unknown_fields
 from test_least_privilege import restricted_problems
 
 from pipelines.cli import main
+from pipelines.jobs.config import JobConfig, Toleration, Volume
 from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.manifest import JobConfig, Toleration, Volume
-from pipelines.jobs.trainjob import PERMANENT_CODES, Runtime, build_runtime, build_trainjob
-from pipelines.jobs.trainjob_rules import runtime_jobs, validate_trainjob, webhook_problems
+from pipelines.jobs.trainjob.build import PERMANENT_CODES, Runtime, build_runtime, build_trainjob
+from pipelines.jobs.trainjob.rules import runtime_jobs, validate_trainjob, webhook_problems
 from trainer import exitcodes
 
 TRAINER_V2 = SHARED_REFERENCE / "trainer-v2"
@@ -92,7 +92,7 @@ def test_shipped_runtimes_are_current_and_pass_their_crd(file):
     options = RUNTIME_FILES[file]
     runtime = build_runtime(IMAGE, **options)
     text = "".join(f"# {line}\n" for line in RUNTIME_HEADER.splitlines())
-    from pipelines.jobs.manifest import to_yaml
+    from pipelines.jobs.config import to_yaml
 
     text += to_yaml(runtime)
     if UPDATE:
@@ -123,7 +123,7 @@ def test_the_runtime_fails_exactly_the_codes_the_exit_code_contract_calls_perman
 
 
 def test_the_stock_runtime_is_the_reference_one():
-    from pipelines.jobs.local_trainjob import STOCK
+    from pipelines.jobs.trainjob.local import STOCK
 
     path = TRAINER_V2 / "torch_distributed.yaml"
     if not path.exists():

@@ -27,10 +27,11 @@ from pipelines import train_step
 from pipelines.cli import main
 from pipelines.jobs import cluster
 from pipelines.jobs.cluster import job_state, submit
-from pipelines.jobs.errors import InvalidJobError, JobFailedError, JobTimeoutError, KubernetesError
+from pipelines.jobs.config import JobConfig
+from pipelines.jobs.errors import InvalidJobError, JobFailedError, JobTimeoutError
 from pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB, pick_kind, served_kinds
-from pipelines.jobs.manifest import JobConfig
-from pipelines.jobs.trainjob import Runtime, build_trainjob
+from pipelines.jobs.trainjob.build import Runtime, build_trainjob
+from pipelines.k8s import Api, KubernetesError
 from trainer.config import TrainConfig
 
 CFG = JobConfig(name="digits", image="i", nodes=3,
@@ -220,7 +221,7 @@ PROFILES_ONLY = (("kubeflow.org", "v1"), ["profiles"])  # Kubeflow's own group, 
     ((), []),
 ])
 def test_api_discovery_finds_the_crds_the_cluster_serves(resources, served):
-    fake = _serving(*resources)
+    fake = Api(_serving(*resources), None, NS)
     assert served_kinds(fake) == served
     if served:
         assert pick_kind(fake) is served[0]  # TrainJob preferred
@@ -234,11 +235,11 @@ def test_api_discovery_finds_the_crds_the_cluster_serves(resources, served):
 def test_api_discovery_failing_is_a_kubernetes_error():
     class Refusing(FakeCluster):
         def get_api_resources(self, group, version, _preload_content=True):
-            raise ApiException(status=401, reason="Unauthorized")
+            raise ApiException(status=500, reason="Internal Server Error")
 
     with pytest.raises(KubernetesError, match="API discovery of trainer.kubeflow.org/v1alpha1 "
-                       "failed: HTTP 401") as e:
-        served_kinds(Refusing([RUNNING]))
+                       "failed: HTTP 500") as e:
+        served_kinds(Api(Refusing([RUNNING]), None, NS))
     assert isinstance(e.value.__cause__, ApiException)
 
 

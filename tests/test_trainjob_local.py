@@ -10,10 +10,10 @@ import textwrap
 
 import pytest
 
+from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
-from pipelines.jobs.local_trainjob import STOCK, FailurePolicy, run_local_trainjob, torch_env
-from pipelines.jobs.manifest import JobConfig
-from pipelines.jobs.trainjob import Runtime, build_runtime, build_trainjob
+from pipelines.jobs.trainjob.build import Runtime, build_runtime, build_trainjob
+from pipelines.jobs.trainjob.local import STOCK, FailurePolicy, run_local, torch_env
 from trainer.config import TrainConfig
 
 TRAIN = TrainConfig(model="/m", train="/t", val="/v", out="/o")
@@ -53,7 +53,7 @@ def test_each_node_gets_the_plugins_env_and_nothing_inherited(tmp_path, monkeypa
                                          "w"))
         print("hello from", os.environ["PET_NODE_RANK"])
         """)
-    result = run_local_trainjob(job, tmp_path / "logs", restart_delay_s=0)
+    result = run_local(job, tmp_path / "logs", restart_delay_s=0)
     envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(3)]
     assert [e["PET_NODE_RANK"] for e in envs] == ["0", "1", "2"]
     assert {e["PET_MASTER_ADDR"] for e in envs} == {"127.0.0.1"}
@@ -103,11 +103,11 @@ def test_the_runtimes_failure_policy_decides_what_is_restarted(
         tmp_path, runtime, codes, restarts, node0_restarts, error):
     job = make_trainjob(runtime=runtime, script=FLAKY_NODE_1.format(tmp=tmp_path, codes=codes))
     if error is None:
-        result = run_local_trainjob(job, tmp_path / "logs", quiet=True, restart_delay_s=0)
+        result = run_local(job, tmp_path / "logs", quiet=True, restart_delay_s=0)
         assert result.restarts == restarts
     else:
         with pytest.raises(JobFailedError, match=error) as info:
-            run_local_trainjob(job, tmp_path / "logs", quiet=True, restart_delay_s=0)
+            run_local(job, tmp_path / "logs", quiet=True, restart_delay_s=0)
         assert f"node-0-1 exited with code {codes[restarts]}" in str(info.value)
         assert "failing with" in str(info.value)  # the node's last log lines
     logs = tmp_path / "logs"
@@ -128,7 +128,7 @@ def test_the_policies_read_from_the_runtimes():
 def test_active_deadline_fails_the_trainjob(tmp_path):
     job = make_trainjob(nodes=1, script="import time; time.sleep(60)", active_deadline=1)
     with pytest.raises(JobFailedError, match="DeadlineExceeded"):
-        run_local_trainjob(job, tmp_path / "logs", quiet=True)
+        run_local(job, tmp_path / "logs", quiet=True)
 
 
 @pytest.mark.parametrize("change,message", [
@@ -144,7 +144,7 @@ def test_run_local_refuses_what_it_cannot_run_faithfully(tmp_path, change, messa
     job = make_trainjob(script="pass")
     change(job)
     with pytest.raises(InvalidJobError, match=message):
-        run_local_trainjob(job, tmp_path / "logs", quiet=True)
+        run_local(job, tmp_path / "logs", quiet=True)
 
 
 def _render_and_run(tmp_path, data, model, kind) -> dict:
@@ -201,7 +201,7 @@ def test_a_killed_node_restarts_every_node_under_kfvision_torch(tmp_path):
     from pipelines.jobs.faults import Fault
 
     job = make_trainjob(script=KILLED_ONCE.format(tmp=tmp_path))
-    result = run_local_trainjob(job, tmp_path / "logs", quiet=True, restart_delay_s=0,
+    result = run_local(job, tmp_path / "logs", quiet=True, restart_delay_s=0,
                                 faults=[Fault("node-0-1", "node 1 ready", signal.SIGKILL)])
     assert result.restarts == 1 and "SIGKILL to every process of node-0-1" in result.faults[0]
     assert "exit code 137: Job failed (BackoffLimitExceeded), JobSet RestartJobSet 1/3" in (

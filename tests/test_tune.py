@@ -11,9 +11,10 @@ import yaml
 from conftest import SHARED_REFERENCE, reference_file, train_argv
 
 from pipelines.cli import main as cli
-from pipelines.jobs.manifest import JobConfig, build_pytorchjob
-from pipelines.jobs.rules import webhook_problems
-from pipelines.jobs.trainjob_rules import validate_trainjob
+from pipelines.jobs.config import JobConfig
+from pipelines.jobs.pytorchjob.build import build_pytorchjob
+from pipelines.jobs.pytorchjob.rules import webhook_problems
+from pipelines.jobs.trainjob.rules import validate_trainjob
 from pipelines.tune.experiment import PYTORCHJOB, Search, build_experiment, substituted_trial
 from pipelines.tune.katib_rules import experiment_problems
 from pipelines.tune.local import check_search, parse_metrics

@@ -16,7 +16,8 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError
 
 from pipelines.cli import main
 from pipelines.connect import EndpointError
-from pipelines.jobs.errors import JobFailedError, JobTimeoutError, KubernetesError
+from pipelines.jobs.errors import JobFailedError
+from pipelines.k8s import Api, KubernetesError, WaitTimeoutError
 from pipelines.tune import cluster
 from pipelines.tune.cluster import ExperimentClient, best_trial, experiment_state, submit
 
@@ -98,7 +99,8 @@ class FakeKatib:
 
 def api_for(fake, out=None):
     clock = FakeClock()
-    return ExperimentClient(fake, NS, out=out or io.StringIO(), sleep=clock.sleep, clock=clock)
+    return ExperimentClient(Api(fake, None, NS, out=out or io.StringIO(), sleep=clock.sleep,
+                                clock=clock))
 
 
 def test_submit_wait_prints_the_best_trials_parameters_objective_and_model():
@@ -131,7 +133,7 @@ def test_a_failed_experiment_names_its_failed_trials():
 
 def test_timeout_stops_waiting_and_leaves_the_experiment():
     fake = FakeKatib([RUNNING])
-    with pytest.raises(JobTimeoutError, match="kfvision tune delete digits-lr -n team"):
+    with pytest.raises(WaitTimeoutError, match="kfvision tune delete digits-lr -n team"):
         submit(api_for(fake), EXP, wait=True, timeout_s=5, poll_s=1)
     assert "digits-lr" in fake.experiments
 

@@ -8,11 +8,12 @@ import sys
 import threading
 from pathlib import Path
 
+from pipelines.jobs.config import JobConfig, to_yaml
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
 from pipelines.jobs.kinds import KINDS as JOB_KINDS
-from pipelines.jobs.manifest import JobConfig, build_pytorchjob, to_yaml
-from pipelines.jobs.trainjob_rules import RUNTIME_KINDS
+from pipelines.jobs.pytorchjob.build import build_pytorchjob
+from pipelines.jobs.trainjob.rules import RUNTIME_KINDS
 from trainer.options import HelpFormatter, add_flags, options_of
 
 EPILOG = """\
@@ -29,8 +30,9 @@ See docs/jobs.md (and manifests/rbac.yaml for the service account's permissions)
 JOB_OPTIONS = options_of(JobConfig)
 
 
-def job_config(args) -> JobConfig:
-    """The JobConfig of `kfvision job render`'s arguments (training flags validated)."""
+def job_config_from_args(args) -> JobConfig:
+    """The JobConfig of `kfvision job render`'s (and `tune render`'s) flags; the pipeline's is
+    pipelines.steps.job_config."""
     from trainer.config import config_from_args
 
     given = {o.name: getattr(args, o.name) for o in JOB_OPTIONS}
@@ -40,7 +42,7 @@ def job_config(args) -> JobConfig:
 
 def render_argv(cfg: JobConfig) -> list:
     """The canonical `kfvision job render` arguments that give `cfg` (for the YAML's header)."""
-    from pipelines.jobs.manifest import train_flags
+    from pipelines.jobs.config import train_flags
 
     argv = ["--name", cfg.name, "--image", cfg.image]
     for opt in JOB_OPTIONS:
@@ -55,7 +57,7 @@ def render_argv(cfg: JobConfig) -> list:
 
 
 def _render(args) -> int:
-    cfg = job_config(args)
+    cfg = job_config_from_args(args)
     job, kind_argv = build_job(args, cfg)
     header = ("Rendered by kfvision; edit the command, not this file:\n"
               f"kfvision job render {shlex.join(kind_argv + render_argv(cfg))}")
@@ -85,7 +87,7 @@ def build_job(args, cfg: JobConfig) -> tuple:
             raise InvalidJobError("--runtime and --runtime-kind are for --kind trainjob; a "
                                   "PyTorchJob has no runtime. Drop them or add --kind trainjob.")
         return build_pytorchjob(cfg), []
-    from pipelines.jobs.trainjob import Runtime, build_trainjob
+    from pipelines.jobs.trainjob.build import Runtime, build_trainjob
 
     runtime = Runtime(args.runtime or Runtime.name, args.runtime_kind or Runtime.kind)
     argv = ["--kind", "trainjob", "--runtime", runtime.name]
@@ -102,7 +104,7 @@ def _add_kind_flags(g) -> None:
                    help="TrainJob: the runtime's kind (default: ClusterTrainingRuntime)")
 
 
-def _add_render(sub) -> None:
+def add_render(sub) -> None:
     from trainer.config import get_args_parser
 
     r = sub.add_parser(
@@ -133,8 +135,8 @@ def _fault(text: str) -> Fault:
 
 def _run_local(args) -> int:
     from pipelines.jobs.kinds import TRAINJOB, kind_of, read_job
-    from pipelines.jobs.local import run_local
-    from pipelines.jobs.local_trainjob import run_local_trainjob
+    from pipelines.jobs.pytorchjob import local as pytorchjob_local
+    from pipelines.jobs.trainjob import local as trainjob_local
 
     job = read_job(args.manifest)
     name, trainjob = job["metadata"]["name"], kind_of(job) is TRAINJOB
@@ -146,11 +148,12 @@ def _run_local(args) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
     try:
         if trainjob:  # every node must succeed: no --grace
-            result = run_local_trainjob(job, log_dir, source=args.manifest, quiet=args.quiet,
-                                        faults=args.fault)
+            result = trainjob_local.run_local(job, log_dir, source=args.manifest,
+                                              quiet=args.quiet, faults=args.fault)
         else:
-            result = run_local(job, log_dir, source=args.manifest, quiet=args.quiet,
-                               grace_s=args.grace, faults=args.fault)
+            result = pytorchjob_local.run_local(job, log_dir, source=args.manifest,
+                                                quiet=args.quiet, grace_s=args.grace,
+                                                faults=args.fault)
     except KeyboardInterrupt:
         print(f"interrupted: stopped every process of job {name}", file=sys.stderr)
         return 130
@@ -230,7 +233,7 @@ def register(subparsers, help: str) -> None:
         "(Kubeflow Trainer v2).", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
-    _add_render(sub)
+    add_render(sub)
     fmt = HelpFormatter
     r = sub.add_parser("run-local", formatter_class=fmt,
                        help="run a PyTorchJob or TrainJob YAML on this machine, as the "

@@ -79,11 +79,11 @@ def _run(args) -> int:
 def _render(args) -> int:
     import dataclasses
 
-    from pipelines.cli.job import build_job, job_config
-    from pipelines.jobs.manifest import to_yaml
+    from pipelines.cli.job import build_job, job_config_from_args
+    from pipelines.jobs.config import to_yaml
     from pipelines.tune.experiment import TRIAL_KINDS, build_experiment
 
-    cfg = job_config(args)
+    cfg = job_config_from_args(args)
     search = _search(args, cfg.train)
     # rendered under a name as long as a trial's (<experiment>-<8 characters>): the pods' names
     # grow from it
@@ -189,7 +189,7 @@ def _job_render_parser() -> argparse.ArgumentParser:
     from pipelines.cli import job
 
     sub = argparse.ArgumentParser(add_help=False).add_subparsers()
-    job._add_render(sub)
+    job.add_render(sub)
     return sub.choices["render"]
 
 

@@ -1,9 +1,10 @@
 """Training as a Kubeflow job: render the manifest, run it locally, or run it on a cluster.
 
-Two kinds: PyTorchJob (Training Operator v1.9) and TrainJob (Kubeflow Trainer v2).
-manifest / trainjob: JobConfig -> PyTorchJob / TrainJob dict, and kfvision's runtime (pure);
-rules / trainjob_rules: what each kind's CRD and webhook refuse; kinds: what differs between the
-kinds, reading a manifest of either, API discovery; local / local_trainjob: `kfvision job
-run-local`; cluster (+ podstatus): submit/wait/logs/delete through the Kubernetes API; the
-`kfvision job ...` command line is pipelines/cli/job.py.
+Two kinds, laid out alike: `pytorchjob/` (Training Operator v1.9) and `trainjob/` (Kubeflow
+Trainer v2), each with `build` (JobConfig -> manifest, pure), `rules` (what the kind's CRD and
+webhook refuse, and the platform's names) and `local` (`kfvision job run-local`). Shared:
+`config` (JobConfig, its options and checks, the pod both kinds run), `kinds` (what differs between
+the kinds for the runners, reading a manifest of either, which kind a cluster serves), `procs` and
+`faults` (local processes, fault drills), `cluster` (+ `podstatus`: submit/wait/logs/delete through
+pipelines/k8s.py). The `kfvision job ...` command line is pipelines/cli/job.py.
 """

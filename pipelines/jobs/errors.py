@@ -1,9 +1,11 @@
-"""Named errors of the job commands. Each message says what went wrong, where, and what to do.
+"""Named errors of the job commands (a refused or failed API call: pipelines/k8s.py). Each
+message says what went wrong, where, and what to do.
 
 Exit codes stay in 1-127 so that a PyTorchJob with `restartPolicy: ExitCode` treats them as
 permanent failures (see ../shared/reference/README.md), like the trainer's own errors.
 """
 
+from pipelines.k8s import WaitTimeoutError
 from trainer.errors import InvalidParameterError, KfvisionError
 
 
@@ -17,18 +19,5 @@ class JobFailedError(KfvisionError):
     exit_code = 1
 
 
-class JobTimeoutError(KfvisionError):
+class JobTimeoutError(WaitTimeoutError):
     """Waiting for the job took longer than the caller allowed."""
-
-    exit_code = 124  # what timeout(1) returns
-
-
-class KubernetesError(KfvisionError):
-    """The Kubernetes API refused or failed a request; names kind/namespace/name. `status`: the
-    HTTP status when the API server answered (404: no such object), else None."""
-
-    exit_code = 4
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        self.status = status

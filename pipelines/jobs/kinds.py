@@ -7,30 +7,23 @@ means success. `JobKind` holds those facts once; the cluster client and the comm
 them from here instead of asking "which kind?" everywhere.
 """
 
-import json
 from dataclasses import dataclass
 
-from pipelines.jobs import rules, trainjob_rules
-from pipelines.jobs.errors import InvalidJobError, KubernetesError
+from pipelines.jobs.errors import InvalidJobError
+from pipelines.jobs.pytorchjob import rules as pytorchjob_rules
+from pipelines.jobs.trainjob import rules as trainjob_rules
+from pipelines.k8s import Resource
 
 
 @dataclass(frozen=True)
-class JobKind:
-    """What differs between the kinds, for submit / wait / logs / delete."""
+class JobKind(Resource):
+    """What differs between the kinds, for submit / wait / logs / delete (where the API serves
+    them and how to install them: `Resource`)."""
 
-    kind: str
-    group: str
-    version: str
-    plural: str
-    pod_label: str  # pod label whose value is the job's name
-    container: str  # the training container
-    primary: str  # the replica whose log is streamed (rank 0's pod)
-    succeeded: str  # the condition that ends the job well
-    install: str  # how to get the CRD when the cluster lacks it
-
-    @property
-    def crd(self) -> str:
-        return f"{self.plural}.{self.group}"
+    pod_label: str = ""  # pod label whose value is the job's name
+    container: str = ""  # the training container
+    primary: str = ""  # the replica whose log is streamed (rank 0's pod)
+    succeeded: str = ""  # the condition that ends the job well
 
     def replica_name(self, pod: dict) -> str:
         """`master-0` / `worker-1` or `node-0-1` from the pod's labels (else the pod's name)."""
@@ -49,15 +42,18 @@ class JobKind:
 
 
 PYTORCHJOB = JobKind(
-    "PyTorchJob", "kubeflow.org", "v1", "pytorchjobs", "training.kubeflow.org/job-name",
-    rules.CONTAINER_NAME, "master-0", "Succeeded",
-    "install the Kubeflow Training Operator v1.9 (kubectl apply --server-side -k "
-    "\"github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.4\")")
+    kind=pytorchjob_rules.KIND, group="kubeflow.org", version="v1", plural="pytorchjobs",
+    install="install the Kubeflow Training Operator v1.9 (kubectl apply --server-side -k "
+    "\"github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.4\")",
+    pod_label="training.kubeflow.org/job-name", container=pytorchjob_rules.CONTAINER_NAME,
+    primary="master-0", succeeded="Succeeded")
 TRAINJOB = JobKind(
-    "TrainJob", trainjob_rules.API_GROUP, "v1alpha1", "trainjobs",
-    "jobset.sigs.k8s.io/jobset-name", trainjob_rules.NODE, "node-0-0", "Complete",
-    "install Kubeflow Trainer v2 (see https://www.kubeflow.org/docs/components/trainer/"
-    "operator-guides/installation/)")
+    kind=trainjob_rules.KIND, group=trainjob_rules.API_GROUP, version="v1alpha1",
+    plural="trainjobs",
+    install="install Kubeflow Trainer v2 (see https://www.kubeflow.org/docs/components/trainer/"
+    "operator-guides/installation/)",
+    pod_label="jobset.sigs.k8s.io/jobset-name", container=trainjob_rules.NODE,
+    primary="node-0-0", succeeded="Complete")
 KINDS = {k.kind: k for k in (TRAINJOB, PYTORCHJOB)}  # preference order: TrainJob first
 
 
@@ -95,46 +91,27 @@ def read_job(path) -> dict:
                               "PyTorchJob or TrainJob (as `kfvision job render` writes).")
     if kind_of(docs[0], source) is TRAINJOB:
         return trainjob_rules.validate_trainjob(docs[0], source)
-    return rules.validate_pytorchjob(docs[0], source)
+    return pytorchjob_rules.validate_pytorchjob(docs[0], source)
 
 
-def served_kinds(custom) -> list:
-    """The JobKinds whose CRD the API server serves, TrainJob first (API discovery: the
-    resources of each group/version, which every authenticated user may read).
+def served_kinds(api) -> list:
+    """The JobKinds whose CRD the API server serves, TrainJob first (API discovery).
 
     Args:
-        custom: kubernetes' CustomObjectsApi (or anything with its get_api_resources).
+        api: a pipelines.k8s.Api.
     Raises:
-        KubernetesError: discovery itself failed (not a 404, which means "not served").
+        KubernetesError, EndpointError: discovery itself failed.
     """
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
-    served = []
-    for kind in KINDS.values():
-        try:
-            resp = custom.get_api_resources(kind.group, kind.version, _preload_content=False)
-        except ApiException as e:
-            if e.status == 404:  # the group/version is not served at all
-                continue
-            raise KubernetesError(f"API discovery of {kind.group}/{kind.version} failed: HTTP "
-                                  f"{e.status}: {e.reason}", e.status) from e
-        except HTTPError as e:
-            raise KubernetesError(f"API discovery of {kind.group}/{kind.version} failed: {e}. "
-                                  "Is the cluster reachable (kubectl get nodes)?") from e
-        names = {r.get("name") for r in json.loads(resp.data).get("resources") or []}
-        if kind.plural in names:
-            served.append(kind)
-    return served
+    return [kind for kind in KINDS.values() if kind.plural in api.served(kind.group, kind.version)]
 
 
-def pick_kind(custom) -> JobKind:
+def pick_kind(api) -> JobKind:
     """The kind to run on this cluster: TrainJob when its CRD is served, else PyTorchJob.
 
     Raises:
         InvalidJobError: neither CRD is served; the message names both and how to install them.
     """
-    served = served_kinds(custom)
+    served = served_kinds(api)
     if not served:
         raise InvalidJobError(
             f"the cluster serves neither {TRAINJOB.crd} (Kubeflow Trainer v2, TrainJob) nor "

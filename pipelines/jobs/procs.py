@@ -6,17 +6,30 @@ its own: torchrun starts every training process in a *new* session too
 (`torch.distributed.elastic...subprocess_handler`), so killing torchrun's group would leave them
 behind. We therefore remember every descendant we have seen (pid + start time, read from /proc)
 and signal those as well.
+
+Also what both kinds' local runners share: a pod's environment here (`pod_env`, `gpu_env`), its
+command (`container_argv`), the prefixed log printer, the failure report and the run's result.
 """
 
 import contextlib
 import os
+import re
+import shutil
 import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.jobs.errors import InvalidJobError
+from pipelines.jobs.errors import InvalidJobError, JobFailedError
+from pipelines.k8s import GPU_RESOURCE
+
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
+                  "MASTER_PORT")
 
 
 def proc_table() -> dict:
@@ -155,3 +168,101 @@ def _wait_gone(replicas: list, seconds: float) -> None:
                    or any(alive(i, table) for i in r.seen) for r in replicas):
             return
         time.sleep(0.1)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def container_env(container: dict, source: str) -> dict:
+    env = {}
+    for item in container.get("env") or []:
+        if "value" not in item:
+            raise InvalidJobError(f"{source}: env {item.get('name')!r} uses valueFrom, which "
+                                  "run-local cannot resolve (no cluster); give a plain value.")
+        env[item["name"]] = str(item["value"])
+    return env
+
+
+def gpu_env(plan, plans: list) -> dict:
+    """CUDA_VISIBLE_DEVICES as the device plugin would leave it: the pod's own GPUs, or none.
+    `plan`: a replica's (or node's) plan, one of `plans`; its `.container` asks for the GPUs."""
+    limits = (plan.container.get("resources") or {}).get("limits") or {}
+    want = int(limits.get(GPU_RESOURCE, 0))
+    if want == 0:
+        return {"CUDA_VISIBLE_DEVICES": ""}  # a pod that asked for no GPU sees none
+    host = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if host is not None:
+        devices = [d for d in host.split(",") if d]
+    else:
+        import torch  # only when the job asks for GPUs: torch takes a second to import
+
+        devices = [str(i) for i in range(torch.cuda.device_count())]
+    first = sum(int(((p.container.get("resources") or {}).get("limits") or {})
+                    .get(GPU_RESOURCE, 0)) for p in plans[:plans.index(plan)])
+    if first + want > len(devices):
+        raise InvalidJobError(f"the job asks for {GPU_RESOURCE}: {want} per pod (at least "
+                              f"{first + want} in all) but this machine has {len(devices)} GPU(s); "
+                              "render it with fewer --nodes/--gpus-per-node to run it here.")
+    return {"CUDA_VISIBLE_DEVICES": ",".join(devices[first:first + want])}
+
+
+def pod_env(container: dict, source: str) -> dict:
+    """A pod's start environment here: the host's less launcher variables, this environment's
+    bin folder first on PATH, then the container's env."""
+    bindir = str(Path(sys.executable).parent)
+    env = {k: v for k, v in os.environ.items()
+           if k not in _LAUNCHER_VARS and not k.startswith(("PET_", "TORCHELASTIC_"))}
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    env.update(container_env(container, source))
+    return env
+
+
+def container_argv(container: dict, env: dict, source: str) -> tuple:
+    """(argv with the command resolved on env's PATH, env)."""
+    argv = [*container["command"], *(container.get("args") or [])]
+    exe = shutil.which(argv[0], path=env["PATH"])
+    if exe is None:
+        raise InvalidJobError(f"{source}: {argv[0]!r} (the container's command) is not on PATH "
+                              "here; run-local uses this machine's programs in place of the image.")
+    return [exe, *argv[1:]], env
+
+
+@dataclass
+class LocalResult:
+    """How a local run ended."""
+
+    name: str
+    seconds: float
+    restarts: int
+    log_dir: Path
+    exit_codes: dict = field(default_factory=dict)
+    faults: list = field(default_factory=list)  # what each injected fault did
+
+
+class Printer:
+    """Prefixes each replica's lines with `[master-0]` and keeps concurrent lines whole."""
+
+    def __init__(self, stream, quiet: bool):
+        self.stream, self.quiet, self.lock = stream, quiet, threading.Lock()
+
+    def __call__(self, name: str, line: str) -> None:
+        if not self.quiet:
+            with self.lock:
+                self.stream.write(f"[{name}] {line}\n")
+                self.stream.flush()
+
+
+_ERROR_LINE = re.compile(r"(\w*(Error|Exception)|error): ")
+
+
+def failure(job_name: str, r: ReplicaProcess, code: int, why: str) -> JobFailedError:
+    lines = r.tail(400)
+    # torchrun ends a failed run with its own summary; the cause is the last error line before
+    errors = [line for line in lines if _ERROR_LINE.search(line) and "ChildFailedError" not in line]
+    cause = f"\n  cause: {errors[-1].strip()}" if errors else ""
+    tail = "\n".join(f"    {line}" for line in lines[-15:])
+    return JobFailedError(f"job {job_name} failed: {r.name} exited with code {code} ({why})."
+                          f"{cause}\n  last lines of {r.log_path}:\n{tail}")

@@ -1,37 +1,20 @@
-"""Apply, wait for and delete a KServe InferenceService through the Kubernetes API.
-
-The kubernetes client's CustomObjectsApi on `serving.kserve.io/v1beta1` `inferenceservices`, as
-for PyTorchJobs (pipelines/jobs/cluster.py): the plain dict `kfvision deploy render` builds, and
-exactly these calls, which manifests/rbac-deploy.yaml grants:
+"""Apply, wait for and delete a KServe InferenceService, through pipelines/k8s.py (which maps
+every failure the same way for jobs, Experiments and InferenceServices). Exactly these calls,
+which manifests/rbac-deploy.yaml grants:
     inferenceservices: create, patch (it exists already: update it), get (wait), delete
 """
 
-import contextlib
-import json
-import sys
-import time
+from pipelines.k8s import Api, Resource, WaitTimeoutError
+from pipelines.k8s import connect as connect_api
+from pipelines.serve.deploy import API_VERSION, KIND
 
-from pipelines.jobs.errors import JobTimeoutError, KubernetesError
-
-GROUP, VERSION, PLURAL, KIND = "serving.kserve.io", "v1beta1", "inferenceservices", \
-    "InferenceService"
-_HINTS = {
-    403: "the service account may not do this: apply manifests/rbac-deploy.yaml to this "
-         "namespace (docs/serving.md).",
-    404: "is KServe installed (serving.kserve.io/v1beta1 InferenceService CRD), and is the "
-         "namespace right?",
-}
-
-
-def _error(e: Exception, verb: str, namespace: str, name: str) -> KubernetesError:
-    status = getattr(e, "status", None)
-    detail = getattr(e, "reason", None) or str(e)
-    with contextlib.suppress(ValueError, AttributeError, TypeError):
-        detail = json.loads(e.body).get("message", detail)
-    hint = _HINTS.get(status, "check that the cluster is reachable (kubectl get nodes).")
-    code = f"HTTP {status}: " if status else ""
-    return KubernetesError(f"{verb} {KIND} {namespace}/{name} failed: {code}{detail}. {hint}",
-                           status)
+GROUP, VERSION = API_VERSION.split("/")
+INFERENCE_SERVICE = Resource(
+    kind=KIND, group=GROUP, version=VERSION, plural="inferenceservices",
+    install="install KServe (serving.kserve.io/v1beta1 InferenceService CRD; "
+    "https://kserve.github.io/website/docs/admin-guide/overview)",
+    rbac="the service account may not do this: apply manifests/rbac-deploy.yaml to this "
+    "namespace (docs/serving.md).")
 
 
 def ready_state(isvc: dict) -> tuple[bool, str]:
@@ -46,67 +29,46 @@ def ready_state(isvc: dict) -> tuple[bool, str]:
 
 
 class DeployClient:
-    """InferenceServices of one namespace; `custom`: kubernetes' CustomObjectsApi."""
+    """InferenceServices of one namespace, through `api` (a pipelines.k8s.Api)."""
 
-    def __init__(self, custom, namespace: str, out=None, sleep=time.sleep,
-                 clock=time.monotonic):
-        self.custom, self.namespace = custom, namespace
-        self.out, self.sleep, self.clock = out or sys.stdout, sleep, clock
-
-    def _call(self, verb: str, name: str, fn, *args, **kwargs):
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        try:
-            return fn(GROUP, VERSION, self.namespace, PLURAL, *args, **kwargs)
-        except (ApiException, HTTPError) as e:
-            raise _error(e, verb, self.namespace, name) from e
+    def __init__(self, api: Api):
+        self.api, self.namespace = api, api.namespace
 
     def apply(self, isvc: dict) -> str:
         """Create the InferenceService, or update it when it exists; "created" or "updated"."""
-        from kubernetes.client.exceptions import ApiException
-
-        name = isvc["metadata"]["name"]
-        body = {**isvc, "metadata": {**isvc["metadata"], "namespace": self.namespace}}
-        try:
-            self._call("create", name, self.custom.create_namespaced_custom_object, body)
+        _, created = self.api.create(INFERENCE_SERVICE, isvc)
+        if created:
             return "created"
-        except KubernetesError as e:
-            if not isinstance(e.__cause__, ApiException) or e.status != 409:
-                raise
-        self._call("patch", name, self.custom.patch_namespaced_custom_object, name, body)
+        self.api.patch(INFERENCE_SERVICE, isvc["metadata"]["name"], isvc)
         return "updated"
 
     def get(self, name: str) -> dict:
-        return self._call("get", name, self.custom.get_namespaced_custom_object, name)
+        return self.api.get(INFERENCE_SERVICE, name)
 
     def wait_ready(self, name: str, timeout: float, poll: float = 5.0) -> dict:
-        """Poll until `Ready` is True (returns the object); JobTimeoutError after `timeout`."""
-        deadline, said = self.clock() + timeout, None
-        while True:
+        """Poll until `Ready` is True (returns the object); WaitTimeoutError after `timeout`."""
+        said = what = None
+
+        def ready():
+            nonlocal said, what
             isvc = self.get(name)
-            ready, what = ready_state(isvc)
+            ok, what = ready_state(isvc)
             if what != said:
-                print(f"InferenceService {self.namespace}/{name}: {what}", file=self.out,
-                      flush=True)
+                self.api.say(f"InferenceService {self.namespace}/{name}: {what}")
                 said = what
-            if ready:
-                return isvc
-            if self.clock() >= deadline:
-                raise JobTimeoutError(
-                    f"InferenceService {self.namespace}/{name} was not Ready after {timeout:g} s "
-                    f"({what}). Look at `kubectl describe inferenceservice {name} -n "
-                    f"{self.namespace}` and the predictor pod's log.")
-            self.sleep(poll)
+            return isvc if ok else None
+
+        return self.api.wait_for(ready, timeout, poll, lambda: WaitTimeoutError(
+            f"InferenceService {self.namespace}/{name} was not Ready after {timeout:g} s "
+            f"({what}). Look at `kubectl describe inferenceservice {name} -n "
+            f"{self.namespace}` and the predictor pod's log."))
 
     def delete(self, name: str) -> None:
-        self._call("delete", name, self.custom.delete_namespaced_custom_object, name)
+        self.api.delete(INFERENCE_SERVICE, name)
 
 
 def connect(namespace: str | None = None, out=None) -> DeployClient:
-    """A DeployClient for the current kubeconfig (or in-cluster) configuration, as `job submit`
-    finds it (pipelines/jobs/cluster.py)."""
-    from pipelines.jobs import cluster
-
-    jobs = cluster.connect(namespace, out)
-    return DeployClient(jobs.custom, jobs.namespace, out=out)
+    """A DeployClient for the current kubeconfig (or in-cluster) configuration."""
+    api = connect_api(namespace)
+    api.out = out or api.out
+    return DeployClient(api)

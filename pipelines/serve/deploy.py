@@ -9,6 +9,7 @@ endpoint; the pod runs as the image's non-root user with a read-only root filesy
 import re
 from dataclasses import dataclass
 
+from pipelines.k8s import GPU_RESOURCE
 from trainer.errors import InvalidParameterError, check_range
 
 API_VERSION = "serving.kserve.io/v1beta1"
@@ -17,7 +18,6 @@ CONTAINER_NAME = "kserve-container"  # the name KServe expects for a custom pred
 MODEL_MOUNT = "/mnt/models"  # where the storage initializer puts STORAGE_URI's contents
 PORT = 8080
 READY_PATH = "/v2/health/ready"
-GPU_RESOURCE = "nvidia.com/gpu"
 RUN_AS = 1000  # the image's user (images/Dockerfile: USER 1000:1000)
 STORAGE_SCHEMES = ("pvc://", "s3://", "gs://", "https://", "http://", "hdfs://", "webhdfs://")
 # DNS-1035 label: the InferenceService name becomes a Service (and a host name)

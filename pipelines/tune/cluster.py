@@ -1,16 +1,13 @@
-"""Run a Katib Experiment on a cluster through the Kubernetes API: submit (or re-attach), wait,
-status, delete; the best trial's parameters and objective come from `status.currentOptimalTrial`.
-
-Like pipelines/jobs/cluster.py, only CustomObjectsApi calls we choose, so that errors name
-kind/namespace/name and manifests/rbac.yaml grants exactly these verbs:
+"""Run a Katib Experiment on a cluster: submit (or re-attach), wait, status, delete; the best
+trial's parameters and objective come from `status.currentOptimalTrial`. Every call goes through
+pipelines/k8s.py (one mapping of failures for jobs, Experiments and InferenceServices), and
+manifests/rbac.yaml grants exactly these verbs:
     experiments: create, get, delete    trials: list, get (the best trial's model folder)
 """
 
-import sys
-import time
-
-from pipelines.jobs.cluster import _http_errors, api_error, connect
-from pipelines.jobs.errors import JobFailedError, JobTimeoutError, KubernetesError
+from pipelines.jobs.errors import JobFailedError
+from pipelines.k8s import Api, Resource, WaitTimeoutError
+from pipelines.k8s import connect as connect_api
 from pipelines.tune.experiment import TRIAL_KINDS
 
 GROUP, VERSION = "kubeflow.org", "v1beta1"
@@ -18,6 +15,9 @@ KIND, TRIAL = "Experiment", "Trial"
 EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"  # Katib's label on an Experiment's trials
 KATIB_INSTALL = ("install Katib v0.19 (kubectl apply -k \"github.com/kubeflow/katib.git/manifests/"
                  "v1beta1/installs/katib-standalone?ref=v0.19.0\")")
+EXPERIMENT = Resource(kind=KIND, group=GROUP, version=VERSION, plural="experiments",
+                      install=KATIB_INSTALL)
+TRIALS = Resource(kind=TRIAL, group=GROUP, version=VERSION, plural="trials", install=KATIB_INSTALL)
 COUNTS = ("trialsSucceeded", "trialsRunning", "trialsPending", "trialsFailed",
           "trialsEarlyStopped", "trialsKilled")
 
@@ -61,56 +61,31 @@ def best_trial(experiment: dict) -> tuple | None:
 
 
 class ExperimentClient:
-    """Katib Experiments (and their trials) in one namespace; `custom`: CustomObjectsApi."""
+    """Katib Experiments (and their trials) in one namespace, through `api` (pipelines.k8s.Api)."""
 
-    def __init__(self, custom, namespace: str, out=None, sleep=time.sleep, clock=time.monotonic):
-        self.custom, self.namespace = custom, namespace
-        self.out, self.sleep, self.clock = out or sys.stdout, sleep, clock
+    def __init__(self, api: Api):
+        self.api, self.namespace = api, api.namespace
 
     def say(self, line: str) -> None:
-        print(line, file=self.out, flush=True)
-
-    def _call(self, verb: str, kind: str, name: str, fn, *args, **kwargs):
-        api_exception, http_error = _http_errors()
-        try:
-            return fn(GROUP, VERSION, self.namespace, *args, **kwargs)
-        except (api_exception, http_error) as e:
-            error = api_error(e, verb, kind, self.namespace, name)
-            if getattr(e, "status", None) == 404 and verb == "create":
-                error = KubernetesError(f"{error} Is Katib's Experiment CRD "
-                                        f"(experiments.kubeflow.org) installed? If not, "
-                                        f"{KATIB_INSTALL}.", 404)
-            if getattr(e, "status", None) == 409 and verb == "create":
-                return None  # AlreadyExists: the caller re-attaches
-            raise error from e
+        self.api.say(line)
 
     def create(self, experiment: dict) -> tuple:
         """Create `experiment`; if it already exists, return that one. -> (object, created)."""
-        name = experiment["metadata"]["name"]
-        body = {**experiment, "metadata": {**experiment["metadata"], "namespace": self.namespace}}
-        created = self._call("create", KIND, name, self.custom.create_namespaced_custom_object,
-                             "experiments", body)
-        return (created, True) if created is not None else (self.get(name), False)
+        return self.api.create(EXPERIMENT, experiment)
 
     def get(self, name: str) -> dict:
-        return self._call("get", KIND, name, self.custom.get_namespaced_custom_object,
-                          "experiments", name)
+        return self.api.get(EXPERIMENT, name)
 
     def delete(self, name: str) -> None:
         """Delete the Experiment; Katib's owner references take its trials and their jobs."""
-        self._call("delete", KIND, name, self.custom.delete_namespaced_custom_object,
-                   "experiments", name, propagation_policy="Background")
+        self.api.delete(EXPERIMENT, name)
 
     def trials(self, name: str) -> list:
-        listed = self._call("list", TRIAL, f"(of experiment {name})",
-                            self.custom.list_namespaced_custom_object, "trials",
-                            label_selector=f"{EXPERIMENT_LABEL}={name}")
-        return sorted(listed.get("items") or [], key=lambda t: t["metadata"]["name"])
+        return self.api.list(TRIALS, f"{EXPERIMENT_LABEL}={name}")
 
     def trial_out(self, trial_name: str) -> str | None:
         """The best trial's model folder: the `--out` of its job (Katib's runSpec)."""
-        trial = self._call("get", TRIAL, trial_name, self.custom.get_namespaced_custom_object,
-                           "trials", trial_name)
+        trial = self.api.get(TRIALS, trial_name)
         job = (trial.get("spec") or {}).get("runSpec") or {}
         kind = TRIAL_KINDS.get(str(job.get("kind", "")).lower())
         for args in kind.trainer_args(job) if kind else []:
@@ -143,17 +118,17 @@ class ExperimentClient:
 
     def wait(self, name: str, timeout_s: float | None = None, poll_s: float = 10.0) -> dict:
         """Poll until Succeeded (returns the Experiment) or Failed (JobFailedError, naming the
-        failed trials); JobTimeoutError after `timeout_s`, leaving the Experiment running."""
-        start, last = self.clock(), None
-        while True:
+        failed trials); WaitTimeoutError after `timeout_s`, leaving the Experiment running."""
+        last = None
+
+        def poll():
+            nonlocal last
             experiment = self.get(name)
             state, message = experiment_state(experiment)
             line = f"{state}: {progress(experiment)}"
             if line != last:
                 self.say(f"Experiment {self.namespace}/{name} {line}")
                 last = line
-            if state == "Succeeded":
-                return experiment
             if state == "Failed":
                 failed = [t["metadata"]["name"] for t in self.trials(name)
                           if experiment_state(t)[0] == "Failed"]
@@ -161,18 +136,19 @@ class ExperimentClient:
                     f"Experiment {self.namespace}/{name} failed: {message or state}. Failed "
                     f"trials: {', '.join(failed) or 'none listed'} (kubectl describe trial "
                     f"NAME -n {self.namespace}; their job's logs: kfvision job logs NAME).")
-            if timeout_s is not None and self.clock() - start >= timeout_s:
-                raise JobTimeoutError(
-                    f"Experiment {self.namespace}/{name} not finished after {timeout_s:g} s; it "
-                    f"goes on (kfvision tune status {name} -n {self.namespace}, kfvision tune "
-                    f"delete {name} -n {self.namespace}).")
-            self.sleep(poll_s)
+            return experiment if state == "Succeeded" else None
+
+        return self.api.wait_for(poll, timeout_s, poll_s, lambda: WaitTimeoutError(
+            f"Experiment {self.namespace}/{name} not finished after {timeout_s:g} s; it goes on "
+            f"(kfvision tune status {name} -n {self.namespace}, kfvision tune delete {name} -n "
+            f"{self.namespace})."))
 
 
 def client(namespace: str | None = None, out=None) -> ExperimentClient:
     """An ExperimentClient for the current kubeconfig context (or the pod's service account)."""
-    jobs = connect(namespace, out=out)
-    return ExperimentClient(jobs.custom, jobs.namespace, out=out)
+    api = connect_api(namespace)
+    api.out = out or api.out
+    return ExperimentClient(api)
 
 
 def submit(api: ExperimentClient, experiment: dict, *, wait: bool = False,

@@ -16,8 +16,8 @@ import json
 from collections.abc import Callable
 from typing import NamedTuple
 
-from pipelines.jobs.rules import CONTAINER_NAME, validate_pytorchjob
-from pipelines.jobs.trainjob_rules import NODE, validate_trainjob
+from pipelines.jobs.pytorchjob.rules import CONTAINER_NAME, validate_pytorchjob
+from pipelines.jobs.trainjob.rules import NODE, validate_trainjob
 from pipelines.tune.katib_rules import validate_experiment
 from trainer.reporting import METRICS, OBJECTIVES
 

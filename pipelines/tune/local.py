@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines.jobs.manifest import train_flags
+from pipelines.jobs.config import train_flags
 from pipelines.tune.experiment import Search
 from pipelines.tune.report import write_outputs
 from pipelines.tune.space import apply

@@ -10,13 +10,14 @@ trainjob` checks its own output here, and `run-local` / `submit` check the manif
 import re
 
 from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.rules import dns1123_problem
+from pipelines.k8s import dns1123_problem
 
 API_GROUP = "trainer.kubeflow.org"
 API_VERSION = f"{API_GROUP}/v1alpha1"
 KIND = "TrainJob"
 RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 NODE = "node"  # the torch plugin's replicated job and container (pkg/constants)
+MASTER_PORT = 29500  # the torch plugin's PET_MASTER_PORT (and the container port it adds)
 # What the torch plugin injects into container `node`; trainer.env may not set them.
 PET_NAMES = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
              "PET_MASTER_PORT")

@@ -5,7 +5,7 @@ One process per node (`node-0-0`, `node-0-1`, ...: the JobSet's pod hostnames), 
 `trainer.command` + `trainer.args` with `trainer.env` plus exactly the `PET_*` variables the torch
 plugin injects (../shared/reference/README.md), except that the master address is the loopback
 address and the port a free one. The image stands in by this machine's programs, as for
-PyTorchJobs (pipelines/jobs/local.py).
+PyTorchJobs (pipelines/jobs/pytorchjob/local.py).
 
 What is retried follows the runtime the TrainJob references (kfvision-torch or the stock
 torch-distributed; run-local knows these two): a node that exits with a code of the Job's
@@ -23,20 +23,21 @@ from pathlib import Path
 
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.jobs.faults import FaultInjector
-from pipelines.jobs.local import (
+from pipelines.jobs.procs import (
     LocalResult,
-    _failure,
-    _gpu_env,
-    _Printer,
+    Printer,
+    ReplicaProcess,
     container_argv,
+    failure,
     free_port,
+    gpu_env,
     pod_env,
+    proc_table,
+    stop_all,
 )
-from pipelines.jobs.procs import ReplicaProcess, proc_table, stop_all
-from pipelines.jobs.trainjob import KFVISION_RUNTIME, STOCK_RUNTIME, build_runtime
-from pipelines.jobs.trainjob_rules import NODE, runtime_jobs, validate_trainjob
+from pipelines.jobs.trainjob.build import KFVISION_RUNTIME, STOCK_RUNTIME, build_runtime
+from pipelines.jobs.trainjob.rules import MASTER_PORT, NODE, runtime_jobs, validate_trainjob
 
-MASTER_PORT = 29500  # the torch plugin's
 # ../shared/reference/trainer-v2/torch_distributed.yaml, the runtime the platform installs
 STOCK = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
          "metadata": {"name": STOCK_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch"}},
@@ -146,7 +147,7 @@ def _node_command(job: dict, plan: NodePlan, plans: list, port: int, source: str
     """(argv, env) of one node: the pod's environment here (trainer.env), its GPUs and the
     torch plugin's variables (master = 127.0.0.1:`port`)."""
     env = pod_env(plan.container, source)
-    env.update(_gpu_env(job, plan, plans))
+    env.update(gpu_env(plan, plans))
     env.update(torch_env(job, plan.index, master_addr="127.0.0.1", port=port))
     return container_argv(plan.container, env, source)
 
@@ -172,7 +173,7 @@ class _Supervisor:
             why = (f"Job failed ({reason}); the runtime's JobSet failurePolicy "
                    + ("fails the TrainJob" if action == "FailJobSet" else
                       f"maxRestarts {self.policy.max_restarts} reached"))
-            raise _failure(self.name, r, code, why)
+            raise failure(self.name, r, code, why)
         self.jobset_restarts += counted
         stop_all(self.procs)
         codes.clear()
@@ -213,7 +214,7 @@ class _Supervisor:
         return codes
 
 
-def run_local_trainjob(job: dict, log_dir, *, source: str = "the manifest", out=None,
+def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
                        quiet: bool = False, restart_delay_s: float = 1.0,
                        faults=()) -> LocalResult:
     """Run the TrainJob `job` (a dict) on this machine, as Kubeflow Trainer and its runtime would.
@@ -227,7 +228,7 @@ def run_local_trainjob(job: dict, log_dir, *, source: str = "the manifest", out=
     port = free_port()
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    printer = FaultInjector(faults, _Printer(out or sys.stdout, quiet))
+    printer = FaultInjector(faults, Printer(out or sys.stdout, quiet))
     procs = []
     for plan in plans:
         argv, env = _node_command(job, plan, plans, port, source)

@@ -13,27 +13,34 @@ a passed `activeDeadlineSeconds`, Ctrl-C or SIGTERM stop every process the run s
 the job survives it.
 """
 
-import os
-import re
-import shutil
-import socket
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.jobs.faults import FaultInjector
-from pipelines.jobs.procs import ReplicaProcess, proc_table, stop_all
-from pipelines.jobs.rules import CONTAINER_NAME, validate_pytorchjob
+from pipelines.jobs.procs import (
+    LocalResult,
+    Printer,
+    ReplicaProcess,
+    container_argv,
+    failure,
+    free_port,
+    gpu_env,
+    pod_env,
+    proc_table,
+    stop_all,
+)
+from pipelines.jobs.pytorchjob.rules import (
+    CONTAINER_NAME,
+    DEFAULT_PORT,
+    PORT_NAME,
+    validate_pytorchjob,
+)
 
-DEFAULT_PORT = 23456
 LOCAL_BACKOFF_LIMIT = 6  # when the manifest sets none: what a Kubernetes Job uses, so we end
 # Launcher variables a parent process may have set; a pod starts without them.
-_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
-                  "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ def master_port(job: dict) -> int:
     for c in master:
         if c.get("name") == CONTAINER_NAME:
             for p in c.get("ports") or []:
-                if p.get("name") == "pytorchjob-port":
+                if p.get("name") == PORT_NAME:
                     return int(p["containerPort"])
     return DEFAULT_PORT
 
@@ -126,111 +133,14 @@ def should_restart(policy: str, code: int) -> bool:
     return False  # Never
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _container_env(container: dict, source: str) -> dict:
-    env = {}
-    for item in container.get("env") or []:
-        if "value" not in item:
-            raise InvalidJobError(f"{source}: env {item.get('name')!r} uses valueFrom, which "
-                                  "run-local cannot resolve (no cluster); give a plain value.")
-        env[item["name"]] = str(item["value"])
-    return env
-
-
-def _gpu_env(job: dict, plan: ReplicaPlan, plans: list) -> dict:
-    """CUDA_VISIBLE_DEVICES as the device plugin would leave it: the pod's own GPUs, or none."""
-    limits = (plan.container.get("resources") or {}).get("limits") or {}
-    want = int(limits.get("nvidia.com/gpu", 0))
-    if want == 0:
-        return {"CUDA_VISIBLE_DEVICES": ""}  # a pod that asked for no GPU sees none
-    host = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if host is not None:
-        devices = [d for d in host.split(",") if d]
-    else:
-        import torch  # only when the job asks for GPUs: torch takes a second to import
-
-        devices = [str(i) for i in range(torch.cuda.device_count())]
-    first = sum(int(((p.container.get("resources") or {}).get("limits") or {})
-                    .get("nvidia.com/gpu", 0)) for p in plans[:plans.index(plan)])
-    if first + want > len(devices):
-        raise InvalidJobError(f"the job asks for nvidia.com/gpu: {want} per pod (at least "
-                              f"{first + want} in all) but this machine has {len(devices)} GPU(s); "
-                              "render it with fewer --nodes/--gpus-per-node to run it here.")
-    return {"CUDA_VISIBLE_DEVICES": ",".join(devices[first:first + want])}
-
-
 def replica_command(job: dict, plan: ReplicaPlan, plans: list, port: int,
                     source: str = "the manifest") -> tuple:
     """(argv, env) of one replica on this machine: host env less launcher variables, then the
     container's env, its GPUs, and the operator's variables (master = 127.0.0.1:`port`)."""
     env = pod_env(plan.container, source)
-    env.update(_gpu_env(job, plan, plans))
+    env.update(gpu_env(plan, plans))
     env.update(operator_env(job, plan, master_addr="127.0.0.1", port=port))
     return container_argv(plan.container, env, source)
-
-
-def pod_env(container: dict, source: str) -> dict:
-    """A pod's start environment here: the host's less launcher variables, this environment's
-    bin folder first on PATH, then the container's env."""
-    bindir = str(Path(sys.executable).parent)
-    env = {k: v for k, v in os.environ.items()
-           if k not in _LAUNCHER_VARS and not k.startswith(("PET_", "TORCHELASTIC_"))}
-    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
-    env.update(_container_env(container, source))
-    return env
-
-
-def container_argv(container: dict, env: dict, source: str) -> tuple:
-    """(argv with the command resolved on env's PATH, env)."""
-    argv = [*container["command"], *(container.get("args") or [])]
-    exe = shutil.which(argv[0], path=env["PATH"])
-    if exe is None:
-        raise InvalidJobError(f"{source}: {argv[0]!r} (the container's command) is not on PATH "
-                              "here; run-local uses this machine's programs in place of the image.")
-    return [exe, *argv[1:]], env
-
-
-@dataclass
-class LocalResult:
-    """How a local run ended."""
-
-    name: str
-    seconds: float
-    restarts: int
-    log_dir: Path
-    exit_codes: dict = field(default_factory=dict)
-    faults: list = field(default_factory=list)  # what each injected fault did
-
-
-class _Printer:
-    """Prefixes each replica's lines with `[master-0]` and keeps concurrent lines whole."""
-
-    def __init__(self, stream, quiet: bool):
-        self.stream, self.quiet, self.lock = stream, quiet, threading.Lock()
-
-    def __call__(self, name: str, line: str) -> None:
-        if not self.quiet:
-            with self.lock:
-                self.stream.write(f"[{name}] {line}\n")
-                self.stream.flush()
-
-
-_ERROR_LINE = re.compile(r"(\w*(Error|Exception)|error): ")
-
-
-def _failure(job_name: str, r: ReplicaProcess, code: int, why: str) -> JobFailedError:
-    lines = r.tail(400)
-    # torchrun ends a failed run with its own summary; the cause is the last error line before
-    errors = [line for line in lines if _ERROR_LINE.search(line) and "ChildFailedError" not in line]
-    cause = f"\n  cause: {errors[-1].strip()}" if errors else ""
-    tail = "\n".join(f"    {line}" for line in lines[-15:])
-    return JobFailedError(f"job {job_name} failed: {r.name} exited with code {code} ({why})."
-                          f"{cause}\n  last lines of {r.log_path}:\n{tail}")
 
 
 def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> tuple:
@@ -264,10 +174,10 @@ def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> t
                     return restarts, codes
                 continue
             if not should_restart(plan.restart_policy, code):
-                raise _failure(name, r, code, f"restartPolicy {plan.restart_policy} does not "
+                raise failure(name, r, code, f"restartPolicy {plan.restart_policy} does not "
                                "retry it")
             if restarts >= limit:
-                raise _failure(name, r, code, f"backoffLimit {limit} reached after {restarts} "
+                raise failure(name, r, code, f"backoffLimit {limit} reached after {restarts} "
                                "restart(s)")
             restarts += 1
             time.sleep(restart_delay_s)
@@ -300,7 +210,7 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
     port = free_port()
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    printer = FaultInjector(faults, _Printer(out or sys.stdout, quiet))
+    printer = FaultInjector(faults, Printer(out or sys.stdout, quiet))
     commands = [replica_command(job, p, plans, port, source) for p in plans]
     procs = []
     for plan, (argv, env) in zip(plans, commands, strict=True):

@@ -7,9 +7,8 @@ v1.9.4 (`pkg/webhooks/pytorch/pytorchjob_webhook.go`; rules as listed in
 cluster accepts.
 """
 
-import re
-
 from pipelines.jobs.errors import InvalidJobError
+from pipelines.k8s import dns1035_problem
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -17,30 +16,8 @@ CONTAINER_NAME = "pytorch"  # the operator finds the training container by this 
 REPLICA_TYPES = ("Master", "Worker")
 MANAGED_BY = ("kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue")
 RESTART_POLICIES = ("ExitCode", "OnFailure", "Never", "Always")
-
-_DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
-
-def dns1035_problem(what: str, value) -> str | None:
-    """Why `value` is not a DNS-1035 label (what Service and PyTorchJob names must be), or None."""
-    if not isinstance(value, str) or not _DNS1035.fullmatch(value) or len(value) > 63:
-        return (f"{what} {value!r} is not a DNS-1035 label: use at most 63 lower-case letters, "
-                "digits and '-', starting with a letter and ending with a letter or digit")
-    return None
-
-
-def dns1123_problem(what: str, value, subdomain: bool = False) -> str | None:
-    """Why `value` is not a DNS-1123 label (or subdomain), or None."""
-    pattern, limit = (_DNS1123_SUBDOMAIN, 253) if subdomain else (_DNS1123_LABEL, 63)
-    if not isinstance(value, str) or not pattern.fullmatch(value) or len(value) > limit:
-        kind = "subdomain" if subdomain else "label"
-        return (f"{what} {value!r} is not a DNS-1123 {kind}: use at most {limit} lower-case "
-                "letters, digits and '-'" + (" (and '.')" if subdomain else "")
-                + ", starting and ending with a letter or digit")
-    return None
-
+PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT from the port with this name
+DEFAULT_PORT = 23456  # the operator's default; written out so the manifest says what it uses
 
 def _replica_problems(rtype: str, spec) -> list:
     where = f"spec.pytorchReplicaSpecs.{rtype}"

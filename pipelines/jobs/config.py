@@ -1,17 +1,19 @@
-"""The PyTorchJob (`kubeflow.org/v1`) of a training run: a pure function of a JobConfig.
+"""What a training job is, whichever kind runs it: `JobConfig` (its options, declared once), the
+parsers and checks of those options, and the pod both kinds run (`pod_spec`).
 
-    job = build_pytorchjob(JobConfig(name="digits", image="...", train=train_config, nodes=2,
-                                     procs_per_node=4, gpus_per_node=4))
-    print(to_yaml(job))
+    cfg = JobConfig(name="digits", image="...", train=train_config, nodes=2, procs_per_node=4,
+                    gpus_per_node=4)
+    build_pytorchjob(cfg)   # pipelines/jobs/pytorchjob/build.py
+    build_trainjob(cfg)     # pipelines/jobs/trainjob/build.py
 
 The container runs `python -m trainer.launch -m trainer.train <training flags>`: torchrun (its own
-code, see trainer/launch.py) with exit codes that keep their meaning, so that the default
-`restartPolicy: ExitCode` retries a lost peer or a killed process (128-255; the run resumes from
-its last checkpoint) and fails bad input at once (1-127): see docs/faults.md. torchrun takes
---nnodes, --nproc-per-node, --node-rank, --master-addr and --master-port from the operator's
-`PET_*` variables, and sets per-process RANK/LOCAL_RANK/WORLD_SIZE itself: the operator's own RANK
-and WORLD_SIZE are node-level and wrong with more than one process per pod (see
-../shared/reference/README.md). So no `--standalone` and no rendezvous flags here.
+code, see trainer/launch.py) with exit codes that keep their meaning, so that a retry policy on
+exit codes (the PyTorchJob's `restartPolicy: ExitCode`, kfvision's TrainJob runtime) retries a lost
+peer or a killed process (128-255; the run resumes from its last checkpoint) and fails bad input at
+once (1-127): see docs/faults.md. torchrun takes --nnodes, --nproc-per-node, --node-rank,
+--master-addr and --master-port from the `PET_*` variables both platforms inject, and sets
+per-process RANK/LOCAL_RANK/WORLD_SIZE itself (see ../shared/reference/README.md). So no
+`--standalone` and no rendezvous flags here.
 
 Pods meet the Kubernetes "restricted" Pod Security Standard: non-root, no privilege escalation,
 all capabilities dropped, RuntimeDefault seccomp, only emptyDir and PVC volumes; the root
@@ -25,22 +27,12 @@ from typing import NamedTuple
 import yaml
 
 from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.rules import (
-    API_VERSION,
-    CONTAINER_NAME,
-    KIND,
-    RESTART_POLICIES,
-    dns1035_problem,
-    dns1123_problem,
-    validate_pytorchjob,
-)
+from pipelines.jobs.pytorchjob.rules import RESTART_POLICIES
+from pipelines.k8s import GPU_RESOURCE, dns1035_problem, dns1123_problem
 from trainer.config import TrainConfig
 from trainer.errors import InvalidParameterError, ref
 from trainer.options import check_options, option, ref_of
 
-PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT from the port with this name
-DEFAULT_PORT = 23456  # the operator's default; written out so the manifest says what it uses
-GPU_RESOURCE = "nvidia.com/gpu"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 TRAIN_COMMAND = ("python", "-m", "trainer.launch", "-m", "trainer.train")
 TMP_MOUNT = "/tmp"  # writable scratch on a read-only root filesystem (torchrun's log folder)
@@ -103,8 +95,9 @@ def parse_volume(text: str) -> Volume:
 
 @dataclass(frozen=True)
 class JobConfig:
-    """Everything a training PyTorchJob depends on. Its options are declared once, here: the
-    `kfvision job render` flags and the pipeline's job parameters come from these fields."""
+    """Everything a training job (PyTorchJob or TrainJob) depends on. Its options are declared
+    once, here: the `kfvision job render` flags and the pipeline's job parameters come from these
+    fields."""
 
     name: str = option(help="job name (DNS-1035: a-z, 0-9, '-')")
     image: str = option(help="the trainer image the pods run (the pipeline's steps too)",
@@ -249,21 +242,26 @@ def train_flags(cfg: TrainConfig) -> list:
     return flags
 
 
-def _container(cfg: JobConfig) -> dict:
+def resources(cfg: JobConfig) -> dict:
+    """A pod's resources: the GPUs as a limit, CPU and memory as requests (what is given)."""
     requests = {k: v for k, v in (("cpu", cfg.cpu), ("memory", cfg.memory)) if v is not None}
-    resources = {"limits": {GPU_RESOURCE: cfg.gpus_per_node}} if cfg.gpus_per_node else {}
+    out = {"limits": {GPU_RESOURCE: cfg.gpus_per_node}} if cfg.gpus_per_node else {}
     if requests:
-        resources["requests"] = requests
+        out["requests"] = requests
+    return out
+
+
+def _container(cfg: JobConfig, name: str, ports: list) -> dict:
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     mounts += [{"name": f"pvc-{i}", "mountPath": v.mount} for i, v in enumerate(cfg.volumes)]
     mounts.append({"name": "tmp", "mountPath": TMP_MOUNT})
     return {
-        "name": CONTAINER_NAME,
+        "name": name,
         "image": cfg.image,
         "command": list(TRAIN_COMMAND),
         "args": train_flags(cfg.train),
-        "ports": [{"name": PORT_NAME, "containerPort": DEFAULT_PORT, "protocol": "TCP"}],
-        **({"resources": resources} if resources else {}),
+        **({"ports": ports} if ports else {}),
+        **({"resources": resources(cfg)} if resources(cfg) else {}),
         "securityContext": {"allowPrivilegeEscalation": False,
                             "capabilities": {"drop": ["ALL"]},
                             "readOnlyRootFilesystem": True},
@@ -271,7 +269,9 @@ def _container(cfg: JobConfig) -> dict:
     }
 
 
-def _pod_spec(cfg: JobConfig) -> dict:
+def pod_spec(cfg: JobConfig, container: str, ports: list = ()) -> dict:
+    """The pod both kinds run: one training container named `container` (with `ports`), the
+    hardening of the module docstring, /dev/shm, /tmp, the PVCs, node selector, tolerations."""
     tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
                    ] if cfg.gpus_per_node else []
     for t in cfg.tolerations:
@@ -297,51 +297,9 @@ def _pod_spec(cfg: JobConfig) -> dict:
         spec["nodeSelector"] = dict(sorted(cfg.node_selector))
     if tolerations:
         spec["tolerations"] = tolerations
-    spec["containers"] = [_container(cfg)]
+    spec["containers"] = [_container(cfg, container, list(ports))]
     spec["volumes"] = volumes
     return spec
-
-
-def _replica(cfg: JobConfig, replicas: int) -> dict:
-    labels = {**LABELS, **dict(sorted(cfg.labels))}
-    return {
-        "replicas": replicas,
-        "restartPolicy": cfg.restart_policy,
-        "template": {
-            "metadata": {"labels": labels,
-                         # Istio sidecars keep finished pods alive and can block rendezvous.
-                         "annotations": {"sidecar.istio.io/inject": "false"}},
-            "spec": _pod_spec(cfg),
-        },
-    }
-
-
-def build_pytorchjob(cfg: JobConfig) -> dict:
-    """The PyTorchJob for `cfg` as a plain dict (no I/O; same config, same dict).
-
-    Raises:
-        InvalidJobError: the config breaks a rule of the cluster (name, P > G, quantities, ...).
-    """
-    cfg.validate()
-    cfg.train.validate()
-    metadata = {"name": cfg.name}
-    if cfg.namespace:
-        metadata["namespace"] = cfg.namespace
-    metadata["labels"] = {**LABELS, **dict(sorted(cfg.labels))}
-    run_policy = {"backoffLimit": cfg.backoff_limit,
-                  # a failed job's stuck pods would hold their GPUs until someone deletes them
-                  "cleanPodPolicy": "Running"}
-    if cfg.active_deadline is not None:
-        run_policy["activeDeadlineSeconds"] = cfg.active_deadline
-    if cfg.ttl is not None:
-        run_policy["ttlSecondsAfterFinished"] = cfg.ttl
-    replica_specs = {"Master": _replica(cfg, 1)}
-    if cfg.nodes > 1:
-        replica_specs["Worker"] = _replica(cfg, cfg.nodes - 1)
-    job = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
-           "spec": {"nprocPerNode": str(cfg.nproc), "runPolicy": run_policy,
-                    "pytorchReplicaSpecs": replica_specs}}
-    return validate_pytorchjob(job, f"the rendered job {cfg.name!r}")
 
 
 class _Dumper(yaml.SafeDumper):

@@ -3,7 +3,8 @@
     job = build_trainjob(JobConfig(name="digits", image="...", train=train_config, nodes=2,
                                    procs_per_node=2), Runtime("kfvision-torch"))
 
-The same JobConfig as the PyTorchJob (pipelines/jobs/manifest.py), the same container command
+The same JobConfig as the PyTorchJob (pipelines/jobs/pytorchjob/build.py), the same container
+command
 (`python -m trainer.launch -m trainer.train ...`: torchrun, which reads the torch plugin's `PET_*`
 variables) and the same pod hardening, written as a TrainJob (`trainer.kubeflow.org/v1alpha1`):
 `trainer` holds image, command, args, nodes, processes and resources; what the pods also need
@@ -19,17 +20,9 @@ has neither (see docs/jobs.md).
 
 from dataclasses import dataclass
 
+from pipelines.jobs.config import LABELS, TRAIN_COMMAND, JobConfig, pod_spec, resources, train_flags
 from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.manifest import (
-    GPU_RESOURCE,
-    LABELS,
-    TRAIN_COMMAND,
-    JobConfig,
-    _pod_spec,
-    train_flags,
-)
-from pipelines.jobs.rules import dns1123_problem
-from pipelines.jobs.trainjob_rules import (
+from pipelines.jobs.trainjob.rules import (
     API_GROUP,
     API_VERSION,
     KIND,
@@ -37,6 +30,7 @@ from pipelines.jobs.trainjob_rules import (
     RUNTIME_KINDS,
     validate_trainjob,
 )
+from pipelines.k8s import dns1123_problem
 
 MANAGER = "kfvision.dev/render"  # owner of our runtimePatches entry (a domain-prefixed path)
 STOCK_RUNTIME = "torch-distributed"
@@ -87,7 +81,7 @@ def _check(cfg: JobConfig) -> None:
 def _patch(cfg: JobConfig, runtime: Runtime) -> dict:
     """The runtimePatches entry: the pod settings of the PyTorchJob's pods that a TrainJob's
     `trainer` cannot carry (the schema allows only these pod and container fields)."""
-    pod = _pod_spec(cfg)
+    pod = pod_spec(cfg, NODE)
     (container,) = pod["containers"]
     spec = {"securityContext": pod["securityContext"]}
     if runtime.service_account:
@@ -119,16 +113,12 @@ def build_trainjob(cfg: JobConfig, runtime: Runtime = Runtime()) -> dict:
     if cfg.namespace:
         metadata["namespace"] = cfg.namespace
     metadata["labels"] = {**LABELS, **dict(sorted(cfg.labels))}
-    requests = {k: v for k, v in (("cpu", cfg.cpu), ("memory", cfg.memory)) if v is not None}
-    resources = {"limits": {GPU_RESOURCE: cfg.gpus_per_node}} if cfg.gpus_per_node else {}
-    if requests:
-        resources["requests"] = requests
     trainer = {"image": cfg.image, "command": list(TRAIN_COMMAND), "args": train_flags(cfg.train),
                # the Training Operator sets it, the torch plugin does not: logs as they happen
                "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
                "numNodes": cfg.nodes, "numProcPerNode": cfg.nproc}
-    if resources:
-        trainer["resourcesPerNode"] = resources
+    if resources(cfg):
+        trainer["resourcesPerNode"] = resources(cfg)
     spec = {"runtimeRef": {"name": runtime.name, "apiGroup": API_GROUP, "kind": runtime.kind},
             "trainer": trainer}
     if cfg.active_deadline is not None:
