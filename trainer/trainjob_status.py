@@ -1,19 +1,22 @@
 """Training progress pushed into a Kubeflow TrainJob's `status.trainerStatus` (rank 0, per epoch).
 
-With Kubeflow Trainer v2.2+ and its `TrainJobStatus` feature gate, the trainer's control plane
-takes progress reports from the TrainJob's own pods (KEP-2779, upstream
-`docs/user-guides/trainjob-progress.md`): it injects `KUBEFLOW_TRAINER_STATUS_URL` (the job's
-status endpoint), `KUBEFLOW_TRAINER_STATUS_CA_CERT` and `KUBEFLOW_TRAINER_STATUS_TOKEN` (files of
-a projected volume: the CA of the endpoint and a token for the audience trainer.kubeflow.org;
-no RBAC of the pod is involved), and a pod POSTs `{"trainerStatus": {...}}` there. Then
+With Kubeflow Trainer v2.2+ and its `TrainJobStatus` feature gate, the controller takes progress
+reports from the TrainJob's own pods (upstream `docs/user-guides/trainjob-progress.md`, v2.3.0).
+Its trainjobstatus plugin gives every trainer container `KUBEFLOW_TRAINER_SERVER_URL` (the job's
+status endpoint, `https://kubeflow-trainer-controller-manager.kubeflow-system.svc:10443/apis/...`),
+`KUBEFLOW_TRAINER_SERVER_CA_CERT` and `KUBEFLOW_TRAINER_SERVER_TOKEN` (files of a projected
+volume: the endpoint's CA and a service-account token for a per-job audience, which the kubelet
+rotates: it is read again for every report). A pod POSTs `{"trainerStatus": {...}}` there (the
+names: trainer/upstream.py). Then
 
     kubectl get trainjob NAME -o jsonpath='{.status.trainerStatus}'
 
 shows the progress percentage, the estimated remaining seconds and the last epoch's metrics.
 
 Reporting never fails a run: without the variables (no gate, not a TrainJob) nothing is sent, and
-the first refused or failed report (HTTP 401/403/404, no route, timeout) is logged once and ends
-reporting for the run. Only the standard library: the image needs nothing more.
+the first refused or failed report (HTTP 403/404/422/5xx, no route, timeout, no token file) is
+logged once, with the server's reason, and ends reporting for the run. Only the standard library:
+the image needs nothing more.
 """
 
 import json
@@ -26,10 +29,15 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
+from trainer.upstream import (
+    KUBERNETES_SERVICE_HOST,
+    TRAINER_SERVER_CA_CERT,
+    TRAINER_SERVER_TOKEN,
+    TRAINER_SERVER_URL,
+)
+
 log = logging.getLogger("trainer")
 
-URL, CA_CERT, TOKEN = ("KUBEFLOW_TRAINER_STATUS_URL", "KUBEFLOW_TRAINER_STATUS_CA_CERT",
-                       "KUBEFLOW_TRAINER_STATUS_TOKEN")
 METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "lr")
 TIMEOUT_S = 5.0  # a slow control plane may cost an epoch this much, once
 
@@ -64,12 +72,14 @@ class StatusReporter:
         process's: the one place that reads them), else None (one log line when this runs in a
         pod, where a missing gate is worth knowing about)."""
         environ = os.environ if environ is None else environ
-        if not environ.get(URL):
-            if environ.get("KUBERNETES_SERVICE_HOST"):
+        if not environ.get(TRAINER_SERVER_URL):
+            if environ.get(KUBERNETES_SERVICE_HOST):
                 log.info("progress: not reported to the TrainJob (%s is not set: not a TrainJob, "
-                         "or Kubeflow Trainer runs without the TrainJobStatus feature gate)", URL)
+                         "or Kubeflow Trainer runs without the TrainJobStatus feature gate)",
+                         TRAINER_SERVER_URL)
             return None
-        return cls(environ[URL], environ.get(TOKEN), environ.get(CA_CERT), epochs)
+        return cls(environ[TRAINER_SERVER_URL], environ.get(TRAINER_SERVER_TOKEN) or None,
+                   environ.get(TRAINER_SERVER_CA_CERT) or None, epochs)
 
     def epoch_done(self, history: list) -> None:
         """Report the run as of `history`; never raises."""
@@ -87,13 +97,13 @@ class StatusReporter:
             self._post(body)
         except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
             self.enabled = False
-            why = f"HTTP {e.code}" if isinstance(e, urllib.error.HTTPError) else str(e)
+            why = _http_reason(e) if isinstance(e, urllib.error.HTTPError) else str(e)
             log.info("progress: the TrainJob status endpoint refused or failed a report (%s); "
                      "not reporting again in this run (training goes on)", why)
 
     def _post(self, body: dict) -> None:
         headers = {"Content-Type": "application/json"}
-        if self.token_file:
+        if self.token_file:  # the kubelet rotates it (1 h expiry): never cached
             token = Path(self.token_file).read_text(encoding="utf-8").strip()
             headers["Authorization"] = f"Bearer {token}"
         request = urllib.request.Request(self.url, data=json.dumps(body).encode(),
@@ -102,3 +112,12 @@ class StatusReporter:
                    if self.url.startswith("https:") else None)
         with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as resp:
             resp.read()
+
+
+def _http_reason(e: urllib.error.HTTPError) -> str:
+    """`HTTP 422: <message>`: the status server answers a refusal with a Kubernetes `Status`."""
+    try:
+        message = json.loads(e.read(4096) or b"{}").get("message")
+    except (OSError, ValueError, AttributeError):
+        message = None
+    return f"HTTP {e.code}: {message}" if message else f"HTTP {e.code}"
