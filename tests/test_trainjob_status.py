@@ -9,8 +9,10 @@ and a real `kfvision train` given only the variables the controller injects, aga
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
+import threading
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
@@ -143,6 +145,22 @@ def test_a_resumed_runs_first_report_has_no_estimate(server):
     reporter = StatusReporter.from_env(3, server.env())
     reporter.epoch_done(HISTORY[:2])  # the history of the checkpoint, at once
     assert "estimatedRemainingSeconds" not in server.reports[0]
+
+
+def test_a_garbled_answer_never_fails_training(caplog):
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        def answer():
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"not http at all\r\n\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        port = listener.getsockname()[1]
+        reporter = StatusReporter.from_env(3, {TRAINER_SERVER_URL: f"http://127.0.0.1:{port}/s"})
+        with caplog.at_level(logging.INFO, logger="trainer"):
+            reporter.epoch_done(HISTORY[:1])  # never raises
+    assert not reporter.enabled and "not reporting again" in caplog.records[0].getMessage()
 
 
 @pytest.mark.parametrize(("change", "why"), [

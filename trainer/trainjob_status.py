@@ -19,6 +19,7 @@ logged once, with the server's reason, and ends reporting for the run. Only the 
 the image needs nothing more.
 """
 
+import http.client
 import json
 import logging
 import os
@@ -95,7 +96,8 @@ class StatusReporter:
                                                 datetime.now(timezone.utc))}
         try:
             self._post(body)
-        except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
+        # URLError, HTTPError and ssl's errors are OSErrors; a garbled answer is HTTPException
+        except (OSError, ValueError, http.client.HTTPException) as e:
             self.enabled = False
             why = _http_reason(e) if isinstance(e, urllib.error.HTTPError) else str(e)
             log.info("progress: the TrainJob status endpoint refused or failed a report (%s); "
