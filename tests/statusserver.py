@@ -180,13 +180,15 @@ class StatusServer:
     """The status endpoint of one TrainJob (`namespace`/`name`) on a free loopback port.
 
     `reports`: the trainerStatus of every accepted report, in order; `requests`: (method, path,
-    HTTP code) of every request; `trainer_status`: the TrainJob's status.trainerStatus now."""
+    HTTP code) of every request; `trainer_status`: the TrainJob's status.trainerStatus now;
+    `outages`: set it to fail that many writes with 500 (the API server away)."""
 
     def __init__(self, directory: Path, namespace: str = "team-a", name: str = "digits",
                  rotate: bool = False):
         self.directory, self.namespace, self.name, self.rotate = directory, namespace, name, rotate
         self.reports, self.requests, self.trainer_status = [], [], None
         self.tokens_used = []
+        self.outages = 0  # the next this many writes fail as an API server that is away does
         directory.mkdir(parents=True, exist_ok=True)
         self.ca_file, cert, key = _self_signed(directory)
         self.token_file = directory / TRAINER_TOKEN_FILE
@@ -248,6 +250,9 @@ class StatusServer:
 
     def _apply(self, status: dict) -> None:
         """What the API server does with the apply: validate, then replace the fields."""
+        if self.outages:
+            self.outages -= 1
+            raise Refused(500, "Internal error", "InternalError")
         where = f'TrainJob.trainer.kubeflow.org "{self.name}" is invalid: '
         if "lastUpdatedTime" not in status:
             raise Refused(422, where + "status.trainerStatus: Invalid value: \"object\": "

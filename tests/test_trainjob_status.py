@@ -201,11 +201,34 @@ def test_no_endpoint_is_no_report_and_one_line_only_inside_a_pod(caplog):
 
 
 def test_an_unreachable_endpoint_never_fails_training(caplog):
-    reporter = StatusReporter.from_env(3, {TRAINER_SERVER_URL: "https://127.0.0.1:9/status"})
+    reporter = StatusReporter.from_env(4, {TRAINER_SERVER_URL: "https://127.0.0.1:9/status"})
     with caplog.at_level(logging.INFO, logger="trainer"):
-        reporter.epoch_done(HISTORY[:1])
-        reporter.epoch_done(HISTORY[:2])
-    assert len(caplog.records) == 1 and not reporter.enabled
+        for n in (1, 2, 3, 4):
+            reporter.epoch_done((HISTORY * 2)[:n])  # never raises
+    first, last = [r.getMessage() for r in caplog.records]  # tried 3 times, then given up
+    assert "trying again" in first and "not reporting again" in last and not reporter.enabled
+
+
+def test_a_server_error_is_tried_again_at_the_next_epoch(server, caplog):
+    server.outages = 1  # e.g. the API server behind the controller restarting
+    reporter = StatusReporter.from_env(3, server.env())
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        for n in (1, 2, 3):
+            reporter.epoch_done(HISTORY[:n])
+    assert [r[2] for r in server.requests] == [500, 200, 200] and reporter.enabled
+    assert server.trainer_status["progressPercentage"] == 100
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "HTTP 500: Internal error" in line and "trying again" in line
+
+
+def test_server_errors_in_a_row_end_reporting(server, caplog):
+    server.outages = 3
+    reporter = StatusReporter.from_env(3, server.env())
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        for n in (1, 2, 3):
+            reporter.epoch_done(HISTORY[:n])
+    assert [r[2] for r in server.requests] == [500] * 3 and not reporter.enabled
+    assert len(caplog.records) == 2 and "not reporting again" in caplog.records[1].getMessage()
 
 
 def test_kfvision_train_reports_every_epoch_to_the_status_server(tmp_path, tiny_digits,

@@ -13,10 +13,12 @@ names: trainer/upstream.py). Then
 
 shows the progress percentage, the estimated remaining seconds and the last epoch's metrics.
 
-Reporting never fails a run: without the variables (no gate, not a TrainJob) nothing is sent, and
-the first refused or failed report (HTTP 403/404/422/5xx, no route, timeout, no token file) is
-logged once, with the server's reason, and ends reporting for the run. Only the standard library:
-the image needs nothing more.
+Reporting never fails a run: without the variables (no gate, not a TrainJob) nothing is sent; a
+refused report (HTTP 4xx such as 403 for a token it does not accept or 422 for a payload it
+cannot take, an untrusted certificate, no token file) is logged once, with the server's reason,
+and ends reporting for the run; a failed one (HTTP 5xx, no route, timeout: a controller being
+restarted) is logged once and tried again at the next epoch, until MAX_FAILURES in a row end
+reporting too. Only the standard library: the image needs nothing more.
 """
 
 import http.client
@@ -40,7 +42,8 @@ from trainer.upstream import (
 log = logging.getLogger("trainer")
 
 METRICS = ("train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "lr")
-TIMEOUT_S = 5.0  # a slow control plane may cost an epoch this much, once
+TIMEOUT_S = 5.0  # a slow control plane may cost an epoch this much, at most MAX_FAILURES times
+MAX_FAILURES = 3  # transient failures in a row before reporting stops for the run
 
 
 def trainer_status(history: list, epochs: int, seconds_per_epoch: float | None,
@@ -65,7 +68,7 @@ class StatusReporter:
                  clock=time.monotonic):
         self.url, self.token_file, self.ca_file, self.epochs = url, token_file, ca_file, epochs
         self.clock, self.last = clock, (clock(), 0)  # (time, epochs done) of the last report
-        self.enabled = True
+        self.enabled, self.failures = True, 0  # failures: transient ones in a row
 
     @classmethod
     def from_env(cls, epochs: int, environ=None) -> "StatusReporter | None":
@@ -98,10 +101,22 @@ class StatusReporter:
             self._post(body)
         # URLError, HTTPError and ssl's errors are OSErrors; a garbled answer is HTTPException
         except (OSError, ValueError, http.client.HTTPException) as e:
-            self.enabled = False
-            why = _http_reason(e) if isinstance(e, urllib.error.HTTPError) else str(e)
-            log.info("progress: the TrainJob status endpoint refused or failed a report (%s); "
-                     "not reporting again in this run (training goes on)", why)
+            self._failed(e)
+        else:
+            self.failures = 0
+
+    def _failed(self, e: Exception) -> None:
+        why = _http_reason(e) if isinstance(e, urllib.error.HTTPError) else str(e)
+        self.failures += 1
+        if _transient(e) and self.failures < MAX_FAILURES:
+            if self.failures == 1:
+                log.info("progress: a report to the TrainJob status endpoint failed (%s); trying "
+                         "again after the next epoch (training goes on)", why)
+            return
+        self.enabled = False
+        log.info("progress: the TrainJob status endpoint %s a report (%s); not reporting again "
+                 "in this run (training goes on)",
+                 "failed" if _transient(e) else "refused", why)
 
     def _post(self, body: dict) -> None:
         headers = {"Content-Type": "application/json"}
@@ -114,6 +129,16 @@ class StatusReporter:
                    if self.url.startswith("https:") else None)
         with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as resp:
             resp.read()
+
+
+def _transient(e: Exception) -> bool:
+    """Worth trying again later: the server failed (5xx, 429), or could not be reached in time.
+    Not: a refusal (other 4xx), a certificate not trusted, a missing token file, a bad answer."""
+    if isinstance(e, urllib.error.HTTPError):
+        return e.code >= 500 or e.code == 429
+    if isinstance(e, urllib.error.URLError):
+        return not isinstance(e.reason, ssl.SSLError)
+    return isinstance(e, (TimeoutError, ConnectionError))
 
 
 def _http_reason(e: urllib.error.HTTPError) -> str:
