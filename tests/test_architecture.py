@@ -11,7 +11,8 @@ import pytest
 from conftest import REPO
 
 PACKAGES = ("trainer", "pipelines")
-LEAVES = ("trainer.errors", "trainer.fileio", "trainer.progress", "trainer.presets")
+LEAVES = ("trainer.errors", "trainer.fileio", "trainer.progress", "trainer.presets",
+          "trainer.upstream")
 
 
 def _module_name(path) -> str:

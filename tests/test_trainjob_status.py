@@ -1,59 +1,40 @@
 """Progress into a TrainJob's status.trainerStatus (trainer/trainjob_status.py).
 
-The status endpoint of Kubeflow Trainer's control plane is stood in for by a small HTTP server in
-this file that records what it is sent and answers with a chosen status; it is not the trainer's
-endpoint (no TLS, no token review). The payload is checked against the TrainJob CRD's schema.
+The status endpoint is tests/statusserver.py: HTTPS with its own CA, a bearer token that rotates,
+and the route, decoding, status codes and replies of Kubeflow Trainer v2.3.0's pkg/statusserver.
+The first tests check that stand-in against upstream's behaviour; the rest drive the reporter,
+and a real `kfvision train` given only the variables the controller injects, against it.
 """
 
 import json
 import logging
+import os
+import socket
+import subprocess
+import sys
 import threading
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
 import yaml
-from conftest import SHARED_REFERENCE, train_argv
+from conftest import REPO, SHARED_REFERENCE, train_argv
+from statusserver import SCHEMA, StatusServer
 
-from trainer.trainjob_status import URL, StatusReporter, trainer_status
+from trainer.trainjob_status import StatusReporter, trainer_status
+from trainer.upstream import TRAINER_SERVER_URL
 
 HISTORY = [{"epoch": e, "lr": 0.01, "train_loss": 2.0 / e, "train_top1": 0.3 * e,
             "val_loss": 1.5 / e, "val_top1": 0.25 * e, "val_top5": 0.9} for e in (1, 2, 3)]
-
-
-class StatusEndpoint:
-    """Records POSTs (path, Authorization, JSON body); answers `status`."""
-
-    def __init__(self, status=200):
-        self.requests, self.status = [], status
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append((self.path, self.headers.get("Authorization"), body))
-                self.send_response(outer.status)
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = HTTPServer(("127.0.0.1", 0), Handler)
-        self.url = (f"http://127.0.0.1:{self.server.server_port}/apis/trainer.kubeflow.org/"
-                    "v1alpha1/namespaces/team-a/trainjobs/digits/status")
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+WHEN = "2026-01-02T03:04:05Z"
 
 
 @pytest.fixture
-def endpoint():
-    ep = StatusEndpoint()
-    yield ep
-    ep.close()
+def server(tmp_path):
+    srv = StatusServer(tmp_path / "kubeflow-trainer")
+    yield srv
+    srv.close()
 
 
 def test_the_payload_is_what_the_trainjob_crd_declares():
@@ -72,71 +53,205 @@ def test_the_payload_is_what_the_trainjob_crd_declares():
     assert metrics["val_top1"] == "0.5" and status["lastUpdatedTime"] == "2026-01-02T03:04:05Z"
 
 
-def test_each_epoch_is_posted_with_the_token(endpoint, tmp_path):
-    (tmp_path / "token").write_text("s3cr3t\n")
-    ticks = iter([10.0, 30.0, 50.0])  # epochs of 10 s, 20 s, 20 s
-    reporter = StatusReporter.from_env(3, {URL: endpoint.url, "KUBEFLOW_TRAINER_STATUS_TOKEN":
-                                           str(tmp_path / "token")})
-    reporter.clock, reporter.last = lambda: next(ticks), (0.0, 0)
-    for n in (1, 2, 3):
-        reporter.epoch_done(HISTORY[:n])
-    assert [r[0] for r in endpoint.requests] == [
-        "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs/digits/status"] * 3
-    assert {r[1] for r in endpoint.requests} == {"Bearer s3cr3t"}
-    statuses = [r[2]["trainerStatus"] for r in endpoint.requests]
-    assert [s["progressPercentage"] for s in statuses] == [33, 67, 100]
-    assert [s.get("estimatedRemainingSeconds") for s in statuses] == [20, 20, 0]
+def test_the_stand_ins_schema_is_the_crds():
+    path = SHARED_REFERENCE / "trainer-v2" / "trainer.kubeflow.org_trainjobs.yaml"
+    if not path.exists():
+        pytest.skip(f"{path} is absent (../shared/reference/trainer-v2/)")
+    crd = yaml.safe_load(path.read_text())["spec"]["versions"][0]["schema"][
+        "openAPIV3Schema"]["properties"]["status"]["properties"]["trainerStatus"]
+    keys = ("type", "minimum", "maximum", "maxItems", "minLength", "maxLength", "required")
+
+    def bounds(schema):
+        out = {k: v for k, v in schema.items() if k in keys}
+        for name, sub in schema.get("properties", {}).items():
+            out[name] = bounds(sub)
+        if "items" in schema:
+            out["items"] = bounds(schema["items"])
+        return out
+
+    assert bounds(SCHEMA) == bounds(crd)
 
 
-def test_a_resumed_runs_first_report_has_no_estimate(endpoint):
-    reporter = StatusReporter.from_env(3, {URL: endpoint.url})
-    reporter.epoch_done(HISTORY[:2])  # the history of the checkpoint, at once
-    assert "estimatedRemainingSeconds" not in endpoint.requests[0][2]["trainerStatus"]
+def _post(server, body, token=None, path=None, method="POST"):
+    """(HTTP code, reply) of one request as the stand-in answers it."""
+    token = server.token if token is None else token
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    code, reply = server.handle(method, path or urlsplit(server.url).path,
+                                {"Authorization": f"Bearer {token}"}, data)
+    return code, reply
 
 
-@pytest.mark.parametrize("status", [403, 404, 401, 500])
-def test_a_refused_report_is_one_log_line_and_the_last_try(status, caplog):
-    ep = StatusEndpoint(status)
+GOOD = {"trainerStatus": {"progressPercentage": 40, "metrics": [{"name": "loss", "value": "0.5"}],
+                          "lastUpdatedTime": WHEN}}
+
+
+@pytest.mark.parametrize(("body", "code", "message"), [
+    (GOOD, 200, None),
+    ({"trainerStatus": {**GOOD["trainerStatus"], "unknown": 1}, "other": 2}, 200, None),
+    ({}, 200, None),  # no trainerStatus: nothing written
+    (b"invalid payload", 422, "Invalid payload"),
+    (b"", 422, "Invalid payload"),
+    ({"trainerStatus": {"metrics": [{"name": "loss", "value": 0.5}], "lastUpdatedTime": WHEN}},
+     422, "Invalid payload"),  # a metric value must be a JSON string
+    ({"trainerStatus": {"progressPercentage": 33.3, "lastUpdatedTime": WHEN}}, 422,
+     "Invalid payload"),
+    ({"trainerStatus": {"progressPercentage": 40, "lastUpdatedTime": "yesterday"}}, 422,
+     "Invalid payload"),
+    ({"trainerStatus": {"progressPercentage": 101, "lastUpdatedTime": WHEN}}, 422,
+     "status.trainerStatus.progressPercentage"),
+    ({"trainerStatus": {"progressPercentage": 40}}, 422, "lastUpdatedTime is required"),
+    ({"trainerStatus": {"metrics": [{"name": "loss", "value": "x" * 65}],
+                        "lastUpdatedTime": WHEN}}, 422, "status.trainerStatus.metrics.0.value"),
+])
+def test_the_stand_in_decodes_and_validates_as_upstream(server, body, code, message):
+    got, reply = _post(server, body)
+    assert got == code
+    if message is None:  # the reply is the request as decoded; only a trainerStatus is written
+        assert reply == ({"trainerStatus": server.trainer_status} if server.reports else {})
+    else:
+        assert reply["status"] == "Failure" and reply["code"] == code
+        assert message in reply["message"]
+
+
+def test_the_stand_in_refuses_as_upstream(server):
+    path = urlsplit(server.url).path
+    assert _post(server, GOOD, token="wrong")[0] == 403
+    assert _post(server, GOOD, path=path.replace("/digits/", "/other/"))[0] == 403
+    assert _post(server, GOOD, method="GET")[0] == 404
+    assert _post(server, GOOD, path=path + "/x")[0] == 404
+    big = {"trainerStatus": {"metrics": [{"name": "m", "value": "0.5"}] * 4000}}
+    assert _post(server, big)[1]["reason"] == "RequestEntityTooLarge"
+    assert server.reports == [] and server.trainer_status is None
+
+
+def test_each_epoch_is_posted_over_https_with_the_rotating_token(tmp_path):
+    server = StatusServer(tmp_path / "kubeflow-trainer", rotate=True)
     try:
-        reporter = StatusReporter.from_env(3, {URL: ep.url})
-        with caplog.at_level(logging.INFO, logger="trainer"):
-            for n in (1, 2, 3):
-                reporter.epoch_done(HISTORY[:n])  # never raises
+        ticks = iter([10.0, 30.0, 50.0])  # epochs of 10 s, 20 s, 20 s
+        reporter = StatusReporter.from_env(3, server.env())
+        reporter.clock, reporter.last = lambda: next(ticks), (0.0, 0)
+        for n in (1, 2, 3):
+            reporter.epoch_done(HISTORY[:n])
     finally:
-        ep.close()
-    assert len(ep.requests) == 1
+        server.close()
+    assert [r[2] for r in server.requests] == [200] * 3 and reporter.enabled
+    assert len(set(server.tokens_used)) == 3  # the token file was read again for every report
+    assert [s["progressPercentage"] for s in server.reports] == [33, 67, 100]
+    assert [s.get("estimatedRemainingSeconds") for s in server.reports] == [20, 20, 0]
+    assert server.trainer_status == server.reports[-1]
+
+
+def test_a_resumed_runs_first_report_has_no_estimate(server):
+    reporter = StatusReporter.from_env(3, server.env())
+    reporter.epoch_done(HISTORY[:2])  # the history of the checkpoint, at once
+    assert "estimatedRemainingSeconds" not in server.reports[0]
+
+
+def test_a_garbled_answer_never_fails_training(caplog):
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        def answer():
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"not http at all\r\n\r\n")
+
+        threading.Thread(target=answer, daemon=True).start()
+        port = listener.getsockname()[1]
+        reporter = StatusReporter.from_env(3, {TRAINER_SERVER_URL: f"http://127.0.0.1:{port}/s"})
+        with caplog.at_level(logging.INFO, logger="trainer"):
+            reporter.epoch_done(HISTORY[:1])  # never raises
+    assert not reporter.enabled and "not reporting again" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ("token", "HTTP 403: Forbidden"),
+    ("path", "HTTP 404: Not found"),
+    ("ca", "CERTIFICATE_VERIFY_FAILED"),  # not the endpoint's CA: no trust
+    ("token-file", "No such file"),
+])
+def test_a_refused_report_is_one_log_line_and_the_last_try(server, change, why, caplog):
+    env = server.env()
+    token_file = env["KUBEFLOW_TRAINER_SERVER_TOKEN"]
+    if change == "token":
+        server.token = "rotated-away"
+    elif change == "path":
+        env[TRAINER_SERVER_URL] += "es"
+    elif change == "ca":
+        del env["KUBEFLOW_TRAINER_SERVER_CA_CERT"]
+    else:
+        os.remove(token_file)
+    reporter = StatusReporter.from_env(3, env)
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        for n in (1, 2, 3):
+            reporter.epoch_done(HISTORY[:n])  # never raises
+    assert len(server.requests) == (0 if change in ("ca", "token-file") else 1)
     (line,) = [r.getMessage() for r in caplog.records]
-    assert f"HTTP {status}" in line and "not reporting again" in line
+    assert why in line and "not reporting again" in line
 
 
 def test_no_endpoint_is_no_report_and_one_line_only_inside_a_pod(caplog):
     with caplog.at_level(logging.INFO, logger="trainer"):
         assert StatusReporter.from_env(3, {}) is None
+        # the names of the KEP-2779 draft were never released: they are not read
+        assert StatusReporter.from_env(3, {"KUBEFLOW_TRAINER_STATUS_URL": "https://x/"}) is None
         assert caplog.records == []
         assert StatusReporter.from_env(3, {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}) is None
     (line,) = [r.getMessage() for r in caplog.records]
-    assert "TrainJobStatus feature gate" in line
+    assert "TrainJobStatus feature gate" in line and TRAINER_SERVER_URL in line
 
 
 def test_an_unreachable_endpoint_never_fails_training(caplog):
-    reporter = StatusReporter.from_env(3, {URL: "http://127.0.0.1:9/status"})  # discard port
+    reporter = StatusReporter.from_env(4, {TRAINER_SERVER_URL: "https://127.0.0.1:9/status"})
     with caplog.at_level(logging.INFO, logger="trainer"):
-        reporter.epoch_done(HISTORY[:1])
-        reporter.epoch_done(HISTORY[:2])
-    assert len(caplog.records) == 1 and not reporter.enabled
+        for n in (1, 2, 3, 4):
+            reporter.epoch_done((HISTORY * 2)[:n])  # never raises
+    first, last = [r.getMessage() for r in caplog.records]  # tried 3 times, then given up
+    assert "trying again" in first and "not reporting again" in last and not reporter.enabled
 
 
-@pytest.mark.slow
-def test_training_reports_every_epoch_to_the_endpoint(endpoint, monkeypatch, tmp_path,
-                                                      tiny_digits, resnet18_dir):
-    from trainer.train import main
+def test_a_server_error_is_tried_again_at_the_next_epoch(server, caplog):
+    server.outages = 1  # e.g. the API server behind the controller restarting
+    reporter = StatusReporter.from_env(3, server.env())
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        for n in (1, 2, 3):
+            reporter.epoch_done(HISTORY[:n])
+    assert [r[2] for r in server.requests] == [500, 200, 200] and reporter.enabled
+    assert server.trainer_status["progressPercentage"] == 100
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "HTTP 500: Internal error" in line and "trying again" in line
 
-    monkeypatch.setenv(URL, endpoint.url)
-    assert main(train_argv(resnet18_dir, tiny_digits, tmp_path / "out", epochs=2, image_size=32,
-                           batch_size=16, lr=0.05, augment="none", print_freq=100)) == 0
-    statuses = [r[2]["trainerStatus"] for r in endpoint.requests]
-    assert [s["progressPercentage"] for s in statuses] == [50, 100]
+
+def test_server_errors_in_a_row_end_reporting(server, caplog):
+    server.outages = 3
+    reporter = StatusReporter.from_env(3, server.env())
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        for n in (1, 2, 3):
+            reporter.epoch_done(HISTORY[:n])
+    assert [r[2] for r in server.requests] == [500] * 3 and not reporter.enabled
+    assert len(caplog.records) == 2 and "not reporting again" in caplog.records[1].getMessage()
+
+
+def test_kfvision_train_reports_every_epoch_to_the_status_server(tmp_path, tiny_digits,
+                                                                 resnet18_dir):
+    """A real `kfvision train`, given only what the controller injects, against the stand-in
+    whose token rotates after every report."""
+    server = StatusServer(tmp_path / "kubeflow-trainer", rotate=True)
+    env = {**os.environ, **server.env(), "PYTHONPATH": str(REPO)}
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "pipelines.cli", "train",
+             *train_argv(resnet18_dir, tiny_digits, tmp_path / "out", epochs=3, image_size=32,
+                         batch_size=16, lr=0.05, augment="none", print_freq=100)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        server.close()
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "progress:" not in run.stderr  # nothing refused
+    assert [r[2] for r in server.requests] == [200] * 3
+    assert len(set(server.tokens_used)) == 3
+    assert [s["progressPercentage"] for s in server.reports] == [33, 67, 100]
     final = json.loads((tmp_path / "out" / "metrics.json").read_text())["final"]
-    metrics = {m["name"]: m["value"] for m in statuses[-1]["metrics"]}
-    assert metrics["currentEpoch"] == "2" and float(metrics["val_top1"]) == pytest.approx(
-        final["val_top1"], rel=1e-5)
+    metrics = {m["name"]: m["value"] for m in server.trainer_status["metrics"]}
+    assert all(isinstance(v, str) for v in metrics.values())
+    assert metrics["currentEpoch"] == "3" and metrics["totalEpochs"] == "3"
+    assert float(metrics["val_top1"]) == pytest.approx(final["val_top1"], rel=1e-5)

@@ -15,7 +15,9 @@ ALGORITHM_NAMES = ("random", "tpe", "multivariate-tpe", "grid", "bayesianoptimiz
 EARLY_STOPPING_NAMES = ("medianstop",)
 PARAMETER_TYPES = ("int", "double", "categorical", "discrete")
 DISTRIBUTIONS = ("uniform", "logUniform", "normal", "logNormal")
-COLLECTORS = ("StdOut", "File", "TensorFlowEvent", "PrometheusMetric", "Custom", "None", "Push")
+# the kinds validateMetricsCollector accepts (v0.19.0 pkg/apis/controller/common/v1beta1/
+# common_types.go CollectorKind; "None" is not one: the webhook refuses it)
+COLLECTORS = ("StdOut", "File", "TensorFlowEvent", "PrometheusMetric", "Custom", "Push")
 _NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _PARAM_REF = re.compile(r"\$\{trialParameters\..+?\}")
 _META_REF = re.compile(r"\$\{trialSpec\.(.+?)\}")
