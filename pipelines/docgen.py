@@ -10,7 +10,8 @@ Each generated part sits between two marker comments in README.md or a docs/*.md
     <!-- end generated -->
 
 and only those parts are rewritten: the option tables (training, job, pipeline parameters,
-storage, deploy) from the option() declarations, and the message of an out-of-range parameter.
+storage, deploy) from the option() declarations, the message of an out-of-range parameter and
+the demo's training settings.
 A region on one line is written on one line (within a sentence).
 Each part appears in exactly one file; other pages link to it. tests/test_docs.py fails when a
 committed file differs from what this writes. Torch-free: it reads the declarations only (kfp
@@ -174,6 +175,18 @@ def range_error_example(page: str) -> str:
     raise AssertionError("epochs = 0 passed its check")
 
 
+def demo_settings(page: str) -> str:
+    """The training settings `make demo` (`kfvision demo`) gives the pipeline (inline)."""
+    from pipelines.cli import build_parser
+    from pipelines.demo import demo_arguments
+
+    args = build_parser(["demo"]).parse_args(["demo"])
+    given = demo_arguments(Path(args.out), args.epochs)
+    skip = ("train_source", "validation_source", "execution_mode")
+    return "`" + " ".join(f"{k}={v}" for k, v in given.items()
+                          if k not in skip and not k.startswith("deploy")) + "`"
+
+
 REGIONS = {
     "train options": train_options,
     "job options": job_options,
@@ -181,6 +194,7 @@ REGIONS = {
     "storage options": storage_options,
     "deploy options": deploy_options,
     "range error example": range_error_example,
+    "demo settings": demo_settings,
 }
 
 
