@@ -10,12 +10,11 @@ Each generated part sits between two marker comments in README.md or a docs/*.md
     <!-- end generated -->
 
 and only those parts are rewritten: the option tables (training, job, pipeline parameters,
-storage, deploy) from the option() declarations, the message of an out-of-range parameter and
-the demo's training settings.
-A region on one line is written on one line (within a sentence).
-Each part appears in exactly one file; other pages link to it. tests/test_docs.py fails when a
-committed file differs from what this writes. Torch-free: it reads the declarations only (kfp
-is imported for the pipeline's defaults).
+storage, deploy) from the option() declarations, `job render`'s kind flags from its parser, the
+message of an out-of-range parameter, and the demo's training settings. A region on one line is
+written on one line (within a sentence). Each part appears in exactly one file; other pages link
+to it. tests/test_docs.py fails when a committed file differs from what this writes.
+Torch-free: it reads the declarations only (kfp is imported for the pipeline's defaults).
 """
 
 import argparse
@@ -175,6 +174,27 @@ def range_error_example(page: str) -> str:
     raise AssertionError("epochs = 0 passed its check")
 
 
+def _subcommand(parser, name: str):
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]
+
+
+def kind_flags(page: str) -> str:
+    """`kfvision job render`'s flags that pick the kind of job, as its parser has them (they
+    are the command line's own, not a config's options)."""
+    from pipelines.cli import build_parser
+
+    render = _subcommand(_subcommand(build_parser(["job"]), "job"), "render")
+    rows = [_row(["flag", "default", "choices", "meaning"]), _row(["---"] * 4)]
+    for action in render._actions:
+        if action.dest in ("kind", "runtime", "runtime_kind"):
+            rows.append(_row([f"`{action.option_strings[-1]}`",
+                              "" if action.default is None else _value(action.default),
+                              ", ".join(f"`{c}`" for c in action.choices or ()),
+                              _cell(action.help)]))
+    return "\n".join(rows)
+
+
 def demo_settings(page: str) -> str:
     """The training settings `make demo` (`kfvision demo`) gives the pipeline (inline)."""
     from pipelines.cli import build_parser
@@ -190,6 +210,7 @@ def demo_settings(page: str) -> str:
 REGIONS = {
     "train options": train_options,
     "job options": job_options,
+    "kind flags": kind_flags,
     "pipeline parameters": pipeline_parameters,
     "storage options": storage_options,
     "deploy options": deploy_options,
