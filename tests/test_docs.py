@@ -20,8 +20,9 @@ def test_committed_docs_are_what_make_docs_writes():
         rel = path.relative_to(REPO).as_posix()
         diffs += difflib.unified_diff(old.splitlines(), new.splitlines(), f"{rel} (committed)",
                                       f"{rel} (make docs)", lineterm="", n=1)
-    assert not changed, ("the generated parts of the docs differ from the code; run `make docs` "
-                         "and commit the result:\n" + "\n".join(diffs))
+    if changed:
+        pytest.fail("the generated parts of the docs differ from the code; run `make docs` and "
+                    "commit the result:\n" + "\n".join(diffs), pytrace=False)
 
 
 def test_every_region_is_in_exactly_one_page():
