@@ -68,6 +68,10 @@ manifests: setup ## regenerate manifests/pytorchjob-example.yaml with `kfvision 
 	  --lr 0.05 --warmup-epochs 1 --augment light --patience 5 \
 	  -o manifests/pytorchjob-example.yaml
 
+.PHONY: docs
+docs: setup ## rewrite the generated parts of README.md and docs/*.md (option tables) from the code
+	$(PY) -m pipelines.docgen
+
 .PHONY: golden-pipeline pipeline
 
 golden-pipeline: setup ## regenerate tests/golden/pipeline-image-classification.yaml; review the diff

@@ -1,1 +1,2 @@
-"""kfvision pipelines: the kfvision command line, KFP components, PyTorchJob builder and runners."""
+"""kfvision pipelines: the kfvision command line, KFP components, the
+PyTorchJob and TrainJob builders and runners."""

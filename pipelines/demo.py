@@ -4,8 +4,9 @@ with scikit-learn (no download).
 scikit-learn's handwritten digits (UCI, 1,797 8x8 images, 10 classes) are written as PNG files in
 class folders, split 80/20 per class, then the `image-classification` pipeline runs on this
 machine with KFP's local runner (`kfvision pipeline run-local`): convert both folders, write an
-untrained resnet18, train it as a PyTorchJob run as local processes, score the validation images,
-evaluate them, and deploy: serve the model with `kfvision serve` and check the served labels.
+untrained resnet18, train it as a PyTorchJob run as local processes (job_kind auto, locally),
+score the validation images, evaluate them, and deploy: serve the model with `kfvision serve` and
+check the served labels.
 """
 
 import shutil

@@ -7,10 +7,11 @@
 Every component runs as a subprocess of this Python (kfp.local.SubprocessRunner(use_venv=False):
 kfvision and its dependencies are installed here, nothing is pip-installed), its artifacts under
 `<out>/image-classification-<timestamp>/<task>/<output>`. The train step sees no Kubernetes and
-runs its PyTorchJob as local processes (pipelines.jobs.local). The pipeline runs without a KFP
-workspace (pipelines.storage.LOCAL): kfp.local deletes its workspace folder when the run ends,
-and the image directories a run leaves behind reference their images, so a source folder is
-referenced where it is and an archive is extracted into the convert step's own output.
+runs its job as local processes (with job_kind auto a PyTorchJob,
+pipelines.jobs.pytorchjob.local; with trainjob a TrainJob, pipelines.jobs.trainjob.local). The pipeline runs without a KFP workspace (pipelines.storage.LOCAL):
+kfp.local deletes its workspace folder when the run ends, and the image directories a run
+leaves behind reference their images, so a source folder is referenced where it is and an
+archive is extracted into the convert step's own output.
 
 kfp 2.17's local runner runs dsl.If/dsl.Else and merges *parameters* of dsl.OneOf, but refuses a
 dsl.OneOf of *artifacts* ("Expected 1 artifact in ArtifactSelectorSpec", in

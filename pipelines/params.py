@@ -1,6 +1,6 @@
 """The `image-classification` pipeline's parameters: which option each one is.
 
-A training parameter is a TrainConfig field and a PyTorchJob parameter a JobConfig field (each
+A training parameter is a TrainConfig field and a job parameter a JobConfig field (each
 says its pipeline name where it differs: `learning_rate` is `lr`); the parameters of the pipeline
 alone are PipelineInputs' fields below. The flags of `kfvision pipeline ...`, their help, the
 checks and the steps' plumbing come from these. KFP needs literal signatures (the pipeline
@@ -89,7 +89,7 @@ def train_options(**params) -> dict:
 
 
 def job_settings(**params) -> dict:
-    """The pipeline's PyTorchJob parameters in `params`, by their pipeline names (other keys are
+    """The pipeline's job parameters in `params`, by their pipeline names (other keys are
     ignored): what pipelines.steps.job_config takes."""
     return {o.param: params[o.param] for o in JOB_OPTIONS}
 

@@ -29,7 +29,7 @@ from pipelines.storage import DATA_MOUNT, DEFAULT, Storage
 PIPELINE_NAME = "image-classification"
 DESCRIPTION = ("Convert labelled images to an image directory, split it, train a ResNet/DenseNet "
                "with PyTorch DDP as a Kubeflow TrainJob or PyTorchJob, score and evaluate it.")
-# Requests/limits of the steps other than training (which runs in the PyTorchJob's pods).
+# Requests/limits of the steps other than training (which runs in the job's pods).
 STEP_RESOURCES = {"cpu_request": "1", "cpu_limit": "4", "memory_request": "2G",
                   "memory_limit": "8G"}
 

@@ -166,8 +166,9 @@ def check_deploy(params: dict) -> None:
     if params["deploy"]:
         try:
             DeployConfig(name=params["deploy_name"], model="pvc://x", image="x").check()
-        except InvalidParameterError as e:
-            raise InvalidParameterError(str(e).replace("name = ", "deploy_name = ", 1)) from e
+        except InvalidParameterError as e:  # named as the pipeline names it: deploy_name
+            pipeline = {o.name: o.param for o in options_of(DeployConfig)}
+            raise e.renamed(lambda f: pipeline.get(f) or f) from e
 
 
 def _fetch(url: str, dest: Path) -> Path:

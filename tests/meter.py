@@ -18,8 +18,8 @@ The cluster branch runs the steps' own functions (pipelines.steps, pipelines.tra
 this process, as the KFP components call them, with temporary folders standing in for the data
 PVC, the KFP workspace and each pod's local disk, KFP's artifact passing done by copying, and a
 FAKE Kubernetes API (no API server can run here) whose `submit` runs the rendered job as local
-processes with the platform's environment (pipelines.jobs.local): the job really reads the
-images at the paths it was given. What it cannot show: a real PVC's, CSI driver's or KFP
+processes with the platform's environment (pipelines.jobs.pytorchjob.local): the job really
+reads the images at the paths it was given. What it cannot show: a real PVC's, CSI driver's or KFP
 launcher's own traffic.
 """
 

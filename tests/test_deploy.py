@@ -161,3 +161,14 @@ def test_predictor_pod_meets_the_restricted_pod_security_standard(config):
                                         )["spec"]["predictor"]
     assert restricted_problems(predictor) == []
     assert restricted_problems({**predictor, "securityContext": {}}) != []  # the check bites
+
+
+def test_the_pipeline_parameters_deploy_options_name_exist():
+    """An error about a DeployConfig field names it as the pipeline does (check-parameters):
+    the parameter its declaration names must be one."""
+    from pipelines.params import pipeline_options
+    from trainer.options import options_of
+
+    named = {o.name: o.param for o in options_of(DeployConfig) if o.param}
+    assert named == {"name": "deploy_name", "image": "image"}
+    assert set(named.values()) <= set(pipeline_options())

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from trainer.errors import InvalidParameterError, ref
 from trainer.options import HelpFormatter, add_flags, check_options, option, options_of
-from trainer.presets import AUGMENTATIONS
+from trainer.presets import AUGMENTATIONS, CPU_BF16_MIN_IMAGE_SIZE
 
 ON_OFF = ("on", "off")
 AUTO_ON_OFF = ("auto", "on", "off")
+_BF16_FROM = ", ".join(f"{kind} from {px} px" for kind, px in CPU_BF16_MIN_IMAGE_SIZE.items())
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,8 @@ class TrainConfig:
     channels_last: str = option("auto", "NHWC memory layout: on, off, or auto (on for CUDA and "
                                 "for bf16 on CPU)", choices=AUTO_ON_OFF)
     amp: str = option("auto", "mixed precision: bf16 autocast, off (fp32), or auto (bf16 where "
-                      "the hardware has native bf16 and it pays: CUDA; CPUs with AMX or "
-                      "AVX512_BF16 from the image size measured for each; the start-up line "
-                      "says why)",
+                      "the hardware has native bf16 and it pays: CUDA; CPUs with "
+                      f"{_BF16_FROM}; the start-up line says why)",
                       choices=("auto", "bf16", "off"))
     compile: str = option("off", "torch.compile the model: on or off", choices=ON_OFF)
     gpu_decode: str = option("auto", "decode and augment the training JPEGs in batches on the "

@@ -1,4 +1,5 @@
-"""Names the command line's flags offer, importable without torch (`--help` stays instant).
+"""Names and thresholds the command line's flags offer or state, importable without torch (`--help`
+stays instant).
 
 The augmentation presets, built by trainer/data/transforms.py: "standard" is torchvision's ImageNet
 recipe (what the Azure module uses); "light" keeps orientation (digits, text, medical scans);
@@ -14,3 +15,8 @@ ARCHITECTURES = {
                "resnext101_32x8d", "wide_resnet50_2", "wide_resnet101_2"),
     "densenet": ("densenet121", "densenet161", "densenet169", "densenet201"),
 }
+
+# The smallest image size at which bf16 autocast + channels_last trains faster than fp32 on a CPU,
+# per kind of native bf16 (bench/amp.py; the machines and figures are in docs/benchmarks.md).
+# trainer/runtime.py decides `--amp auto` by them; `--amp`'s help states them.
+CPU_BF16_MIN_IMAGE_SIZE = {"AMX": 96, "AVX512_BF16": 64}

@@ -34,10 +34,7 @@ from pathlib import Path
 import torch
 
 from trainer.distributed import DistContext, cpus_per_process
-
-# The smallest image size at which bf16 autocast + channels_last trains faster than fp32 on a CPU,
-# per kind of native bf16 (bench/amp.py; the machines and figures are in docs/benchmarks.md)
-CPU_BF16_MIN_IMAGE_SIZE = {"AMX": 96, "AVX512_BF16": 64}
+from trainer.presets import CPU_BF16_MIN_IMAGE_SIZE
 
 
 @dataclass(frozen=True)

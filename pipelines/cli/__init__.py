@@ -30,7 +30,8 @@ typical run (no cluster needed):
 # The one-line help of the command groups whose flags are built only when they are named.
 HELP = {
     "train": "train a model (one process, or N with --nproc-per-node)",
-    "job": "train as a Kubeflow PyTorchJob: render, run-local, submit, logs, delete",
+    "job": "train as a Kubeflow job, PyTorchJob (the default) or TrainJob: render, run-local, "
+           "submit, logs, delete",
     "pipeline": "the Kubeflow Pipelines pipeline: compile, submit, run-local",
     "serve": "serve a trained model with KServe's model server (v1 and v2 protocols)",
     "deploy": "deploy a trained model on KServe: render, submit, delete an InferenceService",
@@ -44,7 +45,7 @@ def build_parser(argv: list | None = None) -> argparse.ArgumentParser:
     named = argv[0] if argv else None
     p = argparse.ArgumentParser(
         prog="kfvision", description="Train image classifiers with PyTorch DDP, on this machine "
-        "or as Kubeflow PyTorchJobs.", epilog=EPILOG,
+        "or as Kubeflow jobs (PyTorchJob or TrainJob).", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     data.register(sub)

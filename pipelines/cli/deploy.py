@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from pipelines.serve.deploy import DeployConfig
-from trainer.options import HelpFormatter
+from trainer.options import HelpFormatter, add_flags, options_of
 
 EPILOG = """\
 render, then apply (docs/serving.md):
@@ -19,10 +19,7 @@ render, then apply (docs/serving.md):
 def _render(args) -> int:
     from pipelines.serve.deploy import build_inference_service, to_yaml
 
-    cfg = DeployConfig(name=args.name, model=args.model, image=args.image,
-                       namespace=args.namespace, gpus=args.gpus, min_replicas=args.min_replicas,
-                       max_replicas=args.max_replicas, cpu=args.cpu, memory=args.memory,
-                       max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)
+    cfg = DeployConfig(**{o.name: getattr(args, o.name) for o in options_of(DeployConfig)})
     text = to_yaml(build_inference_service(cfg))
     if args.output in (None, "-"):
         sys.stdout.write(text)
@@ -69,22 +66,9 @@ def register(subparsers, help: str) -> None:
                               description="Deploy a trained model on KServe.",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = d.add_subparsers(dest="deploy_command", required=True, metavar="ACTION")
-    d0 = DeployConfig("x", "pvc://x", "x")
     r = sub.add_parser("render", formatter_class=HelpFormatter,
                        help="write the InferenceService YAML (serving.kserve.io/v1beta1)")
-    r.add_argument("--model", required=True, help="storage URI of the trained model directory: "
-                   "pvc://CLAIM/path, s3://..., gs://... (mounted at /mnt/models)")
-    r.add_argument("--name", required=True, help="InferenceService name (and model name)")
-    r.add_argument("--image", required=True, help="the kfvision image (images/Dockerfile)")
-    r.add_argument("--namespace", help="namespace (default: kubectl's)")
-    r.add_argument("--gpus", type=int, default=d0.gpus, help="GPUs per replica")
-    r.add_argument("--min-replicas", type=int, default=d0.min_replicas,
-                   help="replicas at least (0: scale to zero, serverless mode)")
-    r.add_argument("--max-replicas", type=int, default=d0.max_replicas, help="replicas at most")
-    r.add_argument("--cpu", default=d0.cpu, help="CPU request per replica")
-    r.add_argument("--memory", default=d0.memory, help="memory request and limit per replica")
-    r.add_argument("--max-batch-size", type=int, help="passed to `kfvision serve`")
-    r.add_argument("--batch-wait-ms", type=float, help="passed to `kfvision serve`")
+    add_flags(r, options_of(DeployConfig))
     r.add_argument("-o", "--output", help="output file ('-' or none: standard output)")
     r.set_defaults(func=_render)
     fmt = HelpFormatter

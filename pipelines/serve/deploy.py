@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass
 
 from pipelines.k8s import GPU_RESOURCE
-from trainer.errors import InvalidParameterError, check_range
+from trainer.errors import InvalidParameterError
+from trainer.options import check_options, option, ref_of
 
 API_VERSION = "serving.kserve.io/v1beta1"
 KIND = "InferenceService"
@@ -27,38 +28,50 @@ NAME_MAX = 63
 
 @dataclass(frozen=True)
 class DeployConfig:
-    """What `kfvision deploy render` takes (flags of the same names)."""
+    """What `kfvision deploy render` takes. Its options are declared once, here: the flags (and
+    the names errors give them, the pipeline's where `pipeline` says) come from these fields."""
 
-    name: str
-    model: str  # storage URI of a trained model directory
-    image: str
-    namespace: str | None = None
-    gpus: int = 0
-    min_replicas: int = 1
-    max_replicas: int = 1
-    cpu: str = "1"
-    memory: str = "2Gi"
-    max_batch_size: int | None = None
-    batch_wait_ms: float | None = None
+    name: str = option(help="InferenceService name (and the served model's name): lower-case "
+                       "letters, digits and '-', starting with a letter", pipeline="deploy_name")
+    model: str = option(help="storage URI of the trained model directory: pvc://CLAIM/path, "
+                        "s3://..., gs://... (mounted at /mnt/models)")
+    image: str = option(help="the kfvision image (images/Dockerfile)", pipeline=True)
+    namespace: str | None = option(None, "namespace", unset="kubectl's")
+    gpus: int = option(0, "GPUs per replica", low=0, high=16)
+    min_replicas: int = option(1, "replicas at least (0: scale to zero, serverless mode)", low=0,
+                               high=1000)
+    max_replicas: int = option(1, "replicas at most (at least --min-replicas)", low=1,
+                               high=1000)
+    cpu: str = option("1", "CPU request per replica")
+    memory: str = option("2Gi", "memory request and limit per replica")
+    max_batch_size: int | None = option(None, "passed to `kfvision serve`",
+                                        unset="kfvision serve's")
+    batch_wait_ms: float | None = option(None, "passed to `kfvision serve`",
+                                         unset="kfvision serve's")
 
     def check(self) -> "DeployConfig":
         """Raise InvalidParameterError naming the first bad field; returns self."""
+        name, model = ref_of(DeployConfig, "name"), ref_of(DeployConfig, "model")
         if not NAME.match(self.name) or len(self.name) > NAME_MAX:
             raise InvalidParameterError(
-                f"name = {self.name!r} is not valid: an InferenceService name is lower-case "
+                f"{name} = {self.name!r} is not valid: an InferenceService name is lower-case "
                 f"letters, digits and '-', starts with a letter, at most {NAME_MAX} characters.")
         if not self.model.startswith(STORAGE_SCHEMES) or self.model.endswith("://"):
             raise InvalidParameterError(
-                f"model = {self.model!r} is not a storage URI KServe can fetch; use one of "
+                f"{model} = {self.model!r} is not a storage URI KServe can fetch; use one of "
                 f"{', '.join(s + '...' for s in STORAGE_SCHEMES)} (e.g. pvc://CLAIM/models/r18).")
         if self.model.startswith("pvc://") and not self.model[len("pvc://"):].split("/")[0]:
-            raise InvalidParameterError(f"model = {self.model!r} names no claim: "
+            raise InvalidParameterError(f"{model} = {self.model!r} names no claim: "
                                         "pvc://CLAIM/path")
         if not self.image:
-            raise InvalidParameterError("image is empty: give the kfvision image to run")
-        check_range("gpus", self.gpus, 0, 16)
-        check_range("min-replicas", self.min_replicas, 0, 1000)
-        check_range("max-replicas", self.max_replicas, max(self.min_replicas, 1), 1000)
+            raise InvalidParameterError(f"{ref_of(DeployConfig, 'image')} is empty: give the "
+                                        "kfvision image to run")
+        check_options(self)  # ranges, as declared
+        if self.max_replicas < self.min_replicas:
+            low, high = ref_of(DeployConfig, "min_replicas"), ref_of(DeployConfig, "max_replicas")
+            raise InvalidParameterError(
+                f"{high} = {self.max_replicas} is below {low} = {self.min_replicas}; give "
+                f"{high} {self.min_replicas} or more.")
         return self
 
 

@@ -219,7 +219,7 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
                        faults=()) -> LocalResult:
     """Run the TrainJob `job` (a dict) on this machine, as Kubeflow Trainer and its runtime would.
 
-    Args and result as pipelines.jobs.local.run_local (logs in LOG_DIR/node-0-<i>.log).
+    Args and result as pipelines.jobs.pytorchjob.local.run_local (logs in LOG_DIR/node-0-<i>.log).
     Raises:
         InvalidJobError: the manifest breaks a rule, names an unknown runtime, or cannot run here.
         JobFailedError: the runtime's failure policy failed the job, or the deadline passed.
