@@ -8,7 +8,8 @@ Every component runs as a subprocess of this Python (kfp.local.SubprocessRunner(
 kfvision and its dependencies are installed here, nothing is pip-installed), its artifacts under
 `<out>/image-classification-<timestamp>/<task>/<output>`. The train step sees no Kubernetes and
 runs its job as local processes (with job_kind auto a PyTorchJob,
-pipelines.jobs.pytorchjob.local; with trainjob a TrainJob, pipelines.jobs.trainjob.local). The pipeline runs without a KFP workspace (pipelines.storage.LOCAL):
+pipelines.jobs.pytorchjob.local; with trainjob a TrainJob, pipelines.jobs.trainjob.local). The
+pipeline runs without a KFP workspace (pipelines.storage.LOCAL):
 kfp.local deletes its workspace folder when the run ends, and the image directories a run
 leaves behind reference their images, so a source folder is referenced where it is and an
 archive is extracted into the convert step's own output.
