@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.kinds import KINDS
-from pipelines.jobs.trainjob.build import STOCK_RUNTIME
+from pipelines.jobs.trainjob.rules import STOCK_RUNTIME
 from trainer.config import TrainConfig
 from trainer.options import option, options_of
 

@@ -160,3 +160,39 @@ def test_one_module_talks_to_kubernetes():
             if any(m == "kubernetes" or m.startswith("kubernetes.") for m in mods):
                 importers.add(name)
     assert importers == {"pipelines.k8s"}
+
+
+# Names other platforms define, and the one module of ours that may spell them (docs/upstream.md
+# lists each with its released source). Prose (docstrings, help texts) may mention them; a string
+# that *is* one of them (starts with it) lives in its platform's module and is imported elsewhere.
+PLATFORM_NAMES = {
+    "trainer.kubeflow.org": {"pipelines.jobs.trainjob.rules", "trainer.upstream"},
+    "jobset.sigs.k8s.io/": {"pipelines.jobs.trainjob.rules"},
+    "batch.kubernetes.io/": {"pipelines.jobs.trainjob.rules"},
+    "PET_": {"pipelines.jobs.trainjob.rules", "pipelines.jobs.pytorchjob.local",
+             "pipelines.jobs.procs"},  # the operator's env (local.py), torchrun's (procs.py)
+    "training.kubeflow.org/": {"pipelines.jobs.pytorchjob.rules"},
+    "pytorchjob-port": {"pipelines.jobs.pytorchjob.rules"},
+    "katib.kubeflow.org/": {"pipelines.tune.katib_rules"},
+    "serving.kserve.io": {"pipelines.serve.deploy"},
+    "KUBEFLOW_TRAINER_": {"trainer.upstream"},
+    "nvidia.com/gpu": {"pipelines.k8s"},
+}
+
+
+def test_each_platforms_names_are_spelled_in_one_module():
+    found = {}
+    for name, tree in _trees():
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                           ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and id(node) not in docstrings):
+                for prefix in PLATFORM_NAMES:
+                    if node.value.startswith(prefix):
+                        found.setdefault(prefix, set()).add(name)
+    stray = {p: sorted(mods - PLATFORM_NAMES[p]) for p, mods in found.items()
+             if mods - PLATFORM_NAMES[p]}
+    assert stray == {}

@@ -92,6 +92,20 @@ def test_ready_state_reads_the_ready_condition(conditions, ready, words):
     assert got[0] is ready and words in got[1]
 
 
+@pytest.mark.parametrize("state, ready, words", [
+    ("Loaded", True, "ready at"),
+    ("Loading", False, "Ready, but its model is Loading"),
+    ("FailedToLoad", False, "model is FailedToLoad: out of memory"),
+])
+def test_ready_also_needs_the_model_loaded(state, ready, words):
+    """KServe v0.20: `Ready` has been seen True with no model loaded; the model's state says."""
+    status = {"conditions": READY, "url": "http://digits",
+              "modelStatus": {"states": {"activeModelState": state},
+                              "lastFailureInfo": {"message": "out of memory"}}}
+    got = cluster.ready_state({"status": status})
+    assert got[0] is ready and words in got[1]
+
+
 def test_apply_creates_then_updates_and_waits_until_ready(capsys):
     import sys
 

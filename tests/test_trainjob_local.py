@@ -13,7 +13,14 @@ import pytest
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.jobs.trainjob.build import Runtime, build_runtime, build_trainjob
-from pipelines.jobs.trainjob.local import STOCK, FailurePolicy, run_local, torch_env
+from pipelines.jobs.trainjob.local import (
+    STOCK,
+    FailurePolicy,
+    StatusEndpoint,
+    run_local,
+    status_env,
+    torch_env,
+)
 from trainer.config import TrainConfig
 
 TRAIN = TrainConfig(model="/m", train="/t", val="/v", out="/o")
@@ -36,12 +43,78 @@ def make_trainjob(nodes=2, nproc=1, runtime="kfvision-torch", script="", name="t
     ({"resourcesPerNode": {"requests": {"cpu": "2500m"}}}, 0,
      {"PET_NPROC_PER_NODE": "3", "PET_NNODES": "1"}),  # the CPU count, rounded up
     ({}, 0, {"PET_NPROC_PER_NODE": "1"}),  # at least 1
+    # v2.3.0 getNumCPUPerNode: the request wins over the limit; the limit when no request
+    ({"resourcesPerNode": {"requests": {"cpu": "2"}, "limits": {"cpu": "6"}}}, 0,
+     {"PET_NPROC_PER_NODE": "2"}),
+    ({"resourcesPerNode": {"requests": {"cpu": "0"}, "limits": {"cpu": "1500m"}}}, 0,
+     {"PET_NPROC_PER_NODE": "2"}),
+    # GetNumGPUPerNode: any resource named *gpu*, requests first, then limits; 0 GPUs is CPU
+    ({"resourcesPerNode": {"requests": {"amd.com/GPU": 1}}}, 0, {"PET_NPROC_PER_NODE": "auto"}),
+    ({"resourcesPerNode": {"requests": {"nvidia.com/gpu": 0, "cpu": "4"},
+                           "limits": {"nvidia.com/gpu": 2}}}, 0, {"PET_NPROC_PER_NODE": "auto"}),
+    ({"resourcesPerNode": {"limits": {"nvidia.com/gpu": 0, "cpu": "3"}}}, 0,
+     {"PET_NPROC_PER_NODE": "3"}),
+    # numProcPerNode is taken as it is, GPUs or not
+    ({"numProcPerNode": 2, "resourcesPerNode": {"limits": {"nvidia.com/gpu": 8}}}, 0,
+     {"PET_NPROC_PER_NODE": "2"}),
 ])
 def test_torch_env_is_the_plugins(trainer, index, expected):
     env = torch_env({"metadata": {"name": "job"}, "spec": {"trainer": trainer}}, index)
     assert {k: env[k] for k in expected} == expected
     assert set(env) == {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
                         "PET_MASTER_PORT"}  # no RANK, WORLD_SIZE or MASTER_ADDR
+
+
+RUNTIME_8_CPUS = {"spec": {"mlPolicy": {"numNodes": 3, "torch": {}}, "template": {"spec": {
+    "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": {
+        "containers": [{"name": "node", "resources": {"requests": {"cpu": "8"}}}]}}}}}]}}}}
+
+
+def test_the_runtime_gives_what_the_trainjob_leaves_out():
+    """torch.go: no trainer.numNodes -> the runtime's mlPolicy.numNodes; no resourcesPerNode ->
+    the runtime's node container's resources."""
+    bare = {"metadata": {"name": "job"}, "spec": {"trainer": {}}}
+    env = torch_env(bare, 0, runtime=RUNTIME_8_CPUS)
+    assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"]) == ("3", "8")
+    own = {"metadata": {"name": "job"}, "spec": {"trainer": {
+        "numNodes": 2, "resourcesPerNode": {"requests": {"cpu": "2"}}}}}
+    env = torch_env(own, 0, runtime=RUNTIME_8_CPUS)
+    assert (env["PET_NNODES"], env["PET_NPROC_PER_NODE"]) == ("2", "2")
+
+
+@pytest.mark.parametrize("extra,nproc", [
+    ({"cpu": "8"}, "1"),  # a CPU job of 8 cores: one process, not the plugin's 8
+    ({"gpus_per_node": 4}, "4"),  # one process per GPU, not "auto"
+    ({"gpus_per_node": 4, "procs_per_node": 2}, "2"),
+    ({"procs_per_node": 3, "cpu": "8"}, "3"),
+])
+def test_render_writes_numprocpernode_so_the_plugin_takes_ours(extra, nproc):
+    """Without numProcPerNode the torch plugin runs one process per CPU of resourcesPerNode, or
+    `auto` (one per GPU torchrun sees) with GPUs: render always writes it, for CPU and GPU jobs
+    alike, so the processes per node are those of --procs-per-node (else one per GPU, else 1)."""
+    job = build_trainjob(JobConfig(name="t", image="i", train=TRAIN, nodes=2, **extra),
+                         Runtime("kfvision-torch"))
+    assert str(job["spec"]["trainer"]["numProcPerNode"]) == nproc
+    assert torch_env(job, 1)["PET_NPROC_PER_NODE"] == nproc
+    del job["spec"]["trainer"]["numProcPerNode"]  # what the plugin would have done instead
+    assert torch_env(job, 1)["PET_NPROC_PER_NODE"] == ("auto" if "gpus_per_node" in extra
+                                                       else extra.get("cpu", "1"))
+
+
+def test_the_status_variables_only_with_the_gate_and_the_trainer_label(tmp_path):
+    """trainjobstatus.go: the three variables go into the pod set labelled as the trainer's
+    ancestor, and only with the TrainJobStatus gate on (a status endpoint given here)."""
+    job = make_trainjob(nodes=1)
+    status = StatusEndpoint("https://127.0.0.1:10443", tmp_path)
+    assert status_env(job, STOCK, None) == {}
+    unlabelled = json.loads(json.dumps(STOCK))
+    unlabelled["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["metadata"] = {}
+    assert status_env(job, unlabelled, status) == {}
+    assert status_env(job, STOCK, status) == {
+        "KUBEFLOW_TRAINER_SERVER_URL": "https://127.0.0.1:10443/apis/trainer.kubeflow.org/"
+                                       "v1alpha1/namespaces/default/trainjobs/t/status",
+        "KUBEFLOW_TRAINER_SERVER_CA_CERT": str(tmp_path / "ca.crt"),
+        "KUBEFLOW_TRAINER_SERVER_TOKEN": str(tmp_path / "token")}
 
 
 def test_each_node_gets_the_plugins_env_and_nothing_inherited(tmp_path, monkeypatch, capsys):

@@ -255,3 +255,33 @@ def test_kfvision_train_reports_every_epoch_to_the_status_server(tmp_path, tiny_
     assert all(isinstance(v, str) for v in metrics.values())
     assert metrics["currentEpoch"] == "3" and metrics["totalEpochs"] == "3"
     assert float(metrics["val_top1"]) == pytest.approx(final["val_top1"], rel=1e-5)
+
+
+@pytest.mark.distributed
+def test_the_local_trainjob_runner_injects_what_the_controller_does(tmp_path, tiny_digits,
+                                                                     resnet18_dir):
+    """`run-local` of a rendered TrainJob on kfvision's runtime (whose node job carries the
+    trainer ancestor label) with the TrainJobStatus gate on: the nodes get the three variables
+    as trainjobstatus.go injects them, and rank 0 reports every epoch, re-reading the token that
+    rotates after each report. 2 nodes x 1 process."""
+    from pipelines.jobs.config import JobConfig
+    from pipelines.jobs.trainjob.build import Runtime, build_trainjob
+    from pipelines.jobs.trainjob.local import StatusEndpoint, run_local
+    from trainer.config import TrainConfig
+
+    train = TrainConfig(model=str(resnet18_dir), train=str(tiny_digits["train"]),
+                        val=str(tiny_digits["val"]), out=str(tmp_path / "out"), epochs=2,
+                        image_size=32, batch_size=16, lr=0.05, augment="none", print_freq=100)
+    job = build_trainjob(JobConfig(name="digits-progress", image="local", train=train, nodes=2),
+                         Runtime("kfvision-torch"))
+    server = StatusServer(tmp_path / "kubeflow-trainer", namespace="default",
+                          name="digits-progress", rotate=True)
+    base = "{0.scheme}://{0.netloc}".format(urlsplit(server.url))
+    try:
+        run_local(job, tmp_path / "logs", quiet=True, restart_delay_s=0,
+                  status=StatusEndpoint(base, server.directory))
+    finally:
+        server.close()
+    assert [r[2] for r in server.requests] == [200, 200]  # one report an epoch, rank 0 only
+    assert [s["progressPercentage"] for s in server.reports] == [50, 100]
+    assert len(set(server.tokens_used)) == 2

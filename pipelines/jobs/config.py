@@ -107,7 +107,7 @@ class JobConfig:
     nodes: int = option(1, "pods: 1 Master + (N-1) Workers", low=1, high=10_000, pipeline=True)
     procs_per_node: int | None = option(None, "training processes per pod", low=1, high=1024,
                                         unset="one per GPU, or 1", pipeline=True)
-    gpus_per_node: int = option(0, "nvidia.com/gpu per pod", low=0, high=64, pipeline=True)
+    gpus_per_node: int = option(0, f"{GPU_RESOURCE} per pod", low=0, high=64, pipeline=True)
     node_selector: tuple = option((), "node label the pods require", many=True,
                                   parse=parse_key_value, show="=".join, metavar="KEY=VALUE",
                                   pipeline=True)

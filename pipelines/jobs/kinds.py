@@ -29,31 +29,32 @@ class JobKind(Resource):
         """`master-0` / `worker-1` or `node-0-1` from the pod's labels (else the pod's name)."""
         labels = (pod.get("metadata") or {}).get("labels") or {}
         if self is TRAINJOB:
-            index = labels.get("batch.kubernetes.io/job-completion-index")
-            rjob = labels.get("jobset.sigs.k8s.io/replicatedjob-name")
+            index = labels.get(trainjob_rules.COMPLETION_INDEX)
+            rjob = labels.get(trainjob_rules.REPLICATED_JOB_LABEL)
             if index is not None and rjob is not None:
-                return f"{rjob}-{labels.get('jobset.sigs.k8s.io/job-index', '0')}-{index}"
+                return f"{rjob}-{labels.get(trainjob_rules.JOB_INDEX_LABEL, '0')}-{index}"
         else:
-            rtype = labels.get("training.kubeflow.org/replica-type")
-            index = labels.get("training.kubeflow.org/replica-index")
+            rtype = labels.get(pytorchjob_rules.REPLICA_TYPE_LABEL)
+            index = labels.get(pytorchjob_rules.REPLICA_INDEX_LABEL)
             if rtype is not None and index is not None:
                 return f"{rtype.lower()}-{index}"
         return pod["metadata"]["name"]
 
 
 PYTORCHJOB = JobKind(
-    kind=pytorchjob_rules.KIND, group="kubeflow.org", version="v1", plural="pytorchjobs",
+    kind=pytorchjob_rules.KIND, group=pytorchjob_rules.GROUP, version=pytorchjob_rules.VERSION,
+    plural=pytorchjob_rules.PLURAL,
     install="install the Kubeflow Training Operator v1.9 (kubectl apply --server-side -k "
     "\"github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.4\")",
-    pod_label="training.kubeflow.org/job-name", container=pytorchjob_rules.CONTAINER_NAME,
-    primary="master-0", succeeded="Succeeded")
+    pod_label=pytorchjob_rules.JOB_NAME_LABEL, container=pytorchjob_rules.CONTAINER_NAME,
+    primary="master-0", succeeded=pytorchjob_rules.SUCCEEDED)
 TRAINJOB = JobKind(
-    kind=trainjob_rules.KIND, group=trainjob_rules.API_GROUP, version="v1alpha1",
-    plural="trainjobs",
+    kind=trainjob_rules.KIND, group=trainjob_rules.API_GROUP, version=trainjob_rules.VERSION,
+    plural=trainjob_rules.PLURAL,
     install="install Kubeflow Trainer v2 (see https://www.kubeflow.org/docs/components/trainer/"
     "operator-guides/installation/)",
-    pod_label="jobset.sigs.k8s.io/jobset-name", container=trainjob_rules.NODE,
-    primary="node-0-0", succeeded="Complete")
+    pod_label=trainjob_rules.JOBSET_NAME_LABEL, container=trainjob_rules.NODE,
+    primary=f"{trainjob_rules.NODE}-0-0", succeeded=trainjob_rules.COMPLETE)
 KINDS = {k.kind: k for k in (TRAINJOB, PYTORCHJOB)}  # preference order: TrainJob first
 
 

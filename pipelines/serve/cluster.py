@@ -6,7 +6,7 @@ which manifests/rbac-deploy.yaml grants:
 
 from pipelines.k8s import Api, Resource, WaitTimeoutError
 from pipelines.k8s import connect as connect_api
-from pipelines.serve.deploy import API_VERSION, KIND
+from pipelines.serve.deploy import API_VERSION, KIND, MODEL_LOADED, READY_CONDITION
 
 GROUP, VERSION = API_VERSION.split("/")
 INFERENCE_SERVICE = Resource(
@@ -18,13 +18,20 @@ INFERENCE_SERVICE = Resource(
 
 
 def ready_state(isvc: dict) -> tuple[bool, str]:
-    """(ready, what to say) from the InferenceService's `Ready` condition and URL."""
+    """(ready, what to say) from the InferenceService's `Ready` condition and URL, and its
+    model's state: `Ready` has been seen True before any model was loaded, so a model state
+    other than Loaded (when the controller reports one) is not ready yet."""
     status = isvc.get("status") or {}
+    model = ((status.get("modelStatus") or {}).get("states") or {}).get("activeModelState")
     for c in status.get("conditions") or []:
-        if c.get("type") == "Ready":
-            if c.get("status") == "True":
-                return True, f"ready at {status.get('url', '(no URL yet)')}"
-            return False, c.get("message") or c.get("reason") or "not ready"
+        if c.get("type") == READY_CONDITION:
+            if c.get("status") != "True":
+                return False, c.get("message") or c.get("reason") or "not ready"
+            if model and model != MODEL_LOADED:
+                failure = (status.get("modelStatus") or {}).get("lastFailureInfo") or {}
+                return False, f"Ready, but its model is {model}" + (
+                    f": {failure.get('message')}" if failure.get("message") else "")
+            return True, f"ready at {status.get('url', '(no URL yet)')}"
     return False, "no status yet (is the KServe controller running?)"
 
 

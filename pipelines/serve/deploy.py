@@ -19,6 +19,10 @@ CONTAINER_NAME = "kserve-container"  # the name KServe expects for a custom pred
 MODEL_MOUNT = "/mnt/models"  # where the storage initializer puts STORAGE_URI's contents
 PORT = 8080
 READY_PATH = "/v2/health/ready"
+# KServe v0.20.0 pkg/apis/serving/v1beta1/inference_service_status.go: the Ready condition, and
+# status.modelStatus.states.activeModelState (Pending, Standby, Loading, Loaded, FailedToLoad)
+READY_CONDITION = "Ready"
+MODEL_LOADED, MODEL_FAILED = "Loaded", "FailedToLoad"
 RUN_AS = 1000  # the image's user (images/Dockerfile: USER 1000:1000)
 STORAGE_SCHEMES = ("pvc://", "s3://", "gs://", "https://", "http://", "hdfs://", "webhdfs://")
 # DNS-1035 label: the InferenceService name becomes a Service (and a host name)

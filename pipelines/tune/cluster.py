@@ -9,10 +9,9 @@ from pipelines.jobs.errors import JobFailedError
 from pipelines.k8s import Api, Resource, WaitTimeoutError
 from pipelines.k8s import connect as connect_api
 from pipelines.tune.experiment import TRIAL_KINDS
+from pipelines.tune.katib_rules import EXPERIMENT_LABEL, GROUP, KIND, VERSION
+from pipelines.tune.katib_rules import TRIAL_KIND as TRIAL
 
-GROUP, VERSION = "kubeflow.org", "v1beta1"
-KIND, TRIAL = "Experiment", "Trial"
-EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"  # Katib's label on an Experiment's trials
 KATIB_INSTALL = ("install Katib v0.19 (kubectl apply -k \"github.com/kubeflow/katib.git/manifests/"
                  "v1beta1/installs/katib-standalone?ref=v0.19.0\")")
 EXPERIMENT = Resource(kind=KIND, group=GROUP, version=VERSION, plural="experiments",

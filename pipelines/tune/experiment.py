@@ -16,13 +16,13 @@ import json
 from collections.abc import Callable
 from typing import NamedTuple
 
+from pipelines.jobs.pytorchjob import rules as pytorchjob_rules
 from pipelines.jobs.pytorchjob.rules import CONTAINER_NAME, validate_pytorchjob
+from pipelines.jobs.trainjob import rules as trainjob_rules
 from pipelines.jobs.trainjob.rules import NODE, validate_trainjob
-from pipelines.tune.katib_rules import validate_experiment
+from pipelines.tune.katib_rules import API_VERSION, KIND, validate_experiment
 from trainer.reporting import METRICS, OBJECTIVES
 
-API_VERSION = "kubeflow.org/v1beta1"
-KIND = "Experiment"
 TRIAL_NAME = "trialName"
 # our --algorithm -> Katib's algorithmName (the suggestion services Katib ships)
 ALGORITHMS = {"tpe": "tpe", "random": "random", "grid": "grid",
@@ -48,9 +48,9 @@ def _pytorchjob_args(job: dict) -> list:
 
 
 PYTORCHJOB = TrialKind(
-    success_condition='status.conditions.#(type=="Succeeded")#|#(status=="True")#',
+    success_condition=f'status.conditions.#(type=="{pytorchjob_rules.SUCCEEDED}")#|#(status=="True")#',
     failure_condition='status.conditions.#(type=="Failed")#|#(status=="True")#',
-    primary_pod_labels={"training.kubeflow.org/job-role": "master"},
+    primary_pod_labels={pytorchjob_rules.JOB_ROLE_LABEL: "master"},
     primary_container=CONTAINER_NAME,
     trainer_args=_pytorchjob_args,
     validate=validate_pytorchjob)
@@ -61,10 +61,10 @@ def _trainjob_args(job: dict) -> list:
 
 
 TRAINJOB = TrialKind(
-    success_condition='status.conditions.#(type=="Complete")#|#(status=="True")#',
+    success_condition=f'status.conditions.#(type=="{trainjob_rules.COMPLETE}")#|#(status=="True")#',
     failure_condition='status.conditions.#(type=="Failed")#|#(status=="True")#',
-    primary_pod_labels={"jobset.sigs.k8s.io/replicatedjob-name": NODE,
-                        "batch.kubernetes.io/job-completion-index": "0"},
+    primary_pod_labels={trainjob_rules.REPLICATED_JOB_LABEL: NODE,
+                        trainjob_rules.COMPLETION_INDEX: "0"},
     primary_container=NODE,
     trainer_args=_trainjob_args,
     validate=validate_trainjob)

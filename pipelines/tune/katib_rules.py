@@ -9,6 +9,13 @@ import re
 
 from pipelines.jobs.errors import InvalidJobError
 
+# Katib's names, from kubeflow/katib tag v0.19.0 (docs/upstream.md lists them with their files):
+# pkg/apis/controller/experiments/v1beta1/ (group, version, kinds), pkg/controller.v1beta1/consts/
+# const.go (LabelExperimentName: the label on an Experiment's trials).
+GROUP, VERSION = "kubeflow.org", "v1beta1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND, TRIAL_KIND = "Experiment", "Trial"
+EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"
 MAX_NAME = 40  # Katib names trials <experiment>-<8 random>; the job's pods add their own suffixes
 ALGORITHM_NAMES = ("random", "tpe", "multivariate-tpe", "grid", "bayesianoptimization",
                    "hyperband", "cmaes", "sobol", "enas", "darts", "pbt")

@@ -10,7 +10,13 @@ cluster accepts.
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.k8s import dns1035_problem
 
-API_VERSION = "kubeflow.org/v1"
+# The Training Operator's names, all from kubeflow/trainer tag v1.9.4 (docs/upstream.md lists
+# them with their files): pkg/apis/kubeflow.org/v1/{groupversion_info,pytorch_types,common_types}.go
+# (group, version, kind, plural, PyTorchJobDefaultContainerName, PyTorchJobDefaultPortName,
+# PyTorchJobDefaultPort, replica types, restart policies, JobSucceeded), pkg/webhooks/pytorch/
+# pytorchjob_webhook.go (managedBy), pkg/controller.v1/common/ (the pod labels).
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "PyTorchJob"
 CONTAINER_NAME = "pytorch"  # the operator finds the training container by this exact name
 REPLICA_TYPES = ("Master", "Worker")
@@ -18,6 +24,11 @@ MANAGED_BY = ("kubeflow.org/training-operator", "kueue.x-k8s.io/multikueue")
 RESTART_POLICIES = ("ExitCode", "OnFailure", "Never", "Always")
 PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT from the port with this name
 DEFAULT_PORT = 23456  # the operator's default; written out so the manifest says what it uses
+SUCCEEDED = "Succeeded"  # the condition type of a job that ended well
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"  # on every pod of the job
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"  # master / worker
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+JOB_ROLE_LABEL = "training.kubeflow.org/job-role"  # "master" on the Master's pod
 
 def _replica_problems(rtype: str, spec) -> list:
     where = f"spec.pytorchReplicaSpecs.{rtype}"

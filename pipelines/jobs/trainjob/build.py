@@ -23,17 +23,20 @@ from dataclasses import dataclass
 from pipelines.jobs.config import LABELS, TRAIN_COMMAND, JobConfig, pod_spec, resources, train_flags
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.trainjob.rules import (
+    ANCESTOR_LABEL,
+    ANCESTOR_TRAINER,
     API_GROUP,
     API_VERSION,
+    FRAMEWORK_LABEL,
     KIND,
     NODE,
     RUNTIME_KINDS,
+    STOCK_RUNTIME,
     validate_trainjob,
 )
 from pipelines.k8s import dns1123_problem
 
 MANAGER = "kfvision.dev/render"  # owner of our runtimePatches entry (a domain-prefixed path)
-STOCK_RUNTIME = "torch-distributed"
 KFVISION_RUNTIME = "kfvision-torch"
 PERMANENT_CODES = tuple(range(1, 128))  # trainer/exitcodes.py: 1-127 are never retried
 MAX_RESTARTS = 3  # kfvision-torch's JobSet maxRestarts: the PyTorchJob's default backoffLimit
@@ -140,7 +143,7 @@ def build_runtime(image: str, kind: str = "ClusterTrainingRuntime",
     checkpoint, at most `max_restarts` times. `podFailurePolicy` needs `restartPolicy: Never`.
     """
     metadata = {"name": name, **({"namespace": namespace} if namespace else {}),
-                "labels": {"trainer.kubeflow.org/framework": "torch", **LABELS}}
+                "labels": {FRAMEWORK_LABEL: "torch", **LABELS}}
     pod = {"restartPolicy": "Never",
            "automountServiceAccountToken": False,  # training pods never call the API
            "containers": [{"name": NODE, "image": image}]}
@@ -155,6 +158,5 @@ def build_runtime(image: str, kind: str = "ClusterTrainingRuntime",
         "mlPolicy": {"numNodes": 1, "torch": {}},
         "template": {"spec": {"failurePolicy": failure, "replicatedJobs": [{
             "name": NODE,
-            "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step":
-                                                 "trainer"}},
+            "template": {"metadata": {"labels": {ANCESTOR_LABEL: ANCESTOR_TRAINER}},
                          "spec": job}}]}}}}

@@ -4,7 +4,9 @@ Trainer v2.3.0 and its runtime would run them.
 One process per node (`node-0-0`, `node-0-1`, ...: the JobSet's pod hostnames), each running
 `trainer.command` + `trainer.args` with `trainer.env` plus exactly the `PET_*` variables the torch
 plugin injects (../shared/reference/README.md), except that the master address is the loopback
-address and the port a free one. The image stands in by this machine's programs, as for
+address and the port a free one; with a status endpoint (Kubeflow Trainer's TrainJobStatus feature
+gate), also the three variables of its `trainjobstatus` plugin, so that the trainer reports its
+progress as on the cluster. The image stands in by this machine's programs, as for
 PyTorchJobs (pipelines/jobs/pytorchjob/local.py).
 
 What is retried follows the runtime the TrainJob references (kfvision-torch or the stock
@@ -35,19 +37,37 @@ from pipelines.jobs.procs import (
     proc_table,
     stop_all,
 )
-from pipelines.jobs.trainjob.build import KFVISION_RUNTIME, STOCK_RUNTIME, build_runtime
-from pipelines.jobs.trainjob.rules import MASTER_PORT, NODE, runtime_jobs, validate_trainjob
+from pipelines.jobs.trainjob.build import KFVISION_RUNTIME, build_runtime
+from pipelines.jobs.trainjob.rules import (
+    ANCESTOR_LABEL,
+    ANCESTOR_TRAINER,
+    API_VERSION,
+    FRAMEWORK_LABEL,
+    MASTER_PORT,
+    NODE,
+    PET_NAMES,
+    STOCK_IMAGE,
+    STOCK_RUNTIME,
+    runtime_jobs,
+    validate_trainjob,
+)
+from trainer.upstream import (
+    TRAINER_CA_CERT_FILE,
+    TRAINER_SERVER_CA_CERT,
+    TRAINER_SERVER_TOKEN,
+    TRAINER_SERVER_URL,
+    TRAINER_STATUS_PATH,
+    TRAINER_TOKEN_FILE,
+)
 
 # ../shared/reference/trainer-v2/torch_distributed.yaml, the runtime the platform installs
-STOCK = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
-         "metadata": {"name": STOCK_RUNTIME, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+STOCK = {"apiVersion": API_VERSION, "kind": "ClusterTrainingRuntime",
+         "metadata": {"name": STOCK_RUNTIME, "labels": {FRAMEWORK_LABEL: "torch"}},
          "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}, "template": {"spec": {
              "replicatedJobs": [{"name": NODE, "template": {
-                 "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step":
-                                         "trainer"}},
+                 "metadata": {"labels": {ANCESTOR_LABEL: ANCESTOR_TRAINER}},
                  "spec": {"template": {"spec": {"containers": [{
-                     "name": NODE,
-                     "image": "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"}]}}}}}]}}}}
+                     "name": NODE, "image": STOCK_IMAGE}]}}}}}]}}}}
 
 
 def known_runtime(ref: dict, source: str = "the manifest") -> dict:
@@ -104,31 +124,98 @@ class NodePlan:
         return f"{NODE}-0-{self.index}"
 
 
-def _cpus(quantity) -> int:
-    text = str(quantity)
-    return max(1, math.ceil(int(text[:-1]) / 1000 if text.endswith("m") else float(text)))
+@dataclass(frozen=True)
+class StatusEndpoint:
+    """Where Kubeflow Trainer's status server answers, as its `trainjobstatus` plugin (feature
+    gate TrainJobStatus) tells the trainer's pods: `base` (https://host:port) and `secrets_dir`,
+    the folder of the projected volume's `ca.crt` and `token` (on a cluster
+    /var/run/secrets/kubeflow/trainer; here any folder holding the two files)."""
+
+    base: str
+    secrets_dir: Path
+
+
+def _quantity(text) -> int:
+    """A Kubernetes quantity as resource.Quantity.Value() gives it: rounded up (1500m -> 2)."""
+    text = str(text)
+    return math.ceil(int(text[:-1]) / 1000 if text.endswith("m") else float(text))
+
+
+def _node_resources(job: dict, runtime: dict) -> dict:
+    """trainer.resourcesPerNode, else the runtime's `node` container's resources (torch.go:
+    runtime.ExtractResourcePerNodeFromRuntime, overridden by the TrainJob's when it has any)."""
+    given = (job["spec"].get("trainer") or {}).get("resourcesPerNode")
+    if given:
+        return given
+    for rjob in ((runtime.get("spec") or {}).get("template") or {}).get("spec", {}).get(
+            "replicatedJobs") or []:
+        pod = rjob["template"]["spec"]["template"]["spec"]
+        for c in pod.get("containers") or []:
+            if rjob["name"] == NODE and c.get("name") == NODE:
+                return c.get("resources") or {}
+    return {}
+
+
+def _gpus(resources: dict) -> int:
+    """runtime.GetNumGPUPerNode: the first resource whose name contains "gpu" (any case) in the
+    requests, else in the limits when that is 0."""
+    def first(listed):
+        return next((_quantity(v) for k, v in (listed or {}).items() if "gpu" in k.lower()), 0)
+
+    return first(resources.get("requests")) or first(resources.get("limits"))
+
+
+def _cpus(resources: dict) -> int:
+    """torch.go getNumCPUPerNode: requests.cpu unless absent or zero, else limits.cpu, else 0."""
+    request = (resources.get("requests") or {}).get("cpu")
+    if request is not None and _quantity(request) != 0:
+        return _quantity(request)
+    limit = (resources.get("limits") or {}).get("cpu")
+    return _quantity(limit) if limit is not None else 0
 
 
 def torch_env(job: dict, index: int, master_addr: str | None = None,
-              port: int | None = None) -> dict:
-    """The variables the torch plugin injects into node `index`'s container `node`."""
+              port: int | None = None, runtime: dict | None = None) -> dict:
+    """The variables the torch plugin (v2.3.0 torch.go, EnforceMLPolicy) injects into node
+    `index`'s container `node`; `runtime`: the one the job references (its node count and
+    node resources are the defaults of the TrainJob's)."""
     trainer, name = job["spec"].get("trainer") or {}, job["metadata"]["name"]
-    resources = trainer.get("resourcesPerNode") or {}
-    asked = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    runtime = runtime or {}
+    policy = (runtime.get("spec") or {}).get("mlPolicy") or {}
+    nodes = trainer.get("numNodes", policy.get("numNodes", 1))
+    resources = _node_resources(job, runtime)
     if trainer.get("numProcPerNode") is not None:
         nproc = str(trainer["numProcPerNode"])
-    elif any(k.endswith("/gpu") for k in asked):
+    elif _gpus(resources):
         nproc = "auto"
     else:
-        nproc = str(_cpus(asked.get("cpu", 1)))
-    return {"PET_NNODES": str(trainer.get("numNodes", 1)), "PET_NPROC_PER_NODE": nproc,
-            "PET_NODE_RANK": str(index),
-            "PET_MASTER_ADDR": master_addr or f"{name}-{NODE}-0-0.{name}",
-            "PET_MASTER_PORT": str(port or MASTER_PORT)}
+        nproc = str(max(1, _cpus(resources)))
+    return dict(zip(PET_NAMES, (str(nodes), nproc, str(index),
+                                master_addr or f"{name}-{NODE}-0-0.{name}",
+                                str(port or MASTER_PORT)), strict=True))
+
+
+def status_env(job: dict, runtime: dict, status: StatusEndpoint | None) -> dict:
+    """What the `trainjobstatus` plugin (v2.3.0 trainjobstatus.go) injects into the containers of
+    the runtime's replicated job labelled as the trainer's ancestor: nothing when the gate is
+    off (`status` None) or no replicated job carries the label."""
+    if status is None:
+        return {}
+    labelled = [rjob for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]
+                if ((rjob["template"].get("metadata") or {}).get("labels") or {}).get(
+                    ANCESTOR_LABEL) == ANCESTOR_TRAINER]
+    if not any(rjob["name"] == NODE for rjob in labelled):
+        return {}
+    meta = job["metadata"]
+    path = TRAINER_STATUS_PATH.format(namespace=meta.get("namespace") or "default",
+                                      name=meta["name"])
+    return {TRAINER_SERVER_URL: status.base.rstrip("/") + path,
+            TRAINER_SERVER_CA_CERT: str(Path(status.secrets_dir) / TRAINER_CA_CERT_FILE),
+            TRAINER_SERVER_TOKEN: str(Path(status.secrets_dir) / TRAINER_TOKEN_FILE)}
 
 
 def plan_nodes(job: dict, source: str = "the manifest") -> tuple:
-    """([NodePlan...], FailurePolicy) of a TrainJob, checked against its runtime."""
+    """([NodePlan...], FailurePolicy, runtime) of a TrainJob, checked against its runtime."""
     runtime = known_runtime((job.get("spec") or {}).get("runtimeRef") or {}, source)
     validate_trainjob(job, source, runtime_jobs(runtime))
     trainer = job["spec"].get("trainer") or {}
@@ -139,16 +226,19 @@ def plan_nodes(job: dict, source: str = "the manifest") -> tuple:
                  "env": trainer.get("env") or [],
                  "resources": {"limits": (trainer.get("resourcesPerNode") or {}).get("limits")
                                or {}}}
-    nodes = [NodePlan(i, container) for i in range(int(trainer.get("numNodes", 1)))]
-    return nodes, FailurePolicy.of(runtime)
+    count = int(torch_env(job, 0, runtime=runtime)[PET_NAMES[0]])
+    return [NodePlan(i, container) for i in range(count)], FailurePolicy.of(runtime), runtime
 
 
-def _node_command(job: dict, plan: NodePlan, plans: list, port: int, source: str) -> tuple:
-    """(argv, env) of one node: the pod's environment here (trainer.env), its GPUs and the
-    torch plugin's variables (master = 127.0.0.1:`port`)."""
+def _node_command(job: dict, plan: NodePlan, plans: list, port: int, source: str,
+                  runtime: dict, status: StatusEndpoint | None) -> tuple:
+    """(argv, env) of one node: the pod's environment here (trainer.env), its GPUs, the torch
+    plugin's variables (master = 127.0.0.1:`port`) and, with `status`, the trainjobstatus
+    plugin's."""
     env = pod_env(plan.container, source)
     env.update(gpu_env(plan, plans))
-    env.update(torch_env(job, plan.index, master_addr="127.0.0.1", port=port))
+    env.update(torch_env(job, plan.index, master_addr="127.0.0.1", port=port, runtime=runtime))
+    env.update(status_env(job, runtime, status))
     return container_argv(plan.container, env, source)
 
 
@@ -215,23 +305,25 @@ class _Supervisor:
 
 
 def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
-                       quiet: bool = False, restart_delay_s: float = 1.0,
-                       faults=()) -> LocalResult:
+              quiet: bool = False, restart_delay_s: float = 1.0, faults=(),
+              status: StatusEndpoint | None = None) -> LocalResult:
     """Run the TrainJob `job` (a dict) on this machine, as Kubeflow Trainer and its runtime would.
 
-    Args and result as pipelines.jobs.pytorchjob.local.run_local (logs in LOG_DIR/node-0-<i>.log).
+    Args and result as pipelines.jobs.pytorchjob.local.run_local (logs in LOG_DIR/node-0-<i>.log);
+    `status`: the status server the nodes report progress to, as with Kubeflow Trainer's
+    TrainJobStatus feature gate on (None: the gate off, nothing is injected).
     Raises:
         InvalidJobError: the manifest breaks a rule, names an unknown runtime, or cannot run here.
         JobFailedError: the runtime's failure policy failed the job, or the deadline passed.
     """
-    plans, policy = plan_nodes(job, source)
+    plans, policy, runtime = plan_nodes(job, source)
     port = free_port()
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     printer = FaultInjector(faults, Printer(out or sys.stdout, quiet))
     procs = []
     for plan in plans:
-        argv, env = _node_command(job, plan, plans, port, source)
+        argv, env = _node_command(job, plan, plans, port, source, runtime, status)
         (log_dir / f"{plan.name}.log").write_text("")
         procs.append(ReplicaProcess(plan.name, argv, env, log_dir / f"{plan.name}.log", printer))
     printer.attach(procs)

@@ -12,14 +12,30 @@ import re
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.k8s import dns1123_problem
 
-API_GROUP = "trainer.kubeflow.org"
-API_VERSION = f"{API_GROUP}/v1alpha1"
+# Kubeflow Trainer's names, all from kubeflow/trainer tag v2.3.0 (docs/upstream.md lists them
+# with their files): pkg/apis/trainer/v1alpha1/ (group, version, kinds, conditions),
+# pkg/constants/constants.go (Node, ContainerTrainerPort, TorchEnv*, LabelTrainJobAncestor,
+# AncestorTrainer), manifests/base/runtimes/torch_distributed.yaml (the stock runtime and its
+# framework label); the pod labels are JobSet v0.12.0's (the JobSet Trainer v2.3.0 installs) and
+# batch/v1's. The status variables the trainer reads are in trainer/upstream.py.
+API_GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
+API_VERSION = f"{API_GROUP}/{VERSION}"
 KIND = "TrainJob"
 RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 NODE = "node"  # the torch plugin's replicated job and container (pkg/constants)
 MASTER_PORT = 29500  # the torch plugin's PET_MASTER_PORT (and the container port it adds)
+COMPLETE = "Complete"  # the condition type of a job that ended well
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # on a runtime's replicated job
+ANCESTOR_TRAINER = "trainer"  # ... of the trainer's pods: where the plugins inject
+FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"  # "torch" on torch runtimes
+STOCK_RUNTIME = "torch-distributed"
+STOCK_IMAGE = "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"  # = the TrainJob's name, on its pods
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # label and annotation: node rank
 # What the torch plugin injects into container `node`; trainer.env may not set them.
-PET_NAMES = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+PET_NAMES = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",  # this order
              "PET_MASTER_PORT")
 NO_ENV_PATCH = (NODE, "dataset-initializer", "model-initializer")  # env goes in trainer.env
 MANAGED_BY = ("trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue")
