@@ -16,7 +16,8 @@ serve, then query (docs/serving.md):
 def _serve(args) -> int:
     from pipelines.serve.server import serve
 
-    serve(args.model, name=args.name, http_port=args.http_port, workers=args.workers,
+    serve(args.model, name=args.name, http_port=args.http_port, grpc_port=args.grpc_port,
+          workers=args.workers,
           model_threads=args.model_threads, device=args.device, runtime=args.runtime,
           max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)
     return 0
@@ -26,13 +27,15 @@ def register(subparsers, help: str) -> None:
     """Add `kfvision serve` to the `kfvision` command line's subparsers."""
     s = subparsers.add_parser("serve", help=help, epilog=EPILOG,
                               description="Serve a trained model with KServe's model server: "
-                              "the v1 and v2 inference protocols over REST.",
+                              "the v1 and v2 inference protocols over REST, v2 over gRPC.",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--model", required=True,
                    help="trained model directory, or an ONNX file `kfvision export` wrote")
     s.add_argument("--name", help="model name in the URLs (default: from the model's path)")
     s.add_argument("--http-port", type=int, default=DEFAULTS["http_port"],
-                   help=f"port to listen on, all interfaces (default: {DEFAULTS['http_port']})")
+                   help=f"REST port, all interfaces (default: {DEFAULTS['http_port']})")
+    s.add_argument("--grpc-port", type=int, default=DEFAULTS["grpc_port"],
+                   help=f"v2 gRPC port, all interfaces (default: {DEFAULTS['grpc_port']})")
     s.add_argument("--workers", type=int,
                    help="threads that decode images (default: the number of CPUs); one process "
                    "holds the model")

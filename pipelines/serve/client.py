@@ -16,17 +16,27 @@ import urllib.request
 from pathlib import Path
 
 
+def free_ports(n: int) -> list[int]:
+    """n different ports free on the loopback interface now."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def request(url: str, body: bytes | None = None, content_type: str = "application/json",
-            timeout: float = 60) -> tuple[int, dict]:
+            timeout: float = 60, headers: dict | None = None) -> tuple[int, dict]:
     """(status, JSON body) of a GET (no body) or POST."""
     req = urllib.request.Request(url, data=body, method="GET" if body is None else "POST",
-                                 headers={"Content-Type": content_type})
+                                 headers={"Content-Type": content_type, **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
@@ -46,17 +56,20 @@ def v2_body(files: list[bytes]) -> bytes:
 
 
 class Server:
-    """`python -m pipelines.cli serve ARGS` on a free port until `stop()`; `url` once ready."""
+    """`python -m pipelines.cli serve ARGS` on free ports until `stop()`: REST at `url`, gRPC at
+    `grpc_target`, once ready."""
 
     def __init__(self, args: list, log: Path, timeout: float = 120):
-        self.port = free_port()
+        self.port, self.grpc_port = free_ports(2)
         self.url = f"http://127.0.0.1:{self.port}"
+        self.grpc_target = f"127.0.0.1:{self.grpc_port}"
         self.log = Path(log)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pipelines.cli", "serve", *map(str, args),
-                 "--http-port", str(self.port)], env=env, stdout=out,
+                 "--http-port", str(self.port), "--grpc-port", str(self.grpc_port)], env=env,
+                stdout=out,
                 stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while True:

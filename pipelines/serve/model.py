@@ -4,15 +4,21 @@
         -> {"predictions": [{"label": "<class>", "probabilities": {"<class>": p, ...}}, ...]}
     v2  POST /v2/models/NAME/infer    {"inputs": [{"name": "image", "datatype": "BYTES",
                                        "shape": [n], "data": ["<base64 image file>", ...]}]}
+        (or the binary tensor extension, or gRPC ModelInfer: elements the image files' bytes)
         -> outputs "label" (BYTES [n]) and "probabilities" (FP32 [n, classes])
 
-A request that is not one of these gets `kserve.errors.InvalidInput` (HTTP 400, a JSON body
-naming what was wrong, and where); the model server goes on serving. Images are decoded on the
-batcher's threads and classified in batches shared with concurrent requests (`Batcher`).
+A v2 element is the base64 text of an image file (a JSON string, or bytes), or the file itself
+(bytes): every image format's signature has bytes outside the base64 alphabet, so the two never
+meet. A request that is not one of these gets `kserve.errors.InvalidInput` (HTTP 400, gRPC
+INVALID_ARGUMENT, a message naming what was wrong, and where); the model server goes on serving.
+Images are decoded on the batcher's threads and classified in batches shared with concurrent
+requests (`Batcher`).
 """
 
 import base64
 import binascii
+import re
+import struct
 import uuid
 
 import torch
@@ -25,14 +31,19 @@ from trainer.use.predict import InvalidImageError, Predictor
 
 MAX_INSTANCES = 64  # images in one request at most (docs/serving.md)
 V1_EXAMPLE = '{"instances": [{"image": {"b64": "<base64 of an image file>"}}]}'
+BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 
 
-def _b64_image(text, where: str, predictor: Predictor) -> torch.Tensor:
-    """One base64 image file -> the model's uint8 input (runs on a decode thread)."""
-    if not isinstance(text, str):
-        raise InvalidImageError(f"{where} must be a base64 string, not {type(text).__name__}")
+def _image(element, where: str, predictor: Predictor) -> torch.Tensor:
+    """One image file, as base64 text (str or bytes) or as its bytes -> the model's uint8 input
+    (runs on a decode thread)."""
+    if isinstance(element, bytes) and not BASE64.fullmatch(element):
+        return predictor.preprocess(element, where)  # the file itself
+    if not isinstance(element, (str, bytes)):
+        raise InvalidImageError(f"{where} must be a base64 string, not "
+                                f"{type(element).__name__}")
     try:
-        data = base64.b64decode(text, validate=True)
+        data = base64.b64decode(element, validate=True)
     except (binascii.Error, ValueError) as e:
         raise InvalidImageError(f"{where} is not valid base64 ({e})") from e
     return predictor.preprocess(data, where)
@@ -64,8 +75,21 @@ def v1_images(payload) -> list[tuple]:
     return out
 
 
+def _elements(inp) -> list:
+    """A v2 input's elements: from JSON (str), gRPC `contents` or the binary extension (bytes);
+    or, when the message holds none, gRPC's raw_input_contents (4-byte length, bytes, ...)."""
+    if inp.data:
+        return inp.data
+    try:
+        return inp.as_numpy().reshape(-1).tolist()
+    except (ValueError, struct.error) as e:
+        raise InvalidInput(f"input '{inp.name}' has shape {list(inp.shape)}, but its data (or raw "
+                           "contents: each element a 4-byte little-endian length, then its "
+                           "bytes) does not hold that many elements") from e
+
+
 def v2_images(request: InferRequest) -> list[tuple]:
-    """[(base64 text, where)] of a v2 request: one BYTES input of shape [n]."""
+    """[(image element, where)] of a v2 request: one BYTES input of shape [n]."""
     if len(request.inputs) != 1:
         raise InvalidInput(f"expected exactly one input (BYTES, shape [n], base64 image files), "
                            f"got {len(request.inputs)}")
@@ -74,7 +98,7 @@ def v2_images(request: InferRequest) -> list[tuple]:
     if inp.datatype != "BYTES":
         raise InvalidInput(f"{where} has datatype {inp.datatype}; it must be BYTES (base64 "
                            "image files)")
-    data = inp.data
+    data = _elements(inp)
     if not isinstance(data, list) or any(isinstance(d, list) for d in data):
         raise InvalidInput(f"{where}: 'data' must be a flat list of base64 strings")
     if list(inp.shape) != [len(data)]:
@@ -104,10 +128,10 @@ class ImageClassifier(Model):
                  "shape": [-1, len(self.predictor.classes)]}]
 
     async def classify(self, images: list[tuple]):
-        """(labels, probabilities [n, classes]) of [(base64 text, where)]."""
+        """(labels, probabilities [n, classes]) of [(image element, where)]."""
         try:
             decoded = await self.batcher.decode(
-                lambda text, where: _b64_image(text, where, self.predictor), images)
+                lambda element, where: _image(element, where, self.predictor), images)
         except InvalidImageError as e:
             raise InvalidInput(str(e)) from e
         probs = await self.batcher.submit(torch.stack(decoded))
@@ -117,11 +141,16 @@ class ImageClassifier(Model):
     async def predict(self, payload, headers=None, response_headers=None):
         if isinstance(payload, InferRequest):
             labels, probs = await self.classify(v2_images(payload))
+            # Both outputs as lists: KServe's to_grpc puts a list in `contents`, or, for a request
+            # that came in raw_input_contents, in raw_output_contents; an array always goes raw
+            # (and fails in to_grpc's list check), and a mix of the two misleads clients.
             return InferResponse(
                 response_id=payload.id or str(uuid.uuid4()), model_name=self.name,
                 infer_outputs=[InferOutput("label", [len(labels)], "BYTES", data=labels),
                                InferOutput("probabilities", list(probs.shape), "FP32",
-                                           data=probs)])
+                                           data=probs.reshape(-1).tolist())],
+                use_binary_outputs=payload.use_binary_outputs,
+                requested_outputs=payload.request_outputs)
         labels, probs = await self.classify(v1_images(payload))
         classes = self.predictor.classes
         return {"predictions": [

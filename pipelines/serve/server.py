@@ -1,4 +1,5 @@
-"""`kfvision serve`: a trained model behind KServe's model server (REST, v1 and v2 protocols).
+"""`kfvision serve`: a trained model behind KServe's model server: REST (v1 and v2 protocols)
+and the v2 protocol over gRPC.
 
 One process holds the model, loaded once; requests are decoded on `decode_threads` threads and
 batched into forward passes (pipelines/serve/batcher.py). Scale out with replicas (an
@@ -11,7 +12,9 @@ from pathlib import Path
 
 from trainer.errors import check_choice, check_range
 
-DEFAULTS = {"http_port": 8080, "max_batch_size": 32, "batch_wait_ms": 5}
+# The ports are KServe's defaults (kserve 0.21 kserve/constants/constants.py DEFAULT_HTTP_PORT,
+# DEFAULT_GRPC_PORT), which an InferenceService's predictor container is expected to serve on.
+DEFAULTS = {"http_port": 8080, "grpc_port": 8081, "max_batch_size": 32, "batch_wait_ms": 5}
 
 
 def default_name(model) -> str:
@@ -70,18 +73,25 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     return ImageClassifier(name or default_name(model), predictor, batcher)
 
 
-def serve(model, *, http_port: int = DEFAULTS["http_port"], **options) -> None:
+def serve(model, *, http_port: int = DEFAULTS["http_port"],
+          grpc_port: int = DEFAULTS["grpc_port"], **options) -> None:
     """Load the model and serve it until SIGTERM/SIGINT (`build_model` has the options)."""
     check_range("http-port", http_port, 1, 65535)
+    check_range("grpc-port", grpc_port, 1, 65535)
     classifier = build_model(model, **options)
     from fastapi.exceptions import RequestValidationError
     from kserve.model_server import app
 
+    from pipelines.serve.protocol import V2DataPlane
+
     app.add_exception_handler(RequestValidationError, _invalid_request)
-    server = _import_kserve()(http_port=http_port, workers=1, enable_grpc=False,
-                              enable_docs_url=False)
+    server = _import_kserve()(http_port=http_port, grpc_port=grpc_port, workers=1,
+                              enable_grpc=True, enable_docs_url=False)
+    # ModelServer.start hands its data plane to the REST and gRPC servers it starts.
+    server.dataplane = V2DataPlane(model_registry=server.registered_models)
     p = classifier.predictor
     print(f"serving {p.source} ({p.runtime}, {len(p.classes)} classes) as "
-          f"'{classifier.name}' on port {http_port}: POST /v1/models/{classifier.name}:predict, "
-          f"/v2/models/{classifier.name}/infer", flush=True)
+          f"'{classifier.name}': REST on port {http_port} (POST "
+          f"/v1/models/{classifier.name}:predict, /v2/models/{classifier.name}/infer), v2 gRPC "
+          f"on port {grpc_port}", flush=True)
     server.start([classifier])
