@@ -257,3 +257,28 @@ def test_bad_binary_request_gets_a_4xx_naming_it(server, scored, body, headers, 
     assert words in answer["error"] and "Traceback" not in answer["error"], answer
     assert server.alive()
     assert _kserve_rest(server, scored["files"][:2], binary_input=True) == scored["labels"][:2]
+
+
+# --- /metrics -------------------------------------------------------------------------------
+
+def test_metrics_count_decodes_forward_passes_and_batch_images(server, scored):
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples() -> dict:
+        with urlopen(server.url + "/metrics", timeout=30) as r:
+            text = r.read().decode()
+        return {(s.name, s.labels.get("model_name")): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    before = samples()
+    assert _kserve_grpc(server, scored["files"][:5]) == scored["labels"][:5]
+    after = samples()
+
+    def added(name):
+        return after[(name, NAME)] - before.get((name, NAME), 0)
+    assert added("kfvision_decode_seconds_count") == 5
+    assert added("kfvision_batch_images_sum") == 5 and added("kfvision_forward_seconds_count") >= 1
+    assert added("kfvision_forward_seconds_sum") > 0
+    assert added("request_predict_seconds_count") == 1  # KServe's own, beside ours

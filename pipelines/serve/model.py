@@ -27,6 +27,7 @@ from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from pipelines.serve.batcher import Batcher
+from pipelines.serve.metrics import timed_decode
 from trainer.use.predict import InvalidImageError, Predictor
 
 MAX_INSTANCES = 64  # images in one request at most (docs/serving.md)
@@ -114,6 +115,7 @@ class ImageClassifier(Model):
     def __init__(self, name: str, predictor: Predictor, batcher: Batcher):
         super().__init__(name)
         self.predictor, self.batcher = predictor, batcher
+        self._decode = timed_decode(lambda element, where: _image(element, where, predictor), name)
         self.ready = True  # the model was loaded before the server starts, once
 
     def load(self) -> bool:
@@ -130,8 +132,7 @@ class ImageClassifier(Model):
     async def classify(self, images: list[tuple]):
         """(labels, probabilities [n, classes]) of [(image element, where)]."""
         try:
-            decoded = await self.batcher.decode(
-                lambda element, where: _image(element, where, self.predictor), images)
+            decoded = await self.batcher.decode(self._decode, images)
         except InvalidImageError as e:
             raise InvalidInput(str(e)) from e
         probs = await self.batcher.submit(torch.stack(decoded))

@@ -54,6 +54,7 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
 
     _import_kserve()
     from pipelines.serve.batcher import Batcher
+    from pipelines.serve.metrics import timed_forward
     from pipelines.serve.model import ImageClassifier
     from trainer.use.predict import Predictor
 
@@ -68,9 +69,10 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     model_threads = model_threads or max(1, cpus // 2)
     check_range("model-threads", model_threads, 1, 256)
     predictor = Predictor(model, runtime, device, threads=model_threads)
-    batcher = Batcher(predictor.probabilities, max_batch=max_batch_size,
+    name = name or default_name(model)
+    batcher = Batcher(timed_forward(predictor.probabilities, name), max_batch=max_batch_size,
                       max_wait_s=batch_wait_ms / 1000, decode_threads=workers)
-    return ImageClassifier(name or default_name(model), predictor, batcher)
+    return ImageClassifier(name, predictor, batcher)
 
 
 def serve(model, *, http_port: int = DEFAULTS["http_port"],
