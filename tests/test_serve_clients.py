@@ -68,12 +68,15 @@ def _b64(files) -> list[bytes]:
     return [base64.b64encode(f) for f in files]
 
 
-def _triton_http(server, files, *, binary_input: bool, binary_output: bool):
+def _triton_http(server, files, *, binary_input: bool, binary_output: bool | None):
+    """binary_output None: no outputs named (tritonclient then asks for all, binary, with the
+    request parameter binary_data_output)."""
     client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
     inp = triton_http.InferInput("image", [len(files)], "BYTES")
     inp.set_data_from_numpy(np.array(files, dtype=np.object_), binary_data=binary_input)
-    outputs = [triton_http.InferRequestedOutput(o, binary_data=binary_output)
-               for o in ("label", "probabilities")]
+    outputs = None if binary_output is None else [
+        triton_http.InferRequestedOutput(o, binary_data=binary_output)
+        for o in ("label", "probabilities")]
     result = client.infer(NAME, [inp], outputs=outputs)
     assert result.as_numpy("probabilities").shape == (len(files), 10)
     # tritonclient gives BYTES outputs as bytes from binary data, as str from JSON
@@ -113,6 +116,8 @@ CLIENTS = [
      lambda s, f: _triton_http(s, f, binary_input=True, binary_output=True)),
     ("tritonclient http binary base64",
      lambda s, f: _triton_http(s, _b64(f), binary_input=True, binary_output=False)),
+    ("tritonclient http binary raw file, outputs not named",
+     lambda s, f: _triton_http(s, f, binary_input=True, binary_output=None)),
     ("kserve rest json base64", lambda s, f: _kserve_rest(s, _b64(f), binary_input=False)),
     ("kserve rest binary raw file", lambda s, f: _kserve_rest(s, f, binary_input=True)),
     ("kserve grpc raw file", _kserve_grpc),
