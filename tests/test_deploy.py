@@ -97,6 +97,14 @@ def test_pod_parts_pass_kubernetes_own_schema(config):
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_prometheus_scrapes_the_containers_own_metrics(config):
+    meta = build_inference_service(DeployConfig(**{**BASE, **CONFIGS[config]}))["metadata"]
+    assert meta["annotations"] == {"serving.kserve.io/enable-prometheus-scraping": "false",
+                                   "prometheus.io/scrape": "true", "prometheus.io/port": "8080",
+                                   "prometheus.io/path": "/metrics"}
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_predictor_runs_kfvision_serve_on_the_mounted_model(config):
     cfg = DeployConfig(**{**BASE, **CONFIGS[config]})
     predictor = build_inference_service(cfg)["spec"]["predictor"]

@@ -3,7 +3,8 @@
 A pure function of its config (`DeployConfig` in, dict out). The predictor is a custom container:
 the kfvision image running `kfvision serve` on the model KServe's storage initializer fetches from
 `STORAGE_URI` (pvc://, s3://, gs://, https://) into /mnt/models. Readiness is the v2 health
-endpoint; the pod runs as the image's non-root user with a read-only root filesystem.
+endpoint; the pod runs as the image's non-root user with a read-only root filesystem; Prometheus
+scrapes its /metrics.
 """
 
 import re
@@ -23,6 +24,14 @@ READY_PATH = "/v2/health/ready"
 # status.modelStatus.states.activeModelState (Pending, Standby, Loading, Loaded, FailedToLoad)
 READY_CONDITION = "Ready"
 MODEL_LOADED, MODEL_FAILED = "Loaded", "FailedToLoad"
+# Prometheus scrapes the container's own /metrics (KServe's Python server, kfvision's metrics
+# beside it) through the pod annotations prometheus.io/scrape|port|path. KServe v0.20.0
+# pkg/webhook/admission/pod/metrics_aggregate_injector.go: with SetPrometheusAnnotation "true"
+# (pkg/constants/constants.go; also the cluster's default when unset) the pod webhook points
+# prometheus.io/port at Knative's queue-proxy (9091, or 9088 aggregating), which the Standard
+# mode does not have; "false" leaves our port in both modes.
+PROMETHEUS_SCRAPING = "serving.kserve.io/enable-prometheus-scraping"
+METRICS_PATH = "/metrics"  # kserve 0.21 kserve/protocol/rest/server.py
 RUN_AS = 1000  # the image's user (images/Dockerfile: USER 1000:1000)
 STORAGE_SCHEMES = ("pvc://", "s3://", "gs://", "https://", "http://", "hdfs://", "webhdfs://")
 # DNS-1035 label: the InferenceService name becomes a Service (and a host name)
@@ -116,6 +125,9 @@ def build_inference_service(cfg: DeployConfig) -> dict:
     cfg.check()
     metadata = {"name": cfg.name, "labels": {"app.kubernetes.io/name": "kfvision",
                                              "app.kubernetes.io/component": "predictor"}}
+    metadata["annotations"] = {PROMETHEUS_SCRAPING: "false", "prometheus.io/scrape": "true",
+                               "prometheus.io/port": str(PORT),
+                               "prometheus.io/path": METRICS_PATH}
     if cfg.namespace:
         metadata["namespace"] = cfg.namespace
     predictor = {
