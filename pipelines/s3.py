@@ -4,7 +4,7 @@ MinIO, Ceph RGW, SeaweedFS, the pipelines' own artifact store). No other module 
     fetch("s3://bucket/photos/", dest)          # every object under the prefix, into dest/
     fetch("s3://bucket/photos.tar.gz", dest)    # one object (an archive), into dest/
     push(model_dir, "s3://bucket/models/r18/")  # a folder up, every file under the prefix
-    resolve_model("s3://bucket/models/r18/")    # a local copy in a cache keyed by the ETags
+    fetch_model("s3://bucket/models/r18/")      # a local copy in a cache keyed by the ETags
 
 boto3 rather than fsspec/s3fs: boto3 is what AWS documents and what KServe's storage initializer
 and Kubeflow Trainer's initializers use, it reads the standard credential chain (environment,
@@ -463,14 +463,24 @@ def _size(path: Path) -> int | None:
         return None
 
 
-def push(folder, uri: str, *, max_connections: int = DEFAULT_CONNECTIONS) -> list[str]:
-    """Upload every file under `folder` to the prefix `uri` (keeping the paths below it);
-    returns the keys written. On a failure the objects already written are deleted again, so
-    nothing half-written stays at `uri`."""
+def push(folder, uri: str, *, max_connections: int = DEFAULT_CONNECTIONS, skip=(),
+         last: str | None = None, overwrite: bool = False) -> list[str]:
+    """Upload every file under `folder` to the prefix `uri` (keeping the paths below it; not
+    those under a top-level folder named in `skip`), the file `last` after all others; returns
+    the keys written. A prefix that holds objects is refused unless `overwrite` (then the old
+    objects not written again are deleted at the end). On a failure the objects written so far
+    are deleted again, so nothing half-written stays at `uri`."""
     folder = Path(folder)
     bucket, key = split_uri(uri)
     prefix = key if not key or key.endswith("/") else key + "/"
-    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    old = [o.key for o in list_objects(f"{SCHEME}{bucket}/{prefix}")]
+    if old and not overwrite:
+        raise ObjectStoreError(f"{SCHEME}{bucket}/{prefix} already holds {len(old)} object(s): "
+                               "give a new prefix, or replace them (--overwrite).")
+    files = sorted(p for p in folder.rglob("*") if p.is_file()
+                   and p.relative_to(folder).parts[0] not in skip)
+    rest = [p for p in files if p.relative_to(folder).as_posix() != last]
+    final = [p for p in files if p not in rest]
     written: list[str] = []
     lock = threading.Lock()
 
@@ -482,16 +492,22 @@ def push(folder, uri: str, *, max_connections: int = DEFAULT_CONNECTIONS) -> lis
             written.append(k)
 
     try:
-        with ThreadPoolExecutor(max_connections, thread_name_prefix="kfvision-s3") as pool:
-            for f in [pool.submit(up, p) for p in files]:
-                f.result()
+        for batch in (rest, final):
+            with ThreadPoolExecutor(max_connections, thread_name_prefix="kfvision-s3") as pool:
+                for f in [pool.submit(up, p) for p in batch]:
+                    f.result()
     except BaseException:
-        with contextlib.suppress(Exception), mapped(uri, "clean up"):
-            for i in range(0, len(written), 1000):
-                client().delete_objects(Bucket=bucket, Delete={
-                    "Objects": [{"Key": k} for k in written[i:i + 1000]], "Quiet": True})
+        _delete(bucket, written)
         raise
+    _delete(bucket, sorted(set(old) - set(written)))
     return sorted(written)
+
+
+def _delete(bucket: str, keys: list) -> None:
+    with contextlib.suppress(KfvisionError), mapped(f"{SCHEME}{bucket}/", "delete from"):
+        for i in range(0, len(keys), 1000):
+            client().delete_objects(Bucket=bucket, Delete={
+                "Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
 
 
 def cache_root(environ=None) -> Path:
@@ -501,34 +517,36 @@ def cache_root(environ=None) -> Path:
     return Path(base) / "kfvision" / "s3"
 
 
-def resolve_model(uri, *, cache: Path | None = None,
-                  max_connections: int = DEFAULT_CONNECTIONS) -> Path:
-    """The local folder of a model given as a path or an `s3://` prefix. An `s3://` model is
-    fetched once into `cache` (default `cache_root()`), in a folder keyed by its objects' keys
-    and ETags: the same model again costs one listing, a changed one gets a new folder."""
-    if not is_s3(uri):
-        return Path(uri)
+def fetch_model(uri: str, *, cache: Path | None = None,
+                max_connections: int = DEFAULT_CONNECTIONS) -> Path:
+    """The local copy of the model at `uri`: a prefix (a model directory) or one object (an
+    ONNX export). Fetched once into `cache` (default `cache_root()`), in a folder keyed by its
+    objects' keys and ETags: the same model again costs one request, a changed one gets a new
+    folder."""
     bucket, key = split_uri(uri)
-    prefix = key if not key or key.endswith("/") else key + "/"
-    listed = sorted((o.key, o.etag) for o in list_objects(f"{SCHEME}{bucket}/{prefix}"))
-    if not listed:
-        raise NoSuchObjectError(f"no model under {SCHEME}{bucket}/{prefix} at {endpoint()}: "
-                                "check the path (push one with `kfvision push DIR URI`).")
+    one = head(uri) if key and not key.endswith("/") else None
+    if one is not None:
+        source, listed = uri, [(one.key, one.etag)]
+    else:
+        prefix = key if not key or key.endswith("/") else key + "/"
+        source = f"{SCHEME}{bucket}/{prefix}"
+        listed = sorted((o.key, o.etag) for o in list_objects(source))
+        if not listed:
+            raise NoSuchObjectError(f"no model at {uri} ({endpoint()}): check the path (upload "
+                                    "one with `kfvision push DIR URI`).")
     digest = hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]
-    root = (cache or cache_root()) / bucket / prefix.strip("/").replace("/", "__")
+    root = (cache or cache_root()) / bucket / key.strip("/").replace("/", "__")
     final = root / digest
-    if (final / JOURNAL).exists():
-        return final
-    tmp = root / f".{digest}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        fetch(f"{SCHEME}{bucket}/{prefix}", tmp, max_connections=max_connections,
-              progress=False)
-        if final.exists():  # another process got there first: same objects, same bytes
-            return final
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            import shutil
+    name = PurePosixPath(key).name if one is not None else ""
+    if not (final / JOURNAL).exists():
+        tmp = root / f".{digest}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            fetch(source, tmp, max_connections=max_connections, progress=False)
+            if not final.exists():  # else another process got there first: the same objects
+                os.replace(tmp, final)
+        finally:
+            if tmp.exists():
+                import shutil
 
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final
+                shutil.rmtree(tmp, ignore_errors=True)
+    return final / name if name else final
