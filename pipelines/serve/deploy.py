@@ -52,7 +52,7 @@ class DeployConfig:
         None, "ServiceAccount the predictor runs as. For an s3:// model: the one KServe's "
         "storage initializer takes the S3 credentials from (a Secret attached to it, with "
         "KServe's s3-endpoint annotations, or an IRSA role): docs/serving.md",
-        unset="the namespace's default", metavar="NAME")
+        unset="the namespace's default", metavar="NAME", pipeline="deploy_service_account")
 
     def check(self) -> "DeployConfig":
         """Raise InvalidParameterError naming the first bad field; returns self."""
