@@ -9,14 +9,14 @@ source URI and each object's ETag).
 
 PLACE keeps what was fetched: running again over an unchanged source downloads nothing (an
 archive is extracted again from the local copy); an object changed since is a
-ChangedDatasetError (pipelines.s3).
+ChangedDatasetError (pipelines.s3sync).
 """
 
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines import s3
+from pipelines import s3, s3sync
 from trainer.errors import InvalidDatasetError
 
 LABELS_FOLDER = ".kfvision-labels"  # hidden: convert never takes it for images
@@ -47,19 +47,19 @@ def fetch_source(source: str, place, *, labels: str | None = None,
 
     Raises:
         InvalidDatasetError: an s3:// object that is not an archive kfvision reads. The errors of
-            pipelines.s3.fetch.
+            pipelines.s3sync.fetch.
     """
     from trainer.data.archive import archive_kind
 
     place = Path(place)
     summaries = []
     if labels and s3.is_s3(labels):
-        got = s3.fetch(labels, place / LABELS_FOLDER, max_connections=max_connections,
+        got = s3sync.fetch(labels, place / LABELS_FOLDER, max_connections=max_connections,
                        progress=False)
         labels, _ = str(got.path), summaries.append(got.summary())
     if not s3.is_s3(source):
         return LocalSource(Path(source), labels, None, None, "\n".join(summaries))
-    got = s3.fetch(source, place, max_connections=max_connections, progress=progress)
+    got = s3sync.fetch(source, place, max_connections=max_connections, progress=progress)
     summaries.append(got.summary())
     if got.path.is_dir():
         return LocalSource(got.path, labels, got.origin(), None, "\n".join(summaries))

@@ -1,7 +1,7 @@
 """Where a trained model is: `resolve_model(uri)` turns what `--model` accepts into a local path.
 
     models/r18-trained               a local folder (or ONNX file): as it is
-    s3://bucket/models/r18/          fetched once into a cache keyed by its ETags (pipelines.s3)
+    s3://bucket/models/r18/          fetched once into a cache keyed by its ETags (pipelines.s3sync)
 
 One function, so that every command that takes a model (score, export, serve) and every scheme a
 model can come from meet in one place.
@@ -9,7 +9,7 @@ model can come from meet in one place.
 
 from pathlib import Path
 
-from pipelines import s3
+from pipelines import s3, s3sync
 
 
 def resolve_model(uri, *, max_connections: int = s3.DEFAULT_CONNECTIONS) -> Path:
@@ -18,7 +18,7 @@ def resolve_model(uri, *, max_connections: int = s3.DEFAULT_CONNECTIONS) -> Path
     if s3.is_s3(uri):
         import sys
 
-        print(f"model {uri}: its local copy in {s3.cache_root()} (fetched once)",
+        print(f"model {uri}: its local copy in {s3sync.cache_root()} (fetched once)",
               file=sys.stderr, flush=True)
-        return s3.fetch_model(uri, max_connections=max_connections)
+        return s3sync.fetch_model(uri, max_connections=max_connections)
     return Path(uri)

@@ -262,7 +262,7 @@ def _convert_s3(source: str, out, labels: str, place):
 def push_model_step(model_dir, model_uri: str) -> dict:
     """Upload the trained model directory to `model_uri` (s3://, replacing what is there; its
     checkpoints stay behind), for KServe and `--model s3://...`; returns {"model_uri", "files"}."""
-    from pipelines.s3 import push
+    from pipelines.s3sync import push
 
     keys = push(model_dir, model_uri, skip=("checkpoints",), last="model.json", overwrite=True)
     print(f"pushed {len(keys)} file(s) of the trained model to {model_uri}", flush=True)

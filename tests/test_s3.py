@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import s3
+from pipelines import s3, s3sync
 from pipelines.cli import main
 from trainer.data.imagedir import MANIFEST, read_image_directory
+from trainer.errors import InvalidParameterError
 
 
 def _convert(capsys, *argv) -> tuple[int, str, str]:
@@ -103,10 +104,10 @@ def test_killed_download_resumes_with_only_what_is_missing(s3_bucket, tiny_digit
 
     monkeypatch.setattr(s3, "download", killed_after_20)
     with pytest.raises(KeyboardInterrupt):
-        s3.fetch(s3_bucket.uri("v/"), place, max_connections=1, progress=False)
+        s3sync.fetch(s3_bucket.uri("v/"), place, max_connections=1, progress=False)
     assert list(place.rglob(f"{s3.PART}*"))
     monkeypatch.setattr(s3, "download", real)
-    got = s3.fetch(s3_bucket.uri("v/"), place, max_connections=4, progress=False)
+    got = s3sync.fetch(s3_bucket.uri("v/"), place, max_connections=4, progress=False)
     assert (got.objects, got.fetched_objects) == (n, n - 20)
     assert not list(place.rglob(f"{s3.PART}*"))
     assert _convert(capsys, s3_bucket.uri("v/"), tmp_path / "val", "--extract-to", place)[0] == 0
@@ -185,6 +186,6 @@ def test_refused_credentials_are_77_and_show_no_secret(s3_bucket, tmp_path, caps
 
 def test_one_fetch_folder_one_source(s3_bucket, tiny_digits, tmp_path):
     s3_bucket.upload_folder(tiny_digits["raw"] / "val" / "1", "a/")
-    s3.fetch(s3_bucket.uri("a/"), tmp_path / "p", progress=False)
-    with pytest.raises(s3.InvalidParameterError, match="holds a fetch of"):
-        s3.fetch(s3_bucket.uri("b/"), tmp_path / "p", progress=False)
+    s3sync.fetch(s3_bucket.uri("a/"), tmp_path / "p", progress=False)
+    with pytest.raises(InvalidParameterError, match="holds a fetch of"):
+        s3sync.fetch(s3_bucket.uri("b/"), tmp_path / "p", progress=False)

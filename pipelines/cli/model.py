@@ -22,7 +22,7 @@ def _model(args) -> int:
 def _push(args) -> int:
     from pathlib import Path
 
-    from pipelines.s3 import push
+    from pipelines.s3sync import push
     from trainer.errors import InvalidModelDirectoryError
 
     model = Path(args.dir)
