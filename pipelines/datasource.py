@@ -52,15 +52,13 @@ def fetch_source(source: str, place, *, labels: str | None = None,
     from trainer.data.archive import archive_kind
 
     place = Path(place)
-    summaries = []
-    if labels and s3.is_s3(labels):
-        got = s3sync.fetch(labels, place / LABELS_FOLDER, max_connections=max_connections,
-                       progress=False)
-        labels, _ = str(got.path), summaries.append(got.summary())
+    summaries: list = []
     if not s3.is_s3(source):
-        return LocalSource(Path(source), labels, None, None, "\n".join(summaries))
+        return LocalSource(Path(source), _labels(labels, place, max_connections, summaries),
+                           None, None, "\n".join(summaries))
     got = s3sync.fetch(source, place, max_connections=max_connections, progress=progress)
     summaries.append(got.summary())
+    labels = _labels(labels, place, max_connections, summaries)  # after: place is the source's
     if got.path.is_dir():
         return LocalSource(got.path, labels, got.origin(), None, "\n".join(summaries))
     if archive_kind(got.path) is None:
@@ -72,3 +70,13 @@ def fetch_source(source: str, place, *, labels: str | None = None,
     shutil.rmtree(images, ignore_errors=True)
     return LocalSource(got.path, labels, {"uri": source, "etag": got.etags[got.path.name]},
                        images, "\n".join(summaries))
+
+
+def _labels(labels: str | None, place: Path, max_connections: int, summaries: list):
+    """`labels` as a local path: an s3:// CSV fetched into place/.kfvision-labels/."""
+    if not (labels and s3.is_s3(labels)):
+        return labels
+    got = s3sync.fetch(labels, place / LABELS_FOLDER, max_connections=max_connections,
+                       progress=False)
+    summaries.append(got.summary())
+    return str(got.path)

@@ -78,8 +78,11 @@ class _Journal:
         self._lock = threading.Lock()
         if self.path.exists():
             lines = self.path.read_text(encoding="utf-8").splitlines()
-            head = json.loads(lines[0]) if lines else {}
-            if head.get("source") != uri:
+            try:
+                head = json.loads(lines[0]) if lines else {}
+            except ValueError:
+                head = {}
+            if not isinstance(head, dict) or head.get("source") != uri:
                 raise InvalidParameterError(
                     f"{folder} holds a fetch of {head.get('source')!r}, not of {uri}: give a new "
                     "folder, or remove it.")
@@ -88,6 +91,10 @@ class _Journal:
                     d = json.loads(line)
                     self.done[d["path"]] = (d["etag"], d["bytes"])
         else:
+            if folder.is_dir() and any(folder.iterdir()):
+                raise InvalidParameterError(
+                    f"{folder} already holds files but no fetch (no {JOURNAL}): give a new "
+                    "folder to fetch into, or an empty one.")
             folder.mkdir(parents=True, exist_ok=True)
             self.path.write_text(json.dumps({"source": uri}) + "\n", encoding="utf-8")
         self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())

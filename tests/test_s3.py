@@ -56,6 +56,10 @@ def test_archive_object(s3_bucket, tiny_digits, tmp_path, capsys):
     assert doc["images_root"] == str(tmp_path / "place" / "images")
     assert doc["source"]["uri"].endswith("digits-val.tar.gz") and doc["source"]["etag"]
     assert len(doc["images"]) == 60
+    rc, _, err = _convert(capsys, s3_bucket.uri("archives/digits-val.tar.gz"), out,
+                          "--extract-to", tmp_path / "place")  # OUT exists: refused first
+    assert rc == 2 and "already exists" in err
+    assert read_image_directory(out, verify="hash")  # its extracted images untouched
     rc, text, err = _convert(capsys, s3_bucket.uri("archives/digits-val.tar.gz"), out,
                              "--extract-to", tmp_path / "place", "--overwrite")
     assert rc == 0, err
@@ -189,3 +193,7 @@ def test_one_fetch_folder_one_source(s3_bucket, tiny_digits, tmp_path):
     s3sync.fetch(s3_bucket.uri("a/"), tmp_path / "p", progress=False)
     with pytest.raises(InvalidParameterError, match="holds a fetch of"):
         s3sync.fetch(s3_bucket.uri("b/"), tmp_path / "p", progress=False)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("not ours")
+    with pytest.raises(InvalidParameterError, match="already holds files but no fetch"):
+        s3sync.fetch(s3_bucket.uri("a/"), tmp_path / "mine", progress=False)

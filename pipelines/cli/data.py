@@ -13,9 +13,9 @@ def _convert(args) -> int:
     if is_s3(args.src) or is_s3(args.labels):  # fetched once into the data place, kept there
         from pipelines.datasource import default_place, fetch_source
 
-        if not is_s3(args.src) and args.extract_to:
-            raise _labels_place_error()
-        local = fetch_source(args.src, args.extract_to or default_place(args.out),
+        _check_out(args.out, args.overwrite)  # before a rerun re-extracts a fetched archive
+        place = (args.extract_to if is_s3(args.src) else None) or default_place(args.out)
+        local = fetch_source(args.src, place,
                              labels=args.labels, max_connections=args.max_connections,
                              progress=progress)
         print(local.summary)
@@ -33,11 +33,13 @@ def _convert(args) -> int:
     return 0
 
 
-def _labels_place_error():
-    from trainer.errors import InvalidParameterError
+def _check_out(out, overwrite: bool) -> None:
+    from pathlib import Path
 
-    return InvalidParameterError("--extract-to is for an archive (or s3://) SRC; an s3:// "
-                                 "--labels file of a local SRC is fetched beside OUT.")
+    from trainer.errors import InvalidDatasetError
+
+    if Path(out).exists() and not overwrite:
+        raise InvalidDatasetError(f"{out} already exists; choose a new path or pass --overwrite.")
 
 
 def _pack(args) -> int:
