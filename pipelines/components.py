@@ -53,9 +53,10 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
                      print_frequency: int, image_size: int, augment: str, nodes: int,
                      procs_per_node: int, gpus_per_node: int, node_selector: str,
                      tolerations: str, cpu_per_node: str, memory_per_node: str, shm_size: str,
-                     timeout_seconds: int, image: str, pvc_name: str,
-                     execution_mode: str, job_kind: str, trainer_runtime: str, deploy: bool,
-                     deploy_name: str, deploy_min_accuracy: float) -> str:
+                     timeout_seconds: int, image: str, pvc_name: str, model_uri: str,
+                     s3_secret: str, execution_mode: str, job_kind: str,
+                     trainer_runtime: str, deploy: bool, deploy_name: str,
+                     deploy_service_account: str, deploy_min_accuracy: float) -> str:
     """Validate every parameter of the pipeline (fail before any heavy work); returns the
     model family ("resnet" or "densenet") of model_name."""
     params = dict(locals())  # first statement: exactly the parameters
@@ -138,13 +139,13 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
                         memory_per_node: str = "", shm_size: str = "", timeout_seconds: int = 0,
                         pvc_name: str = "", execution_mode: str = "auto",
                         job_kind: str = "auto", trainer_runtime: str = "torch-distributed",
-                        workspace: str = ""):
+                        workspace: str = "", model_uri: str = ""):
     """Train PyTorch Model: a TrainJob or PyTorchJob (torchrun, DDP), on the cluster inside
     Kubernetes and as local processes elsewhere; the trained model, its metrics and curves."""
     params = dict(locals())  # first statement: exactly the parameters
     from pipelines.params import job_settings, train_options
     from pipelines.report import curves_html
-    from pipelines.steps import run, unique_run_key
+    from pipelines.steps import push_model_step, run, unique_run_key
     from pipelines.train_step import job_summary, train_step
 
     summary = run(train_step, model.path, train.path, validation.path, trained_model.path,
@@ -161,6 +162,8 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
         f.write(curves_html(summary))
     job.metadata.update(job_summary(job.path))
     trained_model.metadata.update({"framework": "pytorch", **final})
+    if model_uri:  # for KServe and `--model s3://...`; the Model artifact keeps the lineage
+        trained_model.metadata.update(run(push_model_step, trained_model.path, model_uri))
 
 
 @component
@@ -207,7 +210,8 @@ def deploy_model(trained_model: Input[Model], validation: Input[Dataset],
                  evaluation: Input[Artifact], metrics: Output[Metrics],
                  deployment: Output[Artifact], image: str, run_id: str,
                  deploy_name: str = "image-classifier", deploy_min_accuracy: float = 0.0,
-                 pvc_name: str = "", execution_mode: str = "auto", workspace: str = ""):
+                 pvc_name: str = "", execution_mode: str = "auto", workspace: str = "",
+                 model_uri: str = "", deploy_service_account: str = ""):
     """Deploy Model: if accurate enough, a KServe InferenceService on the cluster; locally the
     model served by `kfvision serve` and checked over v1 and v2 against the scored labels."""
     from pipelines.deploy_step import deploy_step
@@ -216,7 +220,8 @@ def deploy_model(trained_model: Input[Model], validation: Input[Dataset],
     figures = run(deploy_step, trained_model.path, validation.path, evaluation.path,
                   deployment.path, name=deploy_name,
                   min_accuracy=deploy_min_accuracy, mode=execution_mode, image=image,
-                  pvc_name=pvc_name, run_key=run_id)
+                  pvc_name=pvc_name, run_key=run_id, model_uri=model_uri,
+                  service_account=deploy_service_account)
     for key, value in figures.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             metrics.log_metric(key, value)

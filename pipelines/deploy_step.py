@@ -32,14 +32,16 @@ FIGURES = "figures.json"
 
 def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
                 min_accuracy: float, mode: str = "auto", image: str = "", pvc_name: str = "",
-                run_key: str = "", connect=None, out=None) -> dict:
+                run_key: str = "", connect=None, out=None, model_uri: str = "",
+                service_account: str = "") -> dict:
     """Gate, then deploy on the cluster or serve-and-check locally; returns the figures.
 
     `evaluation_dir`: the evaluate step's folder (its metrics.json gives the accuracy, on the
     test images when the run had some); `val_dir`: the validation images the local check scores
     (as `kfvision score` does) and serves. `connect`: makes the pipelines.serve.cluster
     DeployClient (tests pass a fake). Figures: `deployed` (1 or 0), `accuracy`, `reason`, and
-    what the deployment measured.
+    what the deployment measured. `model_uri`: where the train step pushed the model (s3://):
+    then KServe fetches it from there (as `service_account`), and no PVC is needed.
     """
     out = out or sys.stdout
     out_dir = Path(out_dir)
@@ -51,7 +53,7 @@ def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
     figures = {"deployed": 0, "accuracy": accuracy, "reason": reason}
     if ok and resolve_mode(mode) == "cluster":
         figures.update(_deploy_on_cluster(model_dir, out_dir, name, image, pvc_name, run_key,
-                                          connect, out))
+                                          connect, out, model_uri, service_account))
     elif ok:
         from trainer.use.score import score
 
@@ -66,7 +68,7 @@ def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
     return figures
 
 
-def model_uri(pvc_name: str, name: str, run_key: str) -> tuple[Path, str]:
+def pvc_model_uri(pvc_name: str, name: str, run_key: str) -> tuple[Path, str]:
     """(where the step copies the model, the storage URI KServe fetches it from)."""
     from pipelines.jobs.config import job_name
 
@@ -75,17 +77,22 @@ def model_uri(pvc_name: str, name: str, run_key: str) -> tuple[Path, str]:
 
 
 def _deploy_on_cluster(model_dir, out_dir: Path, name, image, pvc_name, run_key, connect,
-                       out) -> dict:
+                       out, model_uri: str = "", service_account: str = "") -> dict:
     from pipelines.serve import cluster
     from pipelines.serve.deploy import DeployConfig, build_inference_service, to_yaml
 
-    isvc_cfg = DeployConfig(name=name, model="pvc://x", image=image).check()  # before copying
-    target, uri = model_uri(pvc_name, name, run_key)
-    if not is_mount(DATA_MOUNT):
-        raise InvalidModelDirectoryError(
-            f"{DATA_MOUNT} is not mounted in this step: on a cluster the deploy step copies the "
-            f"model onto the PVC {pvc_name!r} (pipeline parameter pvc_name) for KServe to serve.")
-    shutil.copytree(model_dir, target, dirs_exist_ok=True)
+    isvc_cfg = DeployConfig(name=name, model="pvc://x", image=image,
+                            service_account=service_account or None).check()  # before copying
+    if model_uri:  # pushed by the train step: KServe fetches it from object storage
+        uri = model_uri
+    else:
+        target, uri = pvc_model_uri(pvc_name, name, run_key)
+        if not is_mount(DATA_MOUNT):
+            raise InvalidModelDirectoryError(
+                f"{DATA_MOUNT} is not mounted in this step: on a cluster the deploy step copies "
+                f"the model onto the PVC {pvc_name!r} (pipeline parameter pvc_name) for KServe "
+                "to serve, unless model_uri names an s3:// place for it.")
+        shutil.copytree(model_dir, target, dirs_exist_ok=True)
     isvc = build_inference_service(replace(isvc_cfg, model=uri))
     (out_dir / "inferenceservice.yaml").write_text(to_yaml(isvc), encoding="utf-8")
     client = (connect or cluster.connect)(out=out)

@@ -136,6 +136,13 @@ def storage_options(page: str) -> str:
     return flag_table(options_of(Storage))
 
 
+def s3_options(page: str) -> str:
+    from pipelines.s3 import S3Options
+    from trainer.options import options_of
+
+    return flag_table(options_of(S3Options))
+
+
 def pipeline_parameters(page: str) -> str:
     """Every parameter of the pipeline, in its signature's order, with the pipeline's default.
     A training or job parameter links to its option's row (range and meaning are there)."""
@@ -213,6 +220,7 @@ REGIONS = {
     "kind flags": kind_flags,
     "pipeline parameters": pipeline_parameters,
     "storage options": storage_options,
+    "s3 options": s3_options,
     "deploy options": deploy_options,
     "range error example": range_error_example,
     "demo settings": demo_settings,

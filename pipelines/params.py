@@ -43,6 +43,14 @@ class PipelineInputs:
     pvc_name: str = option("", "the PVC that holds your data on a cluster, mounted at "
                            "/kfvision-data in the steps and the job (only in a pipeline compiled "
                            "with --data-pvc, whose name is then the default)", pipeline=True)
+    model_uri: str = option("", "s3://BUCKET/PREFIX/ the train step also writes the trained "
+                            "model to (replacing what is there; its KFP Model artifact stays); "
+                            "with deploy on a cluster, the InferenceService's storageUri, so no "
+                            "data PVC is needed. '': none", pipeline=True)
+    s3_secret: str = option("", "the Secret holding the AWS_* variables (credentials, "
+                            "AWS_ENDPOINT_URL) that the steps reading s3:// sources or writing "
+                            "model_uri get as environment (only in a pipeline compiled with "
+                            "--s3-credentials, whose name is then the default)", pipeline=True)
     execution_mode: str = option("auto", "where training runs: auto (cluster inside "
                                  "Kubernetes), local or cluster", choices=EXECUTION_MODES,
                                  pipeline=True)
@@ -59,6 +67,10 @@ class PipelineInputs:
                           pipeline=True)
     deploy_name: str = option("image-classifier", "the InferenceService's (and served model's) "
                               "name", pipeline=True)
+    deploy_service_account: str = option("", "the InferenceService's ServiceAccount (for an "
+                                         "s3:// model_uri: the one KServe's S3 credentials are "
+                                         "attached to). '': the namespace's default",
+                                         pipeline=True)
     deploy_min_accuracy: float = option(0.0, "deploy only when the evaluated accuracy reaches "
                                         "this", low=0.0, high=1.0, pipeline=True)
 

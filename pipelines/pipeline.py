@@ -24,7 +24,7 @@ and deploy, which acts on the cluster (or a local server).
 from kfp import compiler, dsl, kubernetes
 
 from pipelines import components as c
-from pipelines.storage import DATA_MOUNT, DEFAULT, Storage
+from pipelines.storage import DATA_MOUNT, DEFAULT, S3_SECRET_KEYS, Storage
 
 PIPELINE_NAME = "image-classification"
 DESCRIPTION = ("Convert labelled images to an image directory, split it, train a ResNet/DenseNet "
@@ -34,8 +34,9 @@ STEP_RESOURCES = {"cpu_request": "1", "cpu_limit": "4", "memory_request": "2G",
                   "memory_limit": "8G"}
 
 
-def _step(task, image, *, cache: bool = True, pvc=None, name: str | None = None):
-    """Image, resources, caching (and the data PVC, where the step needs it) of a task."""
+def _step(task, image, *, cache: bool = True, pvc=None, name: str | None = None, secret=None):
+    """Image, resources, caching (and the data PVC, and the S3 Secret's variables, where the
+    step needs them) of a task."""
     task.set_container_image(image)
     task.set_cpu_request(STEP_RESOURCES["cpu_request"]).set_cpu_limit(STEP_RESOURCES["cpu_limit"])
     task.set_memory_request(STEP_RESOURCES["memory_request"])
@@ -43,6 +44,9 @@ def _step(task, image, *, cache: bool = True, pvc=None, name: str | None = None)
     task.set_caching_options(enable_caching=cache)
     if pvc is not None:
         kubernetes.mount_pvc(task, pvc_name=pvc, mount_path=DATA_MOUNT)
+    if secret is not None:  # optional: a Secret may hold only some of the variables
+        kubernetes.use_secret_as_env(task, secret_name=secret, optional=True,
+                                     secret_key_to_env={k: k for k in S3_SECRET_KEYS})
     if name:
         task.set_display_name(name)
     return task
@@ -88,15 +92,19 @@ def build_pipeline(storage: Storage = DEFAULT):
         timeout_seconds: int = 0,
         image: str = c.DEFAULT_IMAGE,
         pvc_name: str = "",
+        model_uri: str = "",
+        s3_secret: str = "",
         execution_mode: str = "auto",
         job_kind: str = "auto",
         trainer_runtime: str = "torch-distributed",
         deploy: bool = False,
         deploy_name: str = "image-classifier",
+        deploy_service_account: str = "",
         deploy_min_accuracy: float = 0.0,
     ):
         params = dict(locals())  # first statement: every parameter, by name
         pvc = pvc_name if storage.data_pvc else None  # the data PVC, where the step reads data
+        secret = s3_secret if storage.s3_credentials else None  # the steps that talk to s3://
         data = {"workspace": ws}  # the inputs that make KFP mount the workspace in a task
         check = _step(c.check_parameters(**_inputs(c.check_parameters, params)), image, pvc=pvc)
         first = check  # what the steps that write data wait for
@@ -108,7 +116,7 @@ def build_pipeline(storage: Storage = DEFAULT):
         def convert(source, name):
             return _step(c.convert_to_image_directory(
                 source=source, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **data), image,
-                cache=False, pvc=pvc, name=name).after(first)
+                cache=False, pvc=pvc, name=name, secret=secret).after(first)
 
         with dsl.If(validation_source == "", name="split-train-source"):
             whole = convert(train_source, "convert train source")
@@ -132,7 +140,7 @@ def build_pipeline(storage: Storage = DEFAULT):
         train = _step(c.train_pytorch_model(
             model=untrained, train=train_data, validation=val_data,
             run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-            **data, **_inputs(c.train_pytorch_model, params)), image, pvc=pvc)
+            **data, **_inputs(c.train_pytorch_model, params)), image, pvc=pvc, secret=secret)
         trained = train.outputs["trained_model"]
 
         with dsl.If(test_source == "", name="score-validation-data"):
@@ -166,6 +174,8 @@ def compile_pipeline(path, image: str | None = None, storage: Storage = DEFAULT)
     """
     storage.validate()
     args = {"pipeline_parameters": {"pvc_name": storage.data_pvc}} if storage.data_pvc else {}
+    if storage.s3_credentials:
+        args.setdefault("pipeline_parameters", {})["s3_secret"] = storage.s3_credentials
     if image:
         from trainer.errors import InvalidParameterError
 

@@ -22,12 +22,14 @@ from pipelines.params import (
     parameter_name,
     train_options,
 )
+from pipelines.s3 import is_s3, split_uri
 from pipelines.storage import DATA_MOUNT, new_folder
 from trainer.config import TrainConfig
 from trainer.errors import InvalidDatasetError, InvalidParameterError, check_choice, ref
 
 JOB_PREFIX = "kfvision-train"
 URL_SCHEMES = ("http", "https")
+REMOTE_SCHEMES = (*URL_SCHEMES, "s3")  # sources no step needs a path for
 
 
 def run(step, *args, **kwargs):
@@ -75,15 +77,16 @@ def _check_source(name: str, source: str, required: bool, exists: bool) -> None:
     if not source:
         if required:
             raise InvalidParameterError(f"{ref(name)} is empty: give a folder or archive of "
-                                        "labelled images (a path this step can read, or an "
-                                        "http(s) URL).")
+                                        "labelled images (a path this step can read, an "
+                                        "http(s) URL or an s3:// URI).")
         return
-    if urllib.parse.urlparse(source).scheme in URL_SCHEMES or not exists:
+    if urllib.parse.urlparse(source).scheme.lower() in REMOTE_SCHEMES or not exists:
         return
     if not Path(source).exists():
         raise InvalidDatasetError(
             f"{name} {source} does not exist as this step sees it. Locally give a path on this "
-            f"machine; on a cluster an http(s) URL, or a path on the data PVC (mounted at "
+            f"machine; on a cluster an http(s) URL, an s3:// URI, or a path on the data PVC "
+            f"(mounted at "
             f"{DATA_MOUNT} when the pipeline is compiled with --data-pvc NAME).")
 
 
@@ -143,6 +146,7 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
         for kind in job_kinds(params["job_kind"], mode):  # auto on a cluster: either may run
             render_job(jobs, kind, params["trainer_runtime"])
         check_deploy(params)
+        check_model_uri(params.get("model_uri", ""))
         if mode == "cluster" and check_sources:  # in a cluster step: what it has mounted
             import os
 
@@ -152,6 +156,16 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
     except InvalidParameterError as e:  # named as the pipeline's parameters, not the fields
         raise e.renamed(parameter_name) from e
     return family
+
+
+def check_model_uri(model_uri: str) -> None:
+    """model_uri is '' or an s3:// prefix with a bucket."""
+    if not model_uri:
+        return
+    if not is_s3(model_uri):
+        raise InvalidParameterError(f"{ref('model_uri')} = {model_uri!r} is not an s3:// URI: "
+                                    "give s3://BUCKET/PREFIX/ (or '' for none).")
+    split_uri(model_uri)
 
 
 def check_deploy(params: dict) -> None:
@@ -165,7 +179,8 @@ def check_deploy(params: dict) -> None:
     bar.check(params["deploy_min_accuracy"])
     if params["deploy"]:
         try:
-            DeployConfig(name=params["deploy_name"], model="pvc://x", image="x").check()
+            DeployConfig(name=params["deploy_name"], model="pvc://x", image="x",
+                         service_account=params.get("deploy_service_account") or None).check()
         except InvalidParameterError as e:  # named as the pipeline names it: deploy_name
             pipeline = {o.name: o.param for o in options_of(DeployConfig)}
             raise e.renamed(lambda f: pipeline.get(f) or f) from e
@@ -185,14 +200,16 @@ def _fetch(url: str, dest: Path) -> Path:
 
 
 def convert_step(source: str, out, labels: str = "", place: Path | None = None) -> dict:
-    """Convert a folder, archive or http(s) URL of images into an image directory at `out`,
-    copying no image that is already where the job can read it (see pipelines.storage).
+    """Convert a folder, archive, http(s) URL or s3:// URI of images into an image directory at
+    `out`, copying no image that is already where the job can read it (see pipelines.storage).
 
     A folder is referenced where it is (`out` holds the manifest). An archive, downloaded or
     not, is extracted once: into a new folder of `place` (the run's data place, on a cluster),
     and referenced there; with no place (a local run), into `out` itself. A download goes to
-    `place` too (a pod's own disk may be small), and is deleted once extracted. `out` also gets
-    `samples.jpg`, a few images of each class, for the KFP UI.
+    `place` too (a pod's own disk may be small), and is deleted once extracted. An s3:// source
+    is fetched into `place/s3-<hash of the URI>` (locally beside `out`), where a retried step
+    finds what its first attempt fetched and downloads only the rest (pipelines.datasource).
+    `out` also gets `samples.jpg`, a few images of each class, for the KFP UI.
 
     Returns {"images", "classes", "skipped", "bytes", "images_root", "summary"} for the step's
     log and artifact metadata.
@@ -200,6 +217,17 @@ def convert_step(source: str, out, labels: str = "", place: Path | None = None) 
     from trainer.data.convert import convert
     from trainer.data.preview import write_samples
 
+    if is_s3(source) or is_s3(labels):
+        report = _convert_s3(source, out, labels, place)
+    else:
+        report = _convert_local_or_url(source, out, labels, place, convert)
+    imdir = write_samples(out)
+    return {"images": report.images, "classes": len(report.classes),
+            "skipped": len(report.skipped), "bytes": sum(e.bytes for e in imdir.images),
+            "images_root": str(imdir.base), "summary": report.summary()}
+
+
+def _convert_local_or_url(source: str, out, labels: str, place, convert):
     with tempfile.TemporaryDirectory(prefix="kfvision-source-") as tmp:
         src = Path(source)
         if urllib.parse.urlparse(source).scheme in URL_SCHEMES:
@@ -207,16 +235,38 @@ def convert_step(source: str, out, labels: str = "", place: Path | None = None) 
             src = _fetch(source, new_folder(place, "download-") if place else Path(tmp))
         extract_to = new_folder(place, "source-") / "images" if place and src.is_file() else None
         try:
-            report = convert(src, out, labels=labels or None, progress=False,
-                             in_place=src.is_dir() or extract_to is not None,
-                             extract_to=extract_to)
+            return convert(src, out, labels=labels or None, progress=False,
+                           in_place=src.is_dir() or extract_to is not None,
+                           extract_to=extract_to)
         finally:
             if src != Path(source):  # our download: extracted (or failed) now
                 shutil.rmtree(src.parent, ignore_errors=True)
-    imdir = write_samples(out)
-    return {"images": report.images, "classes": len(report.classes),
-            "skipped": len(report.skipped), "bytes": sum(e.bytes for e in imdir.images),
-            "images_root": str(imdir.base), "summary": report.summary()}
+
+
+def _convert_s3(source: str, out, labels: str, place):
+    import hashlib
+
+    from pipelines.datasource import fetch_source
+    from trainer.data.convert import convert
+
+    key = hashlib.sha256(f"{source}\n{labels}".encode()).hexdigest()[:16]
+    here = (place or Path(out).parent) / f"s3-{key}"
+    print(f"fetching {source} into {here}", flush=True)
+    local = fetch_source(source, here, labels=labels or None, progress=False)
+    print(local.summary, flush=True)
+    in_place = is_s3(source) or local.src.is_dir()
+    return convert(local.src, out, labels=local.labels, progress=False, in_place=in_place,
+                   extract_to=local.extract_to, origin=local.origin)
+
+
+def push_model_step(model_dir, model_uri: str) -> dict:
+    """Upload the trained model directory to `model_uri` (s3://, replacing what is there; its
+    checkpoints stay behind), for KServe and `--model s3://...`; returns {"model_uri", "files"}."""
+    from pipelines.s3sync import push
+
+    keys = push(model_dir, model_uri, skip=("checkpoints",), last="model.json", overwrite=True)
+    print(f"pushed {len(keys)} file(s) of the trained model to {model_uri}", flush=True)
+    return {"model_uri": model_uri, "files": len(keys)}
 
 
 def split_step(data, train_out, val_out, fraction: float, random_seed: int) -> dict:

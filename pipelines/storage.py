@@ -33,6 +33,10 @@ OUR_FOLDER = "kfvision"  # ours inside the workspace
 RUNS_FOLDER = "kfvision-runs"  # ours on the data PVC, one folder per run
 ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce")
 USER = 1000  # uid and gid of the image's user: the steps' and the job pods'
+# The keys of the s3_secret Secret, each given as the variable of its name (boto3's standard
+# environment: botocore/configprovider.py and credentials.py)
+S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                  "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,13 @@ class Storage:
         "read data and in the job's pods (sources are then paths there, referenced in place); "
         "the default of the run parameter pvc_name. '': none (sources are http(s) URLs)",
         metavar="NAME")
+
+    s3_credentials: str = option(
+        "", "a Secret whose keys are the standard AWS variables (AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, "
+        "AWS_REGION, AWS_DEFAULT_REGION), given as environment to exactly the steps that talk to "
+        "s3:// (convert, train): the default of the run parameter s3_secret. '': none (IRSA "
+        "or a node role still work)", metavar="NAME")
 
     @property
     def workspace(self) -> bool:
@@ -80,6 +91,11 @@ class Storage:
         """What a run of the pipeline compiled with this storage cannot do (checked before
         submitting; the check step does the same from its mounts)."""
         check_data_pvc_use(params, bool(self.data_pvc))
+        if params.get("s3_secret") and not self.s3_credentials:
+            raise InvalidParameterError(
+                f"s3_secret = {params['s3_secret']!r}, but the pipeline is compiled without an "
+                f"S3 Secret: add --s3-credentials {params['s3_secret']} (`kfvision pipeline "
+                "compile` or `submit`).")
 
     def pipeline_config(self):
         """The kfp.dsl.PipelineConfig that asks KFP for the workspace (None without one)."""
@@ -103,20 +119,22 @@ def check_data_pvc_use(params: dict, has_data_pvc: bool) -> None:
 
     for name in ("train_source", "validation_source", "test_source"):
         source = params.get(name) or ""
-        if source and urllib.parse.urlparse(source).scheme not in ("http", "https"):
+        if source and urllib.parse.urlparse(source).scheme.lower() not in ("http", "https", "s3"):
             raise InvalidParameterError(
                 f"{name} {source!r} is a path, but the pipeline is compiled without a data "
-                "PVC, so no step could see it: give an http(s) URL, or add --data-pvc NAME "
+                "PVC, so no step could see it: give an http(s) URL or an s3:// URI, or add "
+                "--data-pvc NAME "
                 "(the PVC that holds it, mounted at /kfvision-data).")
     if params.get("pvc_name"):
         raise InvalidParameterError(
             f"pvc_name = {params['pvc_name']!r}, but the pipeline is compiled without a data "
             f"PVC: add --data-pvc {params['pvc_name']} (`kfvision pipeline compile` or "
             "`submit`).")
-    if params.get("deploy"):
+    if params.get("deploy") and not params.get("model_uri"):
         raise InvalidParameterError(
             "deploy on a cluster copies the model onto the data PVC for KServe to serve: add "
-            "--data-pvc NAME (`kfvision pipeline compile` or `submit`).")
+            "--data-pvc NAME (`kfvision pipeline compile` or `submit`), or give model_uri "
+            "(s3://...) for KServe to fetch it from.")
 
 
 DEFAULT = Storage()  # what `kfvision pipeline compile` makes without storage flags

@@ -196,3 +196,15 @@ def test_each_platforms_names_are_spelled_in_one_module():
     stray = {p: sorted(mods - PLATFORM_NAMES[p]) for p, mods in found.items()
              if mods - PLATFORM_NAMES[p]}
     assert stray == {}
+
+
+def test_one_module_talks_to_object_storage():
+    """Every S3 call, and the one mapping of its failures, is pipelines/s3.py's."""
+    importers = set()
+    for name, tree in _trees():
+        for node in ast.walk(tree):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(m.split(".")[0] in ("boto3", "botocore", "s3transfer", "s3fs") for m in mods):
+                importers.add(name)
+    assert importers == {"pipelines.s3"}

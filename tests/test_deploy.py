@@ -178,5 +178,6 @@ def test_the_pipeline_parameters_deploy_options_name_exist():
     from trainer.options import options_of
 
     named = {o.name: o.param for o in options_of(DeployConfig) if o.param}
-    assert named == {"name": "deploy_name", "image": "image"}
+    assert named == {"name": "deploy_name", "image": "image",
+                     "service_account": "deploy_service_account"}
     assert set(named.values()) <= set(pipeline_options())

@@ -70,7 +70,7 @@ def test_on_a_cluster_the_model_goes_to_the_pvc_and_the_inferenceservice_waits_f
                                name="digits", min_accuracy=0.0, mode="cluster", image="img:1",
                                pvc_name="data", run_key="run-7",
                                connect=lambda out=None: client_for(fake, out))
-    target, uri = step.model_uri("data", "digits", "run-7")
+    target, uri = step.pvc_model_uri("data", "digits", "run-7")
     assert figures["deployed"] == 1 and figures["storage_uri"] == uri
     assert uri.startswith("pvc://data/kfvision-models/digits/run-")
     assert figures["url"] == "http://digits.kubeflow.example.com"

@@ -1,21 +1,45 @@
 """`kfvision convert | pack | split`: making and preparing image directories."""
 
-from trainer.options import HelpFormatter
+from pipelines.s3 import S3Options, is_s3
+from trainer.options import HelpFormatter, add_flags, options_of
 
 
 def _convert(args) -> int:
     from trainer.data.convert import convert
 
     progress = False if args.quiet else None
-    report = convert(args.src, args.out, labels=args.labels, strict=args.strict,
-                     overwrite=args.overwrite, progress=progress, in_place=args.in_place,
-                     extract_to=args.extract_to)
+    src, labels, in_place, extract_to, origin = (args.src, args.labels, args.in_place,
+                                                 args.extract_to, None)
+    if is_s3(args.src) or is_s3(args.labels):  # fetched once into the data place, kept there
+        from pipelines.datasource import default_place, fetch_source
+
+        _check_out(args.out, args.overwrite)  # before a rerun re-extracts a fetched archive
+        place = (args.extract_to if is_s3(args.src) else None) or default_place(args.out)
+        local = fetch_source(args.src, place,
+                             labels=args.labels, max_connections=args.max_connections,
+                             progress=progress)
+        print(local.summary)
+        src, labels, origin = local.src, local.labels, local.origin
+        if is_s3(args.src):  # referenced where it was fetched: no second copy
+            in_place, extract_to = True, local.extract_to
+    report = convert(src, args.out, labels=labels, strict=args.strict,
+                     overwrite=args.overwrite, progress=progress, in_place=in_place,
+                     extract_to=extract_to, origin=origin)
     print(report.summary())
     if args.pack:  # the image directory is complete and valid already; the pack is an addition
         from trainer.data.pack import write_pack
 
         print(write_pack(args.out, progress=progress).summary())
     return 0
+
+
+def _check_out(out, overwrite: bool) -> None:
+    from pathlib import Path
+
+    from trainer.errors import InvalidDatasetError
+
+    if Path(out).exists() and not overwrite:
+        raise InvalidDatasetError(f"{out} already exists; choose a new path or pass --overwrite.")
 
 
 def _pack(args) -> int:
@@ -44,10 +68,11 @@ def register(sub) -> None:
                        "images plus --labels CSV, or loose images (an unlabelled directory, for "
                        "scoring) into kfvision's image directory format. Unreadable and non-image "
                        "files are skipped and listed. See docs/data.md.")
-    c.add_argument("src", help="source folder or archive")
+    c.add_argument("src", help="source folder or archive, or s3://BUCKET/PREFIX/ (class "
+                   "folders, flat images, loose images) or s3://BUCKET/KEY.tar.gz|.zip|...")
     c.add_argument("out", help="output image directory (must not exist)")
     c.add_argument("--labels", metavar="CSV", help="CSV of path,label (paths relative to SRC; "
-                   "a file on disk or inside SRC)")
+                   "a file on disk or inside SRC, or s3://BUCKET/KEY.csv)")
     c.add_argument("--strict", action="store_true", help="fail on any unreadable file")
     c.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     c.add_argument("--in-place", action="store_true", help="copy nothing: OUT holds only the "
@@ -56,11 +81,14 @@ def register(sub) -> None:
                    "later is an error naming it). For data that already sits where training "
                    "reads it: no second copy")
     c.add_argument("--extract-to", metavar="DIR", help="with --in-place and an archive: the new "
-                   "folder it is extracted into, where its images then stay")
+                   "folder it is extracted into, where its images then stay. With an s3:// SRC "
+                   "(always converted in place): the folder its objects are fetched into and "
+                   "kept, reused by the next run (default: OUT.fetched beside OUT)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.add_argument("--pack", action="store_true", help="then write the pack (`kfvision pack "
                    "OUT`): raw pixels for fast training on data too big to cache in memory; "
                    "costs width x height x 3 bytes of disk per image, 5-8x the JPEG files")
+    add_flags(c, options_of(S3Options))
     c.set_defaults(func=_convert)
 
     pk = sub.add_parser(

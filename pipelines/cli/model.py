@@ -1,6 +1,8 @@
-"""`kfvision model resnet|densenet`: untrained model directories."""
+"""`kfvision model resnet|densenet`: untrained model directories; `kfvision push`: a model
+directory up to object storage."""
 
-from trainer.options import HelpFormatter
+from pipelines.s3 import S3Options
+from trainer.options import HelpFormatter, add_flags, options_of
 from trainer.presets import ARCHITECTURES
 
 
@@ -14,6 +16,24 @@ def _model(args) -> int:
     source = ("ImageNet weights" if spec.pretrained else
               f"weights from {args.weights}" if args.weights else "random initialisation")
     print(f"wrote untrained {spec.arch} ({source}) to {args.out}")
+    return 0
+
+
+def _push(args) -> int:
+    from pathlib import Path
+
+    from pipelines.s3sync import push
+    from trainer.errors import InvalidModelDirectoryError
+
+    model = Path(args.dir)
+    if not ((model / "model.json").is_file() or (model / "spec.json").is_file()):
+        raise InvalidModelDirectoryError(
+            f"{model} is not a model directory (no model.json or spec.json): give the --out of "
+            "`kfvision train` (or a `kfvision model` directory).")
+    keys = push(model, args.uri, max_connections=args.max_connections, skip=("checkpoints",),
+                last="model.json", overwrite=args.overwrite)
+    print(f"pushed {len(keys)} file(s) of {model} to {args.uri.rstrip('/')}/ (serve, score or "
+          f"deploy it as --model {args.uri})")
     return 0
 
 
@@ -38,3 +58,16 @@ def register(sub) -> None:
             f.add_argument("--memory-efficient", action="store_true",
                            help="gradient checkpointing: less memory, slower steps")
         f.set_defaults(func=_model)
+
+    p = sub.add_parser("push", help="upload a model directory to s3://",
+                       formatter_class=HelpFormatter,
+                       description="Upload a trained (or untrained) model directory to an s3:// "
+                       "prefix, where KServe's storage initializer and `--model s3://...` of "
+                       "score, serve, export and deploy read it. Its checkpoints/ stay local; "
+                       "model.json goes last, so a prefix without it is no model. On a failure "
+                       "what was uploaded is deleted again. See docs/data.md.")
+    p.add_argument("dir", help="the model directory (e.g. the --out of `kfvision train`)")
+    p.add_argument("uri", help="s3://BUCKET/PREFIX/ to upload it to")
+    p.add_argument("--overwrite", action="store_true", help="replace what the prefix holds")
+    add_flags(p, options_of(S3Options))
+    p.set_defaults(func=_push)

@@ -2,7 +2,9 @@
 
 import argparse
 
+from pipelines.s3 import S3Options, is_s3
 from pipelines.serve.server import DEFAULTS
+from trainer.options import add_flags, options_of
 
 EPILOG = """\
 serve, then query (docs/serving.md):
@@ -14,9 +16,15 @@ serve, then query (docs/serving.md):
 
 
 def _serve(args) -> int:
-    from pipelines.serve.server import serve
+    from pipelines.models import resolve_model
+    from pipelines.serve.server import default_name, serve
 
-    serve(args.model, name=args.name, http_port=args.http_port, grpc_port=args.grpc_port,
+    name = args.name
+    if name is None and is_s3(args.model):  # named after the URI, not the cache's folder
+        last = args.model.rstrip("/").rpartition("/")[2]
+        name = default_name(last.removesuffix(".onnx"))
+    model = resolve_model(args.model, max_connections=args.max_connections)
+    serve(model, name=name, http_port=args.http_port, grpc_port=args.grpc_port,
           workers=args.workers,
           model_threads=args.model_threads, device=args.device, runtime=args.runtime,
           max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)
@@ -30,7 +38,8 @@ def register(subparsers, help: str) -> None:
                               "the v1 and v2 inference protocols over REST, v2 over gRPC.",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--model", required=True,
-                   help="trained model directory, or an ONNX file `kfvision export` wrote")
+                   help="trained model directory, or an ONNX file `kfvision export` wrote; "
+                   "either may be an s3:// URI (fetched once into a cache keyed by its ETags)")
     s.add_argument("--name", help="model name in the URLs (default: from the model's path)")
     s.add_argument("--http-port", type=int, default=DEFAULTS["http_port"],
                    help=f"REST port, all interfaces (default: {DEFAULTS['http_port']})")
@@ -51,4 +60,5 @@ def register(subparsers, help: str) -> None:
     s.add_argument("--batch-wait-ms", type=float, default=DEFAULTS["batch_wait_ms"],
                    help="how long an idle model waits for requests still decoding before it "
                    f"runs a batch (default: {DEFAULTS['batch_wait_ms']})")
+    add_flags(s, options_of(S3Options))
     s.set_defaults(func=_serve)

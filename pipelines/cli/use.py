@@ -1,12 +1,17 @@
 """`kfvision score | evaluate | export`: using a trained model."""
 
-from trainer.options import HelpFormatter
+from pipelines.s3 import S3Options
+from trainer.options import HelpFormatter, add_flags, options_of
+
+MODEL_HELP = "trained model directory, or the s3://BUCKET/PREFIX/ one was pushed to"
 
 
 def _score(args) -> int:
+    from pipelines.models import resolve_model
     from trainer.use.score import score
 
-    result = score(args.model, args.data, args.out, batch_size=args.batch_size,
+    model = resolve_model(args.model, max_connections=args.max_connections)
+    result = score(model, args.data, args.out, batch_size=args.batch_size,
                    device=args.device, progress=False if args.quiet else None,
                    dct_scaling=args.dct_scaling == "on")
     acc = "" if result["accuracy"] is None else f"; top-1 accuracy {result['accuracy']:.4f}"
@@ -25,16 +30,18 @@ def _evaluate(args) -> int:
 
 
 def _export(args) -> int:
+    from pipelines.models import resolve_model
     from trainer.errors import ExportError
     from trainer.use.export import TOLERANCE, check_export, export
 
-    meta = export(args.model, args.format, args.out)
+    model = resolve_model(args.model, max_connections=args.max_connections)
+    meta = export(model, args.format, args.out)
     size = meta["image_size"]
     print(f"wrote the {args.format} export of {args.model} to {args.out}: input 'image' uint8 "
           f"[batch, 3, {size}, {size}], output 'probabilities' over {len(meta['classes'])} "
           "classes; classes and preprocessing are in its metadata ('kfvision')")
     if args.check:
-        r = check_export(args.model, args.out, args.format, args.check, limit=args.check_limit)
+        r = check_export(model, args.out, args.format, args.check, limit=args.check_limit)
         print(f"checked against PyTorch on {r['images']} images of {args.check}: top-1 agrees on "
               f"{r['top1_agree']}/{r['images']}, largest probability difference "
               f"{r['max_abs_diff']:.2g}")
@@ -48,7 +55,7 @@ def register(sub) -> None:
     """Add score, evaluate and export to the `kfvision` subparsers."""
     s = sub.add_parser("score", help="score an image directory with a trained model -> CSV",
                        formatter_class=HelpFormatter)
-    s.add_argument("--model", required=True, help="trained model directory")
+    s.add_argument("--model", required=True, help=MODEL_HELP)
     s.add_argument("--data", required=True, help="image directory (labelled or not)")
     s.add_argument("--out", required=True, help="output CSV file")
     s.add_argument("--batch-size", type=int, default=64, help="images per batch")
@@ -58,6 +65,7 @@ def register(sub) -> None:
                    "the model's resize still shrinks it from there, as validation in training "
                    "does (docs/benchmarks.md has the gain on camera photos)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_flags(s, options_of(S3Options))
     s.set_defaults(func=_score)
 
     e = sub.add_parser("evaluate", help="metrics, report and confusion matrix of a scored CSV",
@@ -69,11 +77,12 @@ def register(sub) -> None:
 
     x = sub.add_parser("export", help="export a trained model: ONNX, TorchScript, torch.export",
                        formatter_class=HelpFormatter)
-    x.add_argument("--model", required=True, help="trained model directory")
+    x.add_argument("--model", required=True, help=MODEL_HELP)
     x.add_argument("--format", choices=("onnx", "torchscript", "torch-export"), default="onnx",
                    help="artifact type")
     x.add_argument("--out", required=True, help="output file (.onnx, .pt, .pt2)")
     x.add_argument("--check", metavar="DATA", help="image directory to compare the export with "
                    "PyTorch on")
     x.add_argument("--check-limit", type=int, default=256, help="images of DATA to compare")
+    add_flags(x, options_of(S3Options))
     x.set_defaults(func=_export)

@@ -10,7 +10,7 @@ scrapes its /metrics.
 import re
 from dataclasses import dataclass
 
-from pipelines.k8s import GPU_RESOURCE
+from pipelines.k8s import GPU_RESOURCE, dns1123_problem
 from trainer.errors import InvalidParameterError
 from trainer.options import check_options, option, ref_of
 
@@ -61,6 +61,11 @@ class DeployConfig:
                                         unset="kfvision serve's")
     batch_wait_ms: float | None = option(None, "passed to `kfvision serve`",
                                          unset="kfvision serve's")
+    service_account: str | None = option(
+        None, "ServiceAccount the predictor runs as. For an s3:// model: the one KServe's "
+        "storage initializer takes the S3 credentials from (a Secret attached to it, with "
+        "KServe's s3-endpoint annotations, or an IRSA role): docs/serving.md",
+        unset="the namespace's default", metavar="NAME", pipeline="deploy_service_account")
 
     def check(self) -> "DeployConfig":
         """Raise InvalidParameterError naming the first bad field; returns self."""
@@ -76,6 +81,10 @@ class DeployConfig:
         if self.model.startswith("pvc://") and not self.model[len("pvc://"):].split("/")[0]:
             raise InvalidParameterError(f"{model} = {self.model!r} names no claim: "
                                         "pvc://CLAIM/path")
+        problem = self.service_account is not None and dns1123_problem(
+            ref_of(DeployConfig, "service_account"), self.service_account, subdomain=True)
+        if problem:
+            raise InvalidParameterError(problem + ".")
         if not self.image:
             raise InvalidParameterError(f"{ref_of(DeployConfig, 'image')} is empty: give the "
                                         "kfvision image to run")
@@ -138,6 +147,8 @@ def build_inference_service(cfg: DeployConfig) -> dict:
         "containers": [_container(cfg)],
         "volumes": [{"name": "tmp", "emptyDir": {}}],
     }
+    if cfg.service_account:
+        predictor["serviceAccountName"] = cfg.service_account
     if cfg.gpus:
         predictor["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists",
                                      "effect": "NoSchedule"}]

@@ -117,7 +117,7 @@ def _bomb(where: str, what: str, limit) -> DecompressionBombError:
 
 def convert(src, out, *, labels=None, strict: bool = False, overwrite: bool = False,
             progress: bool | None = None, in_place: bool = False,
-            extract_to=None) -> ConvertReport:
+            extract_to=None, origin: dict | None = None) -> ConvertReport:
     """Convert a folder or archive of images into an ImageDirectory at `out`.
 
     Args:
@@ -130,6 +130,8 @@ def convert(src, out, *, labels=None, strict: bool = False, overwrite: bool = Fa
         in_place: write only the manifest, referencing the images where they are.
         extract_to: with `in_place` and an archive, the new folder it is extracted into (where
             its images then stay; removed again if the conversion fails).
+        origin: where `src` was fetched from, as plain data recorded in the manifest's `source`
+            (`{"uri": ..., "etags": {path: ETag}}`); reports then name files by `origin["uri"]`.
     Returns:
         the ConvertReport (per-class counts, skipped files with reasons).
     Raises:
@@ -149,7 +151,8 @@ def convert(src, out, *, labels=None, strict: bool = False, overwrite: bool = Fa
             root = extract_to or staging / "extracted"
             root.mkdir(parents=True)
             extract_archive(src, root, progress)
-        plan = plan_source(root, shown=str(src), archive=archived, labels=labels)
+        shown = origin["uri"].rstrip("/") if origin else str(src)
+        plan = plan_source(root, shown=shown, archive=archived, labels=labels)
         report = ConvertReport(out, list(plan.classes), {c: 0 for c in plan.classes})
         for where, why in plan.skipped:
             _skip(report, where, why, strict)
@@ -160,13 +163,14 @@ def convert(src, out, *, labels=None, strict: bool = False, overwrite: bool = Fa
             _check_converted(src, report)
             listed = [item.file for item in plan.items]
             plan.items.clear()  # all read: let 200,000 Items (~50 MiB) go before listing again
-            _check_unchanged(listed, root, entries, mtimes, str(src), archived, labels)
-            write_manifest(staging / "imagedir", plan.classes, entries, images_root=root)
+            _check_unchanged(listed, root, entries, mtimes, shown, archived, labels)
+            write_manifest(staging / "imagedir", plan.classes, entries, images_root=root,
+                           source=origin)
         else:
             entries = _copy_images(plan, staging / "imagedir", report, strict=strict,
                                    move=archived, progress=progress)
             _check_converted(src, report)
-            write_manifest(staging / "imagedir", plan.classes, entries)
+            write_manifest(staging / "imagedir", plan.classes, entries, source=origin)
         _publish(staging / "imagedir", out, staging)
         done = True
     finally:

@@ -222,12 +222,15 @@ def check_same_classes(train: ImageDirectory, val: ImageDirectory) -> None:
 # --- writing (the converter itself lives in trainer.data.convert) -----------------------------
 
 
-def write_manifest(root: Path, classes, images, images_root=None) -> None:
+def write_manifest(root: Path, classes, images, images_root=None, source=None) -> None:
     """Write the manifest of the image directory at `root` (classes sorted, images in order);
-    `images_root`: the absolute folder of the images when they are not in `root`."""
+    `images_root`: the absolute folder of the images when they are not in `root`; `source`:
+    where they were fetched from (plain JSON data: the URI and each object's ETag)."""
     head = {"format": FORMAT, "version": VERSION, "classes": list(classes)}
     if images_root is not None:
         head.update(version=REFERENCED_VERSION, images_root=str(images_root))
+    if source is not None:
+        head["source"] = source
     # One image a line, each through json's C encoder: `indent` would take the pure-Python one
     # (and a dict per image plus the whole text in memory), 4x slower on 200,000 images.
     encode = json.JSONEncoder().encode
