@@ -7,12 +7,14 @@ which turns `PET_*` into per-process `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_
 (see ../shared/reference/README.md). Nothing else in kfvision reads these variables.
 """
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from trainer.errors import DeviceError, KfvisionError, check_choice
 
@@ -124,6 +126,35 @@ def broadcast_buffers(module: torch.nn.Module, ctx: DistContext) -> None:
     if ctx.distributed:
         for buf in module.buffers():
             dist.broadcast(buf, src=0)
+
+
+def wrap_model(model: torch.nn.Module, ctx: DistContext, example: torch.Tensor,
+               autocast=contextlib.nullcontext) -> torch.nn.Module:
+    """`model` in DistributedDataParallel, its gradient buckets already in their final layout (the
+    model itself when running alone). A collective: every rank calls it.
+
+    Why: DDP reduces a new wrapper's first backward in one bucket of all gradients, then rebuilds
+    its buckets for good in the order the gradients became ready. gloo's ring all-reduce sums an
+    element in an order set by where it falls in its bucket, so with 3 or more processes the two
+    layouts round the same gradients differently. A resumed run's first step is its processes'
+    first, an unbroken run's is not: a resumed run ended some ulps away from one that never
+    stopped (issue 26). So one throwaway backward of `example` (an input like a batch's, forward
+    under `autocast()` as in training) has DDP rebuild before the first real step, in a run that
+    starts and one that resumes alike. It changes nothing of the model: eval mode (BatchNorm
+    statistics stay, dropout draws no random numbers), no optimizer step, gradients dropped.
+    """
+    if not ctx.distributed:
+        return model
+    ddp = DistributedDataParallel(model, device_ids=[ctx.device] if ctx.device.type == "cuda"
+                                  else None)
+    training = model.training
+    model.eval()
+    with autocast():
+        out = ddp(example)
+    out.float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    model.train(training)
+    return ddp
 
 
 def on_main(ctx: DistContext, fn):

@@ -13,7 +13,6 @@ import time
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from trainer.config import TrainConfig
 from trainer.data.transforms import Normalizer
@@ -23,6 +22,7 @@ from trainer.distributed import (
     all_reduce_sum,
     broadcast_buffers,
     on_main,
+    wrap_model,
 )
 from trainer.errors import NonFiniteLossError
 from trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
@@ -115,9 +115,9 @@ class Trainer:
             use_gemm_for_single_pixel_outputs(model)
             train_only_live_taps(model, cfg.image_size)
         self.raw_model = model
-        ddp = (DistributedDataParallel(model, device_ids=[ctx.device] if
-                                       ctx.device.type == "cuda" else None)
-               if ctx.distributed else model)
+        example = torch.zeros(1, 3, cfg.image_size, cfg.image_size, device=ctx.device)
+        ddp = wrap_model(model, ctx, example.contiguous(memory_format=self.memory_format),
+                         self._autocast)
         self.model = torch.compile(ddp) if rt.compile else ddp
         self.eval_model = torch.compile(model) if rt.compile else model
         self.criterion = nn.CrossEntropyLoss()
