@@ -77,3 +77,58 @@ def trained_tiny(tmp_path_factory, tiny_digits, resnet18_dir) -> Path:
                          lr=0.05, augment="none", print_freq=100))
     assert rc == 0
     return out
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (loopback)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` (SQLite backend, artifacts proxied into a local folder) on a free
+    loopback port, one per session: yields its URI. Skips when mlflow (the `test` extra) is
+    missing."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    if shutil.which("mlflow", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("mlflow server not installed (pip install -e '.[test]')")
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "MLFLOW_ENABLE_TELEMETRY": "false", "DO_NOT_TRACK": "true"}
+    with open(root / "server.log", "wb") as logfile:
+        server = subprocess.Popen(
+            [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+             f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "artifacts"),
+             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            stdout=logfile, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()}")
+            time.sleep(0.3)
+        yield uri
+    finally:  # the server's own process group (its workers too)
+        import signal
+
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)

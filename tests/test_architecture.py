@@ -160,3 +160,23 @@ def test_one_module_talks_to_kubernetes():
             if any(m == "kubernetes" or m.startswith("kubernetes.") for m in mods):
                 importers.add(name)
     assert importers == {"pipelines.k8s"}
+
+
+def _importers(package: str) -> set:
+    found = set()
+    for name, tree in _trees():
+        for node in ast.walk(tree):
+            mods = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(m == package or m.startswith(package + ".") for m in mods):
+                found.add(name)
+    return found
+
+
+def test_one_module_talks_to_each_tracking_and_registry_server():
+    """MLflow's tracking API is trainer/tracking.py's (the trainer cannot import pipelines/), its
+    registry and Kubeflow's Model Registry are pipelines/registry.py's; the registry module
+    classifies MLflow's failures through trainer.tracking.failure, so there is one mapping."""
+    assert _importers("mlflow") <= {"trainer.tracking", "pipelines.registry"}
+    assert "trainer.tracking" in _importers("mlflow")
+    assert _importers("model_registry") <= {"pipelines.registry"}
