@@ -104,7 +104,9 @@ def mlflow_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow")
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MLFLOW_ENABLE_TELEMETRY": "false", "DO_NOT_TRACK": "true"}
+    # no telemetry; no job runner (its huey consumers are eight more processes we do not use)
+    env = {**os.environ, "MLFLOW_ENABLE_TELEMETRY": "false", "DO_NOT_TRACK": "true",
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with open(root / "server.log", "wb") as logfile:
         server = subprocess.Popen(
             [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",

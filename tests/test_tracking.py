@@ -203,6 +203,7 @@ def test_a_server_that_dies_mid_run_is_one_named_line_and_training_goes_on(
     assert _steps(mlflow_server, run.info.run_id) == [1]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_two_processes_log_each_epoch_once_from_rank_0(mlflow_server, tmp_path, micro,
