@@ -14,9 +14,10 @@ serve, then query (docs/serving.md):
 
 
 def _serve(args) -> int:
+    from pipelines.cli.use import local_model
     from pipelines.serve.server import serve
 
-    serve(args.model, name=args.name, http_port=args.http_port, workers=args.workers,
+    serve(local_model(args.model), name=args.name, http_port=args.http_port, workers=args.workers,
           model_threads=args.model_threads, device=args.device, runtime=args.runtime,
           max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)
     return 0

@@ -2,11 +2,23 @@
 
 from trainer.options import HelpFormatter
 
+MODEL_HELP = ("trained model directory, or models:/NAME/VERSION or models:/NAME@ALIAS (MLflow's "
+              "registry at MLFLOW_TRACKING_URI; fetched once into ~/.cache/kfvision/models)")
+
+
+def local_model(model: str) -> str:
+    """The local directory of --model: a registered model (models:/...) is fetched once."""
+    if not model.startswith("models:/"):
+        return model  # a folder: no registry client imported
+    from pipelines.registry import resolve_model
+
+    return str(resolve_model(model))
+
 
 def _score(args) -> int:
     from trainer.use.score import score
 
-    result = score(args.model, args.data, args.out, batch_size=args.batch_size,
+    result = score(local_model(args.model), args.data, args.out, batch_size=args.batch_size,
                    device=args.device, progress=False if args.quiet else None,
                    dct_scaling=args.dct_scaling == "on")
     acc = "" if result["accuracy"] is None else f"; top-1 accuracy {result['accuracy']:.4f}"
@@ -28,6 +40,7 @@ def _export(args) -> int:
     from trainer.errors import ExportError
     from trainer.use.export import TOLERANCE, check_export, export
 
+    args.model = local_model(args.model)
     meta = export(args.model, args.format, args.out)
     size = meta["image_size"]
     print(f"wrote the {args.format} export of {args.model} to {args.out}: input 'image' uint8 "
@@ -48,7 +61,7 @@ def register(sub) -> None:
     """Add score, evaluate and export to the `kfvision` subparsers."""
     s = sub.add_parser("score", help="score an image directory with a trained model -> CSV",
                        formatter_class=HelpFormatter)
-    s.add_argument("--model", required=True, help="trained model directory")
+    s.add_argument("--model", required=True, help=MODEL_HELP)
     s.add_argument("--data", required=True, help="image directory (labelled or not)")
     s.add_argument("--out", required=True, help="output CSV file")
     s.add_argument("--batch-size", type=int, default=64, help="images per batch")
@@ -69,7 +82,7 @@ def register(sub) -> None:
 
     x = sub.add_parser("export", help="export a trained model: ONNX, TorchScript, torch.export",
                        formatter_class=HelpFormatter)
-    x.add_argument("--model", required=True, help="trained model directory")
+    x.add_argument("--model", required=True, help=MODEL_HELP)
     x.add_argument("--format", choices=("onnx", "torchscript", "torch-export"), default="onnx",
                    help="artifact type")
     x.add_argument("--out", required=True, help="output file (.onnx, .pt, .pt2)")
