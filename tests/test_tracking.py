@@ -245,3 +245,18 @@ def test_tracking_is_off_without_a_uri_and_mlflow_is_not_imported():
 ])
 def test_failures_are_classified_once(exc, kind):
     assert failure(exc) == kind
+
+
+@pytest.mark.slow  # a new SQLite store runs MLflow's ~50 schema migrations
+def test_a_local_sqlite_store_as_the_demo_makes_it(tmp_path, micro, resnet18_dir, monkeypatch):
+    """`make demo`'s store: pipelines.registry.local_store, then the trainer logs into it."""
+    from pipelines.registry import local_store
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    store = local_store(tmp_path / "mlflow")
+    assert store["ui"].startswith("mlflow ui --backend-store-uri sqlite:///")
+    assert main(train_argv(resnet18_dir, micro, tmp_path / "m", tracking_uri=store["uri"],
+                           experiment=store["experiment"], **{**OPTIONS, "epochs": 2})) == 0
+    (run,) = _runs(store["uri"], store["experiment"])
+    assert _steps(store["uri"], run.info.run_id) == [1, 2]
+    assert (tmp_path / "mlflow" / "artifacts").is_dir()  # beside the store, not in the cwd
