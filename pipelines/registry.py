@@ -177,7 +177,8 @@ def register_kubeflow(model_dir, name: str, *, storage_uri: str, url: str, autho
 
         registry = ModelRegistry(f"{m.group(1)}://{m.group(2)}", port=port, author=author,
                                  is_secure=secure, user_token=token)
-        found = registry.get_model_version(name, version)
+        found = (registry.get_model_version(name, version)
+                 if registry.get_registered_model(name) is not None else None)
         if found is not None:
             return {"name": name, "version": version, "id": found.id, "created": False}
         metadata = {"classes": json.dumps(about["classes"]), "image_size": about["image_size"],
@@ -239,6 +240,28 @@ def resolve_model(uri, *, tracking_uri: str | None = None, cache: Path | None = 
         raise
     except Exception as e:  # noqa: BLE001 - one mapping of MLflow's failures, with the cause
         raise _endpoint_error(e, server, f"fetching {text}") from e
+
+
+def storage_uri(uri: str, *, tracking_uri: str | None = None) -> str:
+    """Where KServe reads the MLflow version `models:/NAME/VERSION` (or @ALIAS) from: its source,
+    when that is storage KServe's initializer reads (s3://, gs://, https://, pvc://). Raises
+    RegistryError for a source only MLflow can read (mlflow-artifacts:/, a local path)."""
+    m = MODELS_URI.fullmatch(uri)
+    if not m:
+        raise InvalidParameterError(f"--model {uri!r}: write models:/NAME/VERSION or "
+                                    "models:/NAME@ALIAS.")
+    client, server = _mlflow_client(tracking_uri)
+    try:
+        v = (client.get_model_version(m.group("name"), m.group("version")) if m.group("version")
+             else client.get_model_version_by_alias(m.group("name"), m.group("alias")))
+    except Exception as e:  # noqa: BLE001 - one mapping of MLflow's failures, with the cause
+        raise _endpoint_error(e, server, f"looking up {uri}") from e
+    if not re.match(r"^(s3|gs|pvc|https?)://", v.source):
+        raise RegistryError(
+            f"{uri} is stored at {v.source}, which KServe's storage initializer cannot read. "
+            "Give the MLflow server an artifact store on S3 (--artifacts-destination s3://...) "
+            "and register again, or deploy the model directory's pvc:// or s3:// URI.")
+    return v.source
 
 
 def local_store(folder, experiment: str = "kfvision-demo") -> dict:

@@ -247,7 +247,7 @@ def test_failures_are_classified_once(exc, kind):
     assert failure(exc) == kind
 
 
-@pytest.mark.slow  # a new SQLite store runs MLflow's ~50 schema migrations
+@pytest.mark.slow  # a new SQLite store runs all of MLflow's schema migrations
 def test_a_local_sqlite_store_as_the_demo_makes_it(tmp_path, micro, resnet18_dir, monkeypatch):
     """`make demo`'s store: pipelines.registry.local_store, then the trainer logs into it."""
     from pipelines.registry import local_store
