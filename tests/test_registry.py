@@ -209,7 +209,9 @@ def test_deploy_render_takes_registered_versions(mlflow_server, monkeypatch, cap
     client = MlflowClient(tracking_uri=mlflow_server)
     client.create_registered_model("deployed")
     s3 = client.create_model_version("deployed", "s3://models/digits").version
-    local = client.create_model_version("deployed", "mlflow-artifacts:/1/x/artifacts/m").version
+    run = client.create_run(client.create_experiment("deployed")).info
+    local = client.create_model_version("deployed", f"{run.artifact_uri}/m",
+                                        run_id=run.run_id).version  # mlflow-artifacts:/...
     base = ["deploy", "render", "--name", "digits", "--image", "registry.example.com/kfv:1"]
     for model, uri in ((f"models:/deployed/{s3}", "s3://models/digits"),
                        ("model-registry://digits/sha256-0123", "model-registry://digits/sha256-0123")):
