@@ -106,6 +106,7 @@ def _register(run, tracking: dict) -> None:
     from pipelines.registry import register_mlflow
 
     model = find(run, "train-pytorch-model", "trained_model")
-    got = register_mlflow(model, "digits", description="make demo: resnet18 on the digits")
+    got = register_mlflow(model, "digits", description="make demo: resnet18 on the digits",
+                          experiment=os.environ.get("MLFLOW_EXPERIMENT_NAME", "kfvision"))
     print(f"MLflow: runs and curves in {tracking['uri']}; the model is registered as "
           f"models:/digits/{got['version']}\n  open the UI: {tracking['ui']}")
