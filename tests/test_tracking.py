@@ -260,3 +260,12 @@ def test_a_local_sqlite_store_as_the_demo_makes_it(tmp_path, micro, resnet18_dir
     (run,) = _runs(store["uri"], store["experiment"])
     assert _steps(store["uri"], run.info.run_id) == [1, 2]
     assert (tmp_path / "mlflow" / "artifacts").is_dir()  # beside the store, not in the cwd
+
+
+def test_a_checkpoints_run_missing_on_the_server_means_a_new_run(mlflow_server):
+    """A checkpoint carried to another tracking server: its run id is not there."""
+    tracker = Tracker(uri=mlflow_server, experiment=_experiment())
+    missing = "0" * 32
+    run_id = tracker.start({"epochs": 3}, saved_run_id=missing)
+    assert run_id and run_id != missing and not tracker.off
+    assert _client(mlflow_server).get_run(run_id).data.params == {"epochs": "3"}

@@ -163,8 +163,14 @@ class Tracker:
 
         self._client = client = MlflowClient(tracking_uri=self.uri)
         if self.run_id is None and saved_run_id:
-            self.run_id, self.created = saved_run_id, True
-            client.update_run(saved_run_id, status="RUNNING")
+            try:
+                client.update_run(saved_run_id, status="RUNNING")
+                self.run_id, self.created = saved_run_id, True
+            except Exception as e:  # noqa: BLE001 - classified: only "missing" is handled here
+                if failure(e) != "missing":
+                    raise
+                log.info("MLflow: the checkpoint's run %s is not at %s; starting a new run",
+                         saved_run_id, self.uri)
         if self.run_id is None:
             exp = self.experiment_id or self._experiment_id(client)
             run = client.create_run(exp, run_name=self.tags.get("kfvision.job_name"))
