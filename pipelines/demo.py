@@ -10,7 +10,8 @@ check the served labels.
 
 Runs are tracked in a local MLflow store under `out`/mlflow (SQLite; MLFLOW_TRACKING_URI when
 set wins): the train step forwards it into the job's processes, rank 0 logs every epoch, and
-the trained model is registered there as a version of `digits` (docs/tracking.md).
+the pipeline's register step makes the trained model a version of `digits` there
+(docs/tracking.md).
 """
 
 import os
@@ -24,6 +25,8 @@ from PIL import Image
 # the pipeline's parameters.
 DEMO_TRAIN = {"image_size": 32, "batch_size": 32, "learning_rate": 0.05, "warmup_epochs": 1,
               "augment": "light", "patience": 5, "print_frequency": 20}
+
+DEMO_REGISTER = "digits"  # the register step's name for the model
 
 # The deploy step on: served locally and checked over v1 and v2 when accuracy reaches the bar.
 DEMO_DEPLOY = {"deploy": True, "deploy_name": "digits", "deploy_min_accuracy": 0.95}
@@ -74,6 +77,8 @@ def run_demo(out, epochs: int = 15) -> int:
           f"class folders in {out / 'raw'}", flush=True)
     tracking = _tracking(out / "mlflow")
     arguments = demo_arguments(out / "raw", epochs)
+    if tracking:  # the pipeline's register step, into the demo's store
+        arguments["register_name"] = DEMO_REGISTER
     settings = " ".join(f"{k}={v}" for k, v in arguments.items())
     print(f"running the image-classification pipeline locally (KFP local runner): {settings}",
           flush=True)
@@ -102,11 +107,12 @@ def _tracking(folder: Path) -> dict | None:
 
 
 def _register(run, tracking: dict) -> None:
+    """Say which version the register step made (registering again finds it by content)."""
     from pipelines.localrun import find
     from pipelines.registry import register_mlflow
 
     model = find(run, "train-pytorch-model", "trained_model")
-    got = register_mlflow(model, "digits", description="make demo: resnet18 on the digits",
+    got = register_mlflow(model, DEMO_REGISTER,
                           experiment=os.environ.get("MLFLOW_EXPERIMENT_NAME", "kfvision"))
     print(f"MLflow: runs and curves in {tracking['uri']}; the model is registered as "
           f"models:/digits/{got['version']}\n  open the UI: {tracking['ui']}")

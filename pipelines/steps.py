@@ -163,8 +163,13 @@ def check_deploy(params: dict) -> None:
     from pipelines.serve.deploy import DeployConfig
     from trainer.options import options_of
 
-    bar = next(o for o in options_of(PipelineInputs) if o.name == "deploy_min_accuracy")
-    bar.check(params["deploy_min_accuracy"])
+    for name in ("deploy_min_accuracy", "register_min_accuracy"):
+        bar = next(o for o in options_of(PipelineInputs) if o.name == name)
+        bar.check(params[name])
+    if params["register_name"]:
+        from pipelines.registry import check_name
+
+        check_name(params["register_name"])
     if params["deploy"]:
         try:
             DeployConfig(name=params["deploy_name"], model="pvc://x", image="x").check()

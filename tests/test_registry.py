@@ -219,3 +219,24 @@ def test_deploy_render_takes_registered_versions(mlflow_server, monkeypatch, cap
         assert f"value: {uri}" in capsys.readouterr().out
     assert cli([*base, "--model", f"models:/deployed/{local}"]) == 2
     assert "RegistryError" in capsys.readouterr().err
+
+
+def test_the_register_step_gates_on_accuracy_and_mlflow_then_registers_once(
+        mlflow_server, trained_tiny, tmp_path, capsys):
+    import json
+
+    from pipelines.register_step import register_step
+
+    evaluation = tmp_path / "evaluation"
+    evaluation.mkdir()
+    (evaluation / "metrics.json").write_text(json.dumps({"accuracy": 0.5}))
+    env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_EXPERIMENT_NAME": "steps"}
+    low = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.9, environ=env)
+    assert not low["registered"] and "below register_min_accuracy" in low["reason"]
+    off = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.0, environ={})
+    assert not off["registered"] and "MLFLOW_TRACKING_URI is not set" in off["reason"]
+    first = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.4, environ=env,
+                          pipeline_run="run-1")
+    again = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.4, environ=env)
+    assert first["registered"] and first["version"] == again["version"] == "1"
+    assert "already registered (same content): models:/gated/1" in capsys.readouterr().out
