@@ -56,7 +56,8 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
                      timeout_seconds: int, image: str, pvc_name: str, model_uri: str,
                      s3_secret: str, execution_mode: str, job_kind: str,
                      trainer_runtime: str, deploy: bool, deploy_name: str,
-                     deploy_service_account: str, deploy_min_accuracy: float) -> str:
+                     deploy_service_account: str, deploy_min_accuracy: float,
+                     register_name: str, register_min_accuracy: float) -> str:
     """Validate every parameter of the pipeline (fail before any heavy work); returns the
     model family ("resnet" or "densenet") of model_name."""
     params = dict(locals())  # first statement: exactly the parameters
@@ -226,3 +227,17 @@ def deploy_model(trained_model: Input[Model], validation: Input[Dataset],
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             metrics.log_metric(key, value)
     deployment.metadata.update({k: v for k, v in figures.items() if v is not None})
+
+
+@component
+def register_model(trained_model: Input[Model], evaluation: Input[Artifact],
+                   registration: Output[Artifact], run_id: str, register_name: str = "",
+                   register_min_accuracy: float = 0.0):
+    """Register Model: if accurate enough, a version of `register_name` in MLflow's registry
+    (pipelines.register_step); otherwise, or without MLflow, it says why and succeeds."""
+    from pipelines.register_step import register_step
+    from pipelines.steps import run
+
+    got = run(register_step, trained_model.path, evaluation.path, name=register_name,
+              min_accuracy=register_min_accuracy, pipeline_run=run_id)
+    registration.metadata.update({k: v for k, v in got.items() if v is not None})

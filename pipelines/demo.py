@@ -7,8 +7,14 @@ machine with KFP's local runner (`kfvision pipeline run-local`): convert both fo
 untrained resnet18, train it as a PyTorchJob run as local processes (job_kind auto, locally),
 score the validation images, evaluate them, and deploy: serve the model with `kfvision serve` and
 check the served labels.
+
+Runs are tracked in a local MLflow store under `out`/mlflow (SQLite; MLFLOW_TRACKING_URI when
+set wins): the train step forwards it into the job's processes, rank 0 logs every epoch, and
+the pipeline's register step makes the trained model a version of `digits` there
+(docs/tracking.md).
 """
 
+import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +25,8 @@ from PIL import Image
 # the pipeline's parameters.
 DEMO_TRAIN = {"image_size": 32, "batch_size": 32, "learning_rate": 0.05, "warmup_epochs": 1,
               "augment": "light", "patience": 5, "print_frequency": 20}
+
+DEMO_REGISTER = "digits"  # the register step's name for the model
 
 # The deploy step on: served locally and checked over v1 and v2 when accuracy reaches the bar.
 DEMO_DEPLOY = {"deploy": True, "deploy_name": "digits", "deploy_min_accuracy": 0.95}
@@ -67,10 +75,44 @@ def run_demo(out, epochs: int = 15) -> int:
     counts = write_digits(out / "raw")
     print(f"wrote {counts['train']} training and {counts['val']} validation digit images as PNG "
           f"class folders in {out / 'raw'}", flush=True)
+    tracking = _tracking(out / "mlflow")
     arguments = demo_arguments(out / "raw", epochs)
+    if tracking:  # the pipeline's register step, into the demo's store
+        arguments["register_name"] = DEMO_REGISTER
     settings = " ".join(f"{k}={v}" for k, v in arguments.items())
     print(f"running the image-classification pipeline locally (KFP local runner): {settings}",
           flush=True)
     run = run_local_pipeline(arguments, out / "pipeline")
     print("\ndemo finished\n" + summary(run))
+    if tracking:
+        _register(run, tracking)
     return 0
+
+
+def _tracking(folder: Path) -> dict | None:
+    """Track the demo in a local MLflow store (SQLite) unless MLFLOW_TRACKING_URI is set."""
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return {"uri": os.environ["MLFLOW_TRACKING_URI"], "ui": "the MLflow UI of that server"}
+    try:
+        from pipelines.registry import local_store
+
+        store = local_store(folder)
+    except ImportError:  # mlflow not installed: the demo runs untracked
+        print("MLflow is not installed (pip install 'kfvision[test]'): the demo is not tracked")
+        return None
+    os.environ["MLFLOW_TRACKING_URI"] = store["uri"]  # the steps and the job's processes
+    os.environ["MLFLOW_EXPERIMENT_NAME"] = store["experiment"]
+    print(f"tracking the runs in MLflow: {store['uri']}", flush=True)
+    return store
+
+
+def _register(run, tracking: dict) -> None:
+    """Say which version the register step made (registering again finds it by content)."""
+    from pipelines.localrun import find
+    from pipelines.registry import register_mlflow
+
+    model = find(run, "train-pytorch-model", "trained_model")
+    got = register_mlflow(model, DEMO_REGISTER,
+                          experiment=os.environ.get("MLFLOW_EXPERIMENT_NAME", "kfvision"))
+    print(f"MLflow: runs and curves in {tracking['uri']}; the model is registered as "
+          f"models:/digits/{got['version']}\n  open the UI: {tracking['ui']}")

@@ -73,6 +73,12 @@ class PipelineInputs:
                                          pipeline=True)
     deploy_min_accuracy: float = option(0.0, "deploy only when the evaluated accuracy reaches "
                                         "this", low=0.0, high=1.0, pipeline=True)
+    register_name: str = option("", "after evaluation, register the trained model as a version "
+                                "of this name in MLflow's registry at MLFLOW_TRACKING_URI (KFP "
+                                "2.17 with MLflow; locally the demo's store); '' registers "
+                                "nothing", pipeline=True)
+    register_min_accuracy: float = option(0.0, "register only when the evaluated accuracy "
+                                          "reaches this", low=0.0, high=1.0, pipeline=True)
 
 
 TRAIN_OPTIONS = tuple(o for o in options_of(TrainConfig) if o.param)

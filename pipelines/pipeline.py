@@ -101,6 +101,8 @@ def build_pipeline(storage: Storage = DEFAULT):
         deploy_name: str = "image-classifier",
         deploy_service_account: str = "",
         deploy_min_accuracy: float = 0.0,
+        register_name: str = "",
+        register_min_accuracy: float = 0.0,
     ):
         params = dict(locals())  # first statement: every parameter, by name
         pvc = pvc_name if storage.data_pvc else None  # the data PVC, where the step reads data
@@ -153,6 +155,12 @@ def build_pipeline(storage: Storage = DEFAULT):
                 **data), image, pvc=pvc)
         evaluated = _step(c.evaluate_model(scored=dsl.OneOf(on_val.outputs["scored"],
                                                             on_test.outputs["scored"])), image)
+
+        with dsl.If(register_name != "", name="register"):
+            _step(c.register_model(trained_model=trained,
+                                   evaluation=evaluated.outputs["evaluation"],
+                                   run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                                   **_inputs(c.register_model, params)), image, cache=False)
 
         with dsl.If(deploy == True, name="deploy"):  # noqa: E712 (a KFP condition, not a bool)
             _step(c.deploy_model(trained_model=trained, validation=val_data,

@@ -6,6 +6,7 @@ everything is inline: the charts are SVG drawn here (no plotting library), pictu
 
 import base64
 import html
+import math
 
 WIDTH, HEIGHT, PAD = 420, 260, 44
 COLOURS = {"train": "#1f77b4", "val": "#d62728"}
@@ -17,9 +18,20 @@ def _scale(values, lo, hi, size, flip=False):
     return [size - v for v in out] if flip else out
 
 
-def line_chart(title: str, epochs: list, series: dict, y_range=None) -> str:
-    """An SVG line chart: `series` maps a name ('train', 'val') to one value per epoch."""
+def _tick(value: float, log: bool) -> float:
+    return 10 ** value if log else value
+
+
+def line_chart(title: str, epochs: list, series: dict, y_range=None, log: bool = False) -> str:
+    """An SVG line chart: `series` maps a name ('train', 'val') to one value per epoch. `log`: a
+    logarithmic y axis (when every value is positive and finite), so that a first epoch's loss
+    tens of times the later ones does not flatten them all into one line at the bottom."""
     values = [v for vs in series.values() for v in vs]
+    log = log and all(math.isfinite(v) and v > 0 for v in values)
+    if log:
+        series = {name: [math.log10(v) for v in vs] for name, vs in series.items()}
+        values = [v for vs in series.values() for v in vs]
+        title = f"{title} (log scale)"
     lo, hi = y_range or (min(values), max(values))
     if hi == lo:
         lo, hi = lo - 0.5, hi + 0.5
@@ -34,7 +46,7 @@ def line_chart(title: str, epochs: list, series: dict, y_range=None) -> str:
     for frac in (0.0, 0.5, 1.0):  # y ticks: bottom, middle, top
         y = PAD + h - frac * h
         parts.append(f'<text x="{PAD - 4}" y="{y + 4:.1f}" text-anchor="end" font-size="10">'
-                     f'{lo + frac * (hi - lo):.3g}</text>')
+                     f'{_tick(lo + frac * (hi - lo), log):.3g}</text>')
     for e, x in zip(epochs, xs):
         parts.append(f'<text x="{x:.1f}" y="{PAD + h + 14}" text-anchor="middle" '
                      f'font-size="10">{e}</text>')
@@ -61,7 +73,7 @@ def curves_html(metrics: dict, title: str = "Training curves") -> str:
     final, best = metrics.get("final", {}), metrics.get("best_epoch")
     charts = [
         line_chart("loss", epochs, {"train": [h["train_loss"] for h in history],
-                                    "val": [h["val_loss"] for h in history]}),
+                                    "val": [h["val_loss"] for h in history]}, log=True),
         line_chart("top-1 accuracy", epochs, {"train": [h["train_top1"] for h in history],
                                               "val": [h["val_top1"] for h in history]},
                    y_range=(0.0, 1.0)),

@@ -49,16 +49,18 @@ def run(step, *args, **kwargs):
         sys.exit(e.exit_code)
 
 
-def job_config(cfg: TrainConfig, *, run_id: str, volumes: tuple = (), **settings) -> JobConfig:
+def job_config(cfg: TrainConfig, *, run_id: str, volumes: tuple = (), env: tuple = (),
+               **settings) -> JobConfig:
     """The job of a pipeline run (settings: params.job_settings); validated. (`kfvision job
     render`'s flags give theirs through pipelines.cli.job.job_config_from_args.)
 
     The job name derives from the run (see pipelines.jobs.config.job_name), so a retried step
     finds its own job again. `volumes`: the PVCs (pipelines.jobs.config.Volume) mounted in
-    every pod, none in a local run.
+    every pod, none in a local run; `env`: ((name, value), ...) for the training container
+    (pipelines.train_step.tracking_env).
     """
     return JobConfig(name=job_name(JOB_PREFIX, run_id), train=cfg, **job_options(**settings),
-                     volumes=tuple(volumes)).validate()
+                     volumes=tuple(volumes), env=tuple(env)).validate()
 
 
 def resolve_mode(mode: str, environ=None) -> str:
@@ -175,8 +177,13 @@ def check_deploy(params: dict) -> None:
     from pipelines.serve.deploy import DeployConfig
     from trainer.options import options_of
 
-    bar = next(o for o in options_of(PipelineInputs) if o.name == "deploy_min_accuracy")
-    bar.check(params["deploy_min_accuracy"])
+    for name in ("deploy_min_accuracy", "register_min_accuracy"):
+        bar = next(o for o in options_of(PipelineInputs) if o.name == name)
+        bar.check(params[name])
+    if params["register_name"]:
+        from pipelines.registry import check_name
+
+        check_name(params["register_name"])
     if params["deploy"]:
         try:
             DeployConfig(name=params["deploy_name"], model="pvc://x", image="x",

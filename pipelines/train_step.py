@@ -73,7 +73,9 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
     (job_kind,) = job_kinds(kind, mode)
     cfg = TrainConfig(model=str(model_dir), train=str(train_dir), val=str(val_dir),
                       out=str(out_dir), **options).validate()
-    job = _render(cfg, settings, run_key, (), job_yaml, job_kind, runtime)
+    env = tracking_env(os.environ, kind=job_kind.kind, name=job_config(
+        cfg, run_id=run_key, **settings).name, run_id=run_key.partition("/")[0], local=True)
+    job = _render(cfg, settings, run_key, (), job_yaml, job_kind, runtime, env)
     from pipelines.jobs.kinds import TRAINJOB
     from pipelines.jobs.pytorchjob import local as pytorchjob_local
     from pipelines.jobs.trainjob import local as trainjob_local
@@ -88,9 +90,32 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
     return read_metrics(out_dir)
 
 
+def tracking_env(environ, *, kind: str, name: str, run_id: str, local: bool, out=None) -> tuple:
+    """((name, value), ...) for the job's training container: the MLflow variables this step
+    received (KFP 2.17 injects them where MLflow is configured: the task's nested run, so the
+    job's curves land in the run the KFP UI links to) and the job's kind, name and pipeline run as
+    the run's tags. Nothing without MLFLOW_TRACKING_URI. Credentials go only into local
+    processes: on a cluster they would stand in the manifest in clear text (docs/tracking.md)."""
+    from trainer import upstream
+    from trainer.tracking import JOB_TAGS
+
+    if not environ.get(upstream.MLFLOW_TRACKING_URI):
+        return ()
+    names = upstream.MLFLOW_FORWARDED + (upstream.MLFLOW_CREDENTIALS if local else ())
+    env = [(n, environ[n]) for n in names if environ.get(n)]
+    held = [n for n in upstream.MLFLOW_CREDENTIALS if environ.get(n) and not local]
+    if held:
+        print(f"MLflow: {', '.join(held)} not written into the job (it would stand in the "
+              "manifest in clear text); give the job's pods a Secret or use "
+              "MLFLOW_TRACKING_AUTH (docs/tracking.md)", file=out or sys.stdout, flush=True)
+    tags = dict(zip(JOB_TAGS, (kind, name, run_id), strict=True))
+    return (*env, *((k, v) for k, v in tags.items() if v))
+
+
 def _render(cfg: TrainConfig, settings: dict, run_key: str, volumes: tuple, job_yaml, kind,
-            runtime: str) -> dict:
-    job = render_job(job_config(cfg, run_id=run_key, volumes=volumes, **settings), kind, runtime)
+            runtime: str, env: tuple = ()) -> dict:
+    job = render_job(job_config(cfg, run_id=run_key, volumes=volumes, env=env, **settings), kind,
+                     runtime)
     Path(job_yaml).parent.mkdir(parents=True, exist_ok=True)
     Path(job_yaml).write_text(to_yaml(job, "Rendered by kfvision's train-pytorch-model step; "
                                       "`kubectl apply -f` runs it again."), encoding="utf-8")
@@ -136,7 +161,9 @@ def _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options,
     stage_inputs(stage, {"model": model_dir, "train": train_dir, "val": val_dir})
     cfg = TrainConfig(model=str(stage / "model"), train=str(stage / "train"),
                       val=str(stage / "val"), out=str(stage / "trained"), **options)
-    job = _render(cfg, settings, run_key, volumes, job_yaml, job_kind, runtime)
+    env = tracking_env(os.environ, kind=job_kind.kind, name=name, run_id=run_id, local=False,
+                       out=out)
+    job = _render(cfg, settings, run_key, volumes, job_yaml, job_kind, runtime, env)
     replace_failed_job(client, name, stage / "trained")
     submit(client, job, wait=True, poll_s=10.0, logs=True)
     shutil.copytree(stage / "trained", out_dir, dirs_exist_ok=True)

@@ -149,3 +149,60 @@ def s3_bucket(s3_endpoint, monkeypatch, tmp_path, request) -> S3Bucket:
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + "-bkt"
     yield S3Bucket(name, s3_endpoint)
     s3.reset_clients()
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (loopback)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` (SQLite backend, artifacts proxied into a local folder) on a free
+    loopback port, one per session: yields its URI. Skips when mlflow (the `test` extra) is
+    missing."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    if shutil.which("mlflow", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("mlflow server not installed (pip install -e '.[test]')")
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    # no telemetry; no job runner (its huey consumers are eight more processes we do not use)
+    env = {**os.environ, "MLFLOW_ENABLE_TELEMETRY": "false", "DO_NOT_TRACK": "true",
+           "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with open(root / "server.log", "wb") as logfile:
+        server = subprocess.Popen(
+            [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+             f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "artifacts"),
+             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+            stdout=logfile, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()}")
+            time.sleep(0.3)
+        yield uri
+    finally:  # the server's own process group (its workers too)
+        import signal
+
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)

@@ -86,8 +86,8 @@ def test_every_step_runs_a_kfvision_function_from_the_image(compiled):
     spec = compiled[1][0]
     executors = spec["deploymentSpec"]["executors"]
     # one executor per task: check, prepare-workspace, 4 converts, split, resnet, densenet,
-    # train, 2 scores, evaluate, deploy
-    assert len(executors) == 14
+    # train, 2 scores, evaluate, register, deploy
+    assert len(executors) == 15
     for name, executor in executors.items():
         c = executor["container"]
         text = " ".join(c["command"])
@@ -99,13 +99,14 @@ def test_every_step_runs_a_kfvision_function_from_the_image(compiled):
 
 
 def test_caching_is_off_only_where_a_step_reads_a_changing_source_or_deploys(compiled):
+    # (or registers: the registry, like a cluster, is a changing outside system)
     tasks = _tasks(compiled[1][0])
     for name, task in tasks.items():
         if "componentRef" not in task or name.startswith("condition"):
             continue
         cached = task.get("cachingOptions", {}).get("enableCache", False)
         assert cached == (not name.startswith(("convert-to-image-directory", "deploy-model",
-                                               "prepare-workspace"))), name
+                                               "register-model", "prepare-workspace"))), name
 
 
 def test_the_three_choices_are_conditions_merged_with_oneof(compiled):

@@ -199,10 +199,20 @@ class Checkpointer:
         ctx: this process's place in the job.
         settings: what a resumed run must share with the one that wrote the checkpoint (the
             MUST_MATCH config values, world size, architecture, classes); saved in every file.
+
+    `extra`: plain values kept in every later file and read back by `saved()` (the MLflow run id,
+    so a resumed run continues the same run); unlike `settings`, they need not match.
     """
 
     def __init__(self, folder, ctx: DistContext, settings: dict):
         self.store, self.ctx, self.settings = CheckpointStore(folder), ctx, settings
+        self.extra = {}
+
+    def saved(self, key: str):
+        """The value of `extra[key]` in the newest readable checkpoint (rank 0; None elsewhere,
+        or without one)."""
+        found = self.store.latest() if self.ctx.is_main else None
+        return None if found is None else found[1].get("extra", {}).get(key)
 
     def path(self, epoch: int) -> Path:
         """The file of the checkpoint after `epoch` (for messages)."""
@@ -216,7 +226,8 @@ class Checkpointer:
         """
         def write():
             try:
-                self.store.write(state["epoch"], {**state, "settings": self.settings}, best_epoch)
+                self.store.write(state["epoch"], {**state, "settings": self.settings,
+                                                  "extra": dict(self.extra)}, best_epoch)
             except OSError as e:
                 raise output_error(e, self.store.folder) from e
 

@@ -83,6 +83,13 @@ class TrainConfig:
     tensorboard: str | None = option(None, "write TensorBoard event files of the per-epoch "
                                      "metrics to this folder (rank 0)", metavar="DIR",
                                      unset="none")
+    tracking_uri: str | None = option(None, "MLflow tracking server (or a local store such as "
+                                      "sqlite:///PATH/mlflow.db) that rank 0 logs the run to; "
+                                      "MLFLOW_TRACKING_URI when not given (docs/tracking.md)",
+                                      metavar="URI", unset="MLFLOW_TRACKING_URI, else off")
+    experiment: str | None = option(None, "MLflow experiment of a new run (MLFLOW_EXPERIMENT_ID "
+                                    "wins; MLFLOW_RUN_ID logs into that run)", metavar="NAME",
+                                    unset="MLFLOW_EXPERIMENT_NAME, else kfvision")
 
     def validate(self) -> "TrainConfig":
         """Raise InvalidParameterError for an option out of range, not one of its choices, or

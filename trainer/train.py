@@ -35,6 +35,7 @@ from trainer.model.trained import atomic_torch_save, write_model_files
 from trainer.reporting import EpochReporter
 from trainer.rng import seed_everything
 from trainer.runtime import describe, resolve_runtime
+from trainer.tracking import RUN_ID_KEY, Tracker
 from trainer.trainjob_status import StatusReporter
 
 log = logging.getLogger("trainer")
@@ -105,10 +106,13 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
 
     status = StatusReporter.from_env(cfg.epochs) if ctx.is_main else None  # TrainJob progress
     report = EpochReporter(cfg.tensorboard or None)
+    tracker = _tracker(cfg, ctx, rt, checkpointer)
 
     def on_epoch(history, best_state):  # rank 0 only: keep what we have if a later epoch fails
         try:
             report(history)
+            if tracker is not None:
+                tracker.log_epochs(history)
             if best_state is not None:
                 atomic_torch_save(best_state, out / WEIGHTS_FILE)
             atomic_write_json(out / "metrics.json", {"status": "running", "history": history})
@@ -122,6 +126,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     except BaseException as e:
         if ctx.is_main:
             _mark_failed(out, e)
+        if tracker is not None:
+            tracker.finish(ok=False)
         raise
     finally:
         report.close()
@@ -135,6 +141,10 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
 
     distributed.on_main(ctx, completed)
     checkpointer.finish()  # the model directory is the result now
+    if tracker is not None:
+        tracker.log_epochs(summary["history"])
+        tracker.log_model(out)
+        tracker.finish(ok=True)
     if ctx.is_main:
         f = summary["final"]
         log.info("done: best epoch %d of %d, val top1 %.4f top5 %.4f loss %.4f, %.1f train img/s; "
@@ -151,6 +161,23 @@ def _checkpointer(cfg: TrainConfig, ctx, out: Path, arch: str, classes, model) -
     settings = {**{k: getattr(cfg, k) for k in MUST_MATCH}, "world_size": ctx.world_size,
                 "arch": arch, "classes": list(classes)}
     return Checkpointer(out / FOLDER, ctx, settings)
+
+
+def _tracker(cfg: TrainConfig, ctx, rt, checkpointer: Checkpointer) -> Tracker | None:
+    """Rank 0's MLflow run (None when tracking is off or on other ranks), its id kept in every
+    checkpoint so that a resumed run continues it."""
+    tracker = Tracker.from_env(cfg) if ctx.is_main else None
+    if tracker is None:
+        return None
+    tracker.tags.update({"kfvision.world_size": ctx.world_size,
+                         "kfvision.device": ctx.device.type,
+                         "kfvision.precision": "bf16" if rt.amp else "fp32"})
+    params = {**{k: v for k, v in cfg.to_dict().items() if k != "tracking_uri"},
+              "world_size": ctx.world_size}
+    run_id = tracker.start(params, checkpointer.saved(RUN_ID_KEY))
+    if run_id:
+        checkpointer.extra[RUN_ID_KEY] = run_id
+    return tracker
 
 
 def _mark_failed(out: Path, e: BaseException) -> None:

@@ -30,3 +30,34 @@ TRAINER_TOKEN_AUDIENCE = ("trainer.kubeflow.org/v1alpha1/namespaces/{namespace}/
 
 # Kubernetes: the kubelet sets it in every container of a pod (only used to tell "in a pod").
 KUBERNETES_SERVICE_HOST = "KUBERNETES_SERVICE_HOST"
+
+# MLflow: the variables Kubeflow Pipelines 2.17.0 injects into a task's container where MLflow is
+# configured with `injectUserEnvVars` (kubeflow/pipelines 2.17.0,
+# backend/src/v2/common/plugins/mlflow/handler.go RetrieveUserContainerEnvVars;
+# backend/src/common/plugins/mlflow/config.go), read by the MLflow client itself as defined in
+# mlflow v3.17.2, mlflow/environment_variables.py. The train step forwards them into the job's
+# pods; the trainer reads the first four (the client reads the credentials on its own).
+MLFLOW_TRACKING_URI = "MLFLOW_TRACKING_URI"
+MLFLOW_RUN_ID = "MLFLOW_RUN_ID"  # KFP: the task's nested run
+MLFLOW_EXPERIMENT_ID = "MLFLOW_EXPERIMENT_ID"
+MLFLOW_EXPERIMENT_NAME = "MLFLOW_EXPERIMENT_NAME"  # not injected by KFP; the client honours it
+MLFLOW_WORKSPACE = "MLFLOW_WORKSPACE"  # KFP: only with workspaces on (MLflow >= 3.10)
+MLFLOW_TRACKING_AUTH = "MLFLOW_TRACKING_AUTH"  # KFP: `kubernetes` or `kubernetes-namespaced`
+MLFLOW_TRACKING_TOKEN = "MLFLOW_TRACKING_TOKEN"  # KFP: bearer credentials from a Secret
+MLFLOW_TRACKING_USERNAME = "MLFLOW_TRACKING_USERNAME"  # KFP: basic credentials from a Secret
+MLFLOW_TRACKING_PASSWORD = "MLFLOW_TRACKING_PASSWORD"
+# mlflow v3.17.2, mlflow/environment_variables.py: TLS settings a user may give (not KFP's)
+MLFLOW_TRACKING_INSECURE_TLS = "MLFLOW_TRACKING_INSECURE_TLS"
+MLFLOW_TRACKING_SERVER_CERT_PATH = "MLFLOW_TRACKING_SERVER_CERT_PATH"
+# what the train step forwards into the job's pods when it has them: the settings always, the
+# credentials only into local processes (never written into a manifest in clear text)
+MLFLOW_FORWARDED = (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID, MLFLOW_EXPERIMENT_ID,
+                    MLFLOW_EXPERIMENT_NAME, MLFLOW_WORKSPACE, MLFLOW_TRACKING_AUTH,
+                    MLFLOW_TRACKING_INSECURE_TLS, MLFLOW_TRACKING_SERVER_CERT_PATH)
+MLFLOW_CREDENTIALS = (MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD)
+# mlflow v3.17.2, mlflow/environment_variables.py: the client's HTTP retries (default 7, backoff
+# factor 2: minutes against a dead server) and timeout (default 120 s); the trainer lowers them
+# unless the user set them, so a dead server costs seconds, not epochs.
+MLFLOW_HTTP_REQUEST_MAX_RETRIES = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
+MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR = "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"
+MLFLOW_HTTP_REQUEST_TIMEOUT = "MLFLOW_HTTP_REQUEST_TIMEOUT"

@@ -36,6 +36,7 @@ HELP = {
     "serve": "serve a trained model with KServe's model server (v1 and v2 protocols)",
     "deploy": "deploy a trained model on KServe: render, submit, delete an InferenceService",
     "tune": "hyperparameter search: run (on this machine, Optuna), render (a Katib Experiment)",
+    "register": "register a trained model: a version in MLflow's or Kubeflow's model registry",
 }
 
 

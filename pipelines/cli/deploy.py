@@ -19,6 +19,10 @@ render, then apply (docs/serving.md):
 def _render(args) -> int:
     from pipelines.serve.deploy import build_inference_service, to_yaml
 
+    if args.model.startswith("models:/"):  # MLflow's registry: the version's storage URI
+        from pipelines.registry import storage_uri
+
+        args.model = storage_uri(args.model)
     cfg = DeployConfig(**{o.name: getattr(args, o.name) for o in options_of(DeployConfig)})
     text = to_yaml(build_inference_service(cfg))
     if args.output in (None, "-"):

@@ -23,6 +23,8 @@ def _serve(args) -> int:
     if name is None and is_s3(args.model):  # named after the URI, not the cache's folder
         last = args.model.rstrip("/").rpartition("/")[2]
         name = default_name(last.removesuffix(".onnx"))
+    elif name is None and args.model.startswith("models:/"):  # models:/NAME/1: NAME
+        name = default_name(args.model[len("models:/"):].split("/")[0].split("@")[0])
     model = resolve_model(args.model, max_connections=args.max_connections)
     serve(model, name=name, http_port=args.http_port, grpc_port=args.grpc_port,
           workers=args.workers,
@@ -39,7 +41,8 @@ def register(subparsers, help: str) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--model", required=True,
                    help="trained model directory, or an ONNX file `kfvision export` wrote; "
-                   "either may be an s3:// URI (fetched once into a cache keyed by its ETags)")
+                   "either may be an s3:// URI (fetched once into a cache keyed by its ETags); or "
+                   "models:/NAME/VERSION or models:/NAME@ALIAS (MLflow's registry)")
     s.add_argument("--name", help="model name in the URLs (default: from the model's path)")
     s.add_argument("--http-port", type=int, default=DEFAULTS["http_port"],
                    help=f"REST port, all interfaces (default: {DEFAULTS['http_port']})")

@@ -3,7 +3,9 @@
 from pipelines.s3 import S3Options
 from trainer.options import HelpFormatter, add_flags, options_of
 
-MODEL_HELP = "trained model directory, or the s3://BUCKET/PREFIX/ one was pushed to"
+MODEL_HELP = ("trained model directory; the s3://BUCKET/PREFIX/ one was pushed to; or "
+              "models:/NAME/VERSION or models:/NAME@ALIAS (MLflow's registry at "
+              "MLFLOW_TRACKING_URI); a remote one is fetched once into a local cache")
 
 
 def _score(args) -> int:

@@ -134,6 +134,7 @@ class JobConfig:
                             many=True, parse=parse_volume, show=":".join, metavar="CLAIM:MOUNT")
     run_as_user: int = option(1000, "non-root uid (and gid) of the pods", low=1)  # 0: root
     labels: tuple = ()  # extra ((key, value), ...) on the job and its pods
+    env: tuple = ()  # extra ((name, value), ...) in the training container (MLflow's variables)
 
     @property
     def nproc(self) -> int:
@@ -242,6 +243,11 @@ def train_flags(cfg: TrainConfig) -> list:
     return flags
 
 
+def container_env(cfg: JobConfig) -> list:
+    """The container's extra `env` entries, in the given order."""
+    return [{"name": name, "value": value} for name, value in cfg.env]
+
+
 def resources(cfg: JobConfig) -> dict:
     """A pod's resources: the GPUs as a limit, CPU and memory as requests (what is given)."""
     requests = {k: v for k, v in (("cpu", cfg.cpu), ("memory", cfg.memory)) if v is not None}
@@ -260,6 +266,7 @@ def _container(cfg: JobConfig, name: str, ports: list) -> dict:
         "image": cfg.image,
         "command": list(TRAIN_COMMAND),
         "args": train_flags(cfg.train),
+        **({"env": container_env(cfg)} if cfg.env else {}),
         **({"ports": ports} if ports else {}),
         **({"resources": resources(cfg)} if resources(cfg) else {}),
         "securityContext": {"allowPrivilegeEscalation": False,

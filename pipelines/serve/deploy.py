@@ -33,7 +33,9 @@ MODEL_LOADED, MODEL_FAILED = "Loaded", "FailedToLoad"
 PROMETHEUS_SCRAPING = "serving.kserve.io/enable-prometheus-scraping"
 METRICS_PATH = "/metrics"  # kserve 0.21 kserve/protocol/rest/server.py
 RUN_AS = 1000  # the image's user (images/Dockerfile: USER 1000:1000)
-STORAGE_SCHEMES = ("pvc://", "s3://", "gs://", "https://", "http://", "hdfs://", "webhdfs://")
+# model-registry://[HOST/]NAME[/VERSION]: Kubeflow Model Registry's storage initializer resolves it
+STORAGE_SCHEMES = ("pvc://", "s3://", "gs://", "https://", "http://", "hdfs://", "webhdfs://",
+                   "model-registry://")
 # DNS-1035 label: the InferenceService name becomes a Service (and a host name)
 NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 NAME_MAX = 63
@@ -47,7 +49,9 @@ class DeployConfig:
     name: str = option(help="InferenceService name (and the served model's name): lower-case "
                        "letters, digits and '-', starting with a letter", pipeline="deploy_name")
     model: str = option(help="storage URI of the trained model directory: pvc://CLAIM/path, "
-                        "s3://..., gs://... (mounted at /mnt/models)")
+                        "s3://..., gs://... (mounted at /mnt/models), model-registry://NAME/"
+                        "VERSION (Kubeflow Model Registry), or models:/NAME/VERSION (MLflow: "
+                        "its version's storage URI)")
     image: str = option(help="the kfvision image (images/Dockerfile)", pipeline=True)
     namespace: str | None = option(None, "namespace", unset="kubectl's")
     gpus: int = option(0, "GPUs per replica", low=0, high=16)

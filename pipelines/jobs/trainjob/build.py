@@ -20,7 +20,15 @@ has neither (see docs/jobs.md).
 
 from dataclasses import dataclass
 
-from pipelines.jobs.config import LABELS, TRAIN_COMMAND, JobConfig, pod_spec, resources, train_flags
+from pipelines.jobs.config import (
+    LABELS,
+    TRAIN_COMMAND,
+    JobConfig,
+    container_env,
+    pod_spec,
+    resources,
+    train_flags,
+)
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.trainjob.rules import (
     ANCESTOR_LABEL,
@@ -118,7 +126,7 @@ def build_trainjob(cfg: JobConfig, runtime: Runtime = Runtime()) -> dict:
     metadata["labels"] = {**LABELS, **dict(sorted(cfg.labels))}
     trainer = {"image": cfg.image, "command": list(TRAIN_COMMAND), "args": train_flags(cfg.train),
                # the Training Operator sets it, the torch plugin does not: logs as they happen
-               "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+               "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *container_env(cfg)],
                "numNodes": cfg.nodes, "numProcPerNode": cfg.nproc}
     if resources(cfg):
         trainer["resourcesPerNode"] = resources(cfg)

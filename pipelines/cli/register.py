@@ -1,0 +1,50 @@
+"""`kfvision register`: a trained model directory as a version in MLflow's registry or in
+Kubeflow's Model Registry (pipelines/registry.py; docs/tracking.md)."""
+
+import os
+
+from trainer.options import HelpFormatter
+
+
+def _register(args) -> int:
+    from pipelines import registry
+
+    registry.check_name(args.name)
+    if registry.check_registry(args.registry) == "mlflow":
+        got = registry.register_mlflow(args.model, args.name, description=args.description,
+                                       tracking_uri=args.tracking_uri, run_id=args.run_id)
+        where = f"MLflow at {args.tracking_uri or os.environ.get('MLFLOW_TRACKING_URI')}"
+        uri = f"models:/{got['name']}/{got['version']}"
+    else:
+        from trainer.errors import InvalidParameterError
+
+        if not args.registry_url:
+            raise InvalidParameterError("--registry kubeflow needs --registry-url "
+                                        "(https://HOST[:PORT] of the Model Registry).")
+        token = os.environ.get("KFVISION_REGISTRY_TOKEN")
+        got = registry.register_kubeflow(args.model, args.name, storage_uri=args.storage_uri,
+                                         url=args.registry_url,
+                                         author=args.author or os.environ.get("USER", "kfvision"),
+                                         description=args.description, token=token)
+        where = f"the Kubeflow Model Registry at {args.registry_url}"
+        uri = f"model-registry://{got['name']}/{got['version']}"
+    state = "registered" if got["created"] else "already registered (same content)"
+    print(f"{state}: {args.name} version {got['version']} in {where}; use it as {uri}")
+    return 0
+
+
+def register(sub, help: str) -> None:
+    r = sub.add_parser("register", help=help, formatter_class=HelpFormatter)
+    r.add_argument("--model", required=True, help="trained model directory")
+    r.add_argument("--name", required=True, help="registered model name")
+    r.add_argument("--registry", default="mlflow", help="mlflow or kubeflow")
+    r.add_argument("--description", default="", help="description of the version")
+    r.add_argument("--tracking-uri", help="MLflow server (default: MLFLOW_TRACKING_URI)")
+    r.add_argument("--run-id", help="MLflow run the model came from (its artifacts get the "
+                   "model; default: a new run in experiment kfvision)")
+    r.add_argument("--registry-url", help="Kubeflow Model Registry: https://HOST[:PORT] "
+                   "(token: KFVISION_REGISTRY_TOKEN)")
+    r.add_argument("--storage-uri", help="Kubeflow Model Registry: where KServe reads this "
+                   "model (s3://BUCKET/PATH or pvc://CLAIM/PATH)")
+    r.add_argument("--author", help="Kubeflow Model Registry: author (default: $USER)")
+    r.set_defaults(func=_register)
