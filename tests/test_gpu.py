@@ -155,14 +155,20 @@ def test_training_with_gpu_decode_learns_as_the_cpu_decode_does(tmp_path, resnet
 
 
 def _train_recording_dtypes(out, model, data, monkeypatch, **options) -> set:
-    """Train in this process; -> the dtypes of the classifier head's outputs (every forward)."""
+    """Train in this process; -> {("train" or "eval", dtype of the classifier head's output)} of
+    the training steps (gradients on) and the evaluations (inference mode)."""
     import trainer.train
 
     dtypes, build = set(), trainer.train.build_model
 
+    def record(module, inputs, output):
+        # not a set-up probe under no_grad (trainer/model/convgemm.py: train_only_live_taps)
+        if torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            dtypes.add(("train" if module.training else "eval", output.dtype))
+
     def build_model(*args, **kwargs):
         net = build(*args, **kwargs)
-        net.fc.register_forward_hook(lambda module, inputs, output: dtypes.add(output.dtype))
+        net.fc.register_forward_hook(record)
         return net
 
     with monkeypatch.context() as m:
@@ -179,7 +185,8 @@ def test_amp_auto_on_cuda_trains_in_bf16_to_fp32s_accuracy(tmp_path, resnet18_di
                                    amp="auto")
     fp32 = _train_recording_dtypes(tmp_path / "fp32", resnet18_dir, digits, monkeypatch,
                                    amp="off")
-    assert bf16 == {torch.bfloat16} and fp32 == {torch.float32}
+    assert bf16 == {("train", torch.bfloat16), ("eval", torch.bfloat16)}, bf16
+    assert fp32 == {("train", torch.float32), ("eval", torch.float32)}, fp32
     rt = _runtime(tmp_path / "bf16")
     assert rt["amp"] is True and rt["amp_reason"] == "CUDA" and rt["channels_last"] is True
     assert _runtime(tmp_path / "fp32")["amp"] is False
