@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, _converted, train_argv
+from conftest import REPO, train_argv
 
 from trainer.checkpoint import (
     FOLDER,
@@ -176,9 +176,9 @@ def test_an_output_location_without_room_is_refused_before_training(tmp_path, mo
 
 
 @pytest.fixture(scope="module")
-def micro(tmp_path_factory) -> dict:
+def micro(micro_digits) -> dict:
     """4 training digits and 1 validation digit per class: 3 steps an epoch."""
-    return _converted(tmp_path_factory.mktemp("micro"), limit=5)
+    return micro_digits
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import json
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, FakeClock
 from kubernetes.client.exceptions import ApiException
 
 from pipelines.cli import main
@@ -64,19 +64,8 @@ class FakeKServe:
             raise ApiException(status=404, reason="Not Found")
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, s):
-        self.now += s
-
-
 def client_for(fake, out=None):
-    clock = Clock()
+    clock = FakeClock()
     return cluster.DeployClient(Api(fake, None, "kubeflow", out=out, sleep=clock.sleep,
                                     clock=clock))
 

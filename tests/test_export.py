@@ -18,10 +18,12 @@ from trainer.use.export import FORMATS, check_export, export, load_exported
 
 
 @pytest.fixture(scope="module")
-def exports(trained_tiny, tmp_path_factory) -> dict:
-    """One export per format of the tiny trained model (exporting is the slow part)."""
+def exports(trained_tiny, trained_tiny_onnx, tmp_path_factory) -> dict:
+    """One export per format of the tiny trained model (exporting is the slow part; ONNX's is
+    shared with test_serve.py)."""
     out = tmp_path_factory.mktemp("exports")
-    return {fmt: (out / f"model.{fmt}", export(trained_tiny, fmt, out / f"model.{fmt}"))
+    return {fmt: trained_tiny_onnx if fmt == "onnx" else
+            (out / f"model.{fmt}", export(trained_tiny, fmt, out / f"model.{fmt}"))
             for fmt in FORMATS}
 
 

@@ -14,7 +14,7 @@ import json
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, FakeClock
 from kubernetes.client.exceptions import ApiException
 
 from pipelines.cli import main
@@ -163,17 +163,6 @@ class FakeCluster:
             raise ApiException(status=404, reason="Not Found")
         resources = [{"name": r} for r in self.served[(group, version)]]
         return FakeResponse(json.dumps({"resources": resources}).encode())
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
 
 
 def fake_connect(fake):

@@ -14,6 +14,7 @@ import time
 
 import pytest
 import yaml
+from conftest import run_job
 
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
@@ -236,47 +237,29 @@ def test_gpu_jobs_need_the_gpus_here(tmp_path, monkeypatch):
         run_local(job, tmp_path / "logs", quiet=True)
 
 
-def _render_and_run(tmp_path, data, model, nodes, nproc) -> tuple:
-    """Render with `kfvision job render`, run with run-local; -> (error or None, metrics.json)."""
-    from pipelines.cli import main
-    from pipelines.jobs.kinds import read_job
-
-    out, manifest = tmp_path / f"model-{nodes}x{nproc}", tmp_path / f"job-{nodes}x{nproc}.yaml"
-    assert main(["job", "render", "--name", f"digits-{nodes}x{nproc}", "--image", "local",
-                 "--nodes", str(nodes), "--procs-per-node", str(nproc), "--model", str(model),
-                 "--train", str(data["train"]), "--val", str(data["val"]), "--out", str(out),
-                 "--epochs", "2", "--image-size", "32", "--batch-size", "8", "--lr", "0.005",
-                 "--augment", "none", "--print-freq", "100", "--workers", "0",
-                 "-o", str(manifest)]) == 0
-    error = None
-    try:
-        run_local(read_job(manifest), tmp_path / f"logs-{nodes}x{nproc}", quiet=True)
-    except JobFailedError as e:
-        error = str(e)
-    return error, json.loads((out / "metrics.json").read_text())
-
-
 TIMING = ("train_images_per_sec", "train_seconds")
 
 
 @pytest.mark.distributed
-def test_two_nodes_of_two_train_like_one_node_of_four(tmp_path, tiny_digits, resnet18_dir):
+def test_two_nodes_of_two_train_like_one_node_of_four(tmp_path, tiny_digits, resnet18_dir,
+                                                       pytorchjob_2x2):
     """Same world size, per-process batch and seed: the same model, whatever the node split."""
-    error_2x2, m_2x2 = _render_and_run(tmp_path, tiny_digits, resnet18_dir, 2, 2)
-    error_1x4, m_1x4 = _render_and_run(tmp_path, tiny_digits, resnet18_dir, 1, 4)
+    job_2x2 = pytorchjob_2x2
+    job_1x4 = run_job(tmp_path, tiny_digits, resnet18_dir, nodes=1, nproc=4)
+    m_2x2, m_1x4 = job_2x2["metrics"], job_1x4["metrics"]
     assert len(m_2x2["history"]) == len(m_1x4["history"]) == 2
     for a, b in zip(m_2x2["history"], m_1x4["history"], strict=True):
         for key in set(a) - set(TIMING):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
-    assert error_2x2 is None and error_1x4 is None, error_2x2 or error_1x4
+    assert job_2x2["rc"] == job_1x4["rc"] == 0, (job_2x2["logs"], job_1x4["logs"])
     assert m_2x2["status"] == m_1x4["status"] == "completed"
     assert m_2x2["world_size"] == m_1x4["world_size"] == 4
     for key in ("val_loss", "val_top1", "val_top5"):
         assert m_2x2["final"][key] == pytest.approx(m_1x4["final"][key], rel=1e-6), key
     import torch
 
-    w_2x2, w_1x4 = (torch.load(tmp_path / f"model-{s}" / "weights.pt", weights_only=True)
-                    for s in ("2x2", "1x4"))
+    w_2x2, w_1x4 = (torch.load(job["out"] / "weights.pt", weights_only=True)
+                    for job in (job_2x2, job_1x4))
     assert w_2x2.keys() == w_1x4.keys()
     assert all(torch.allclose(w_2x2[k].float(), w_1x4[k].float(), rtol=1e-5, atol=1e-6)
                for k in w_2x2)

@@ -63,22 +63,12 @@ def test_score_refuses_an_untrained_model_directory(resnet18_dir, tiny_digits, t
         score(resnet18_dir, tiny_digits["val"], tmp_path / "x.csv", progress=False)
 
 
-def test_dct_scaling_scores_large_jpegs_as_the_full_decode_does(trained_tiny, tiny_digits,
+def test_dct_scaling_scores_large_jpegs_as_the_full_decode_does(trained_tiny, digits_640,
                                                                tmp_path):
-    from PIL import Image
-
-    from trainer.data.convert import convert
-
-    # the validation digits as 640 px JPEGs: the model's 32 px resize lets libjpeg decode at 1/8
-    for f in sorted((tiny_digits["raw"] / "val").glob("*/*")):
-        dest = tmp_path / "src" / f.parent.name / (f.stem + ".jpg")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with Image.open(f) as im:
-            im.convert("RGB").resize((640, 640), Image.Resampling.BICUBIC).save(dest, quality=90)
-    convert(tmp_path / "src", tmp_path / "large", progress=False)
+    # 640 px JPEGs: the model's 32 px resize lets libjpeg decode them at 1/8
     tables = {}
     for dct in (True, False):
-        score(trained_tiny, tmp_path / "large", tmp_path / f"{dct}.csv", progress=False,
+        score(trained_tiny, digits_640, tmp_path / f"{dct}.csv", progress=False,
               dct_scaling=dct)
         tables[dct] = list(csv.DictReader((tmp_path / f"{dct}.csv").open()))
     probs = {dct: [[float(v) for k, v in r.items() if k.startswith("scored_probability_")]

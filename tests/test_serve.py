@@ -14,22 +14,8 @@ from PIL import Image
 
 from pipelines.serve.client import Server, request, v1_body, v2_body
 from pipelines.serve.model import MAX_INSTANCES
-from trainer.data.convert import convert
 from trainer.data.imagedir import read_image_directory
 from trainer.use.score import score
-
-
-@pytest.fixture(scope="module")
-def large_jpegs(tiny_digits, tmp_path_factory):
-    """The validation digits as 640 px JPEGs: served and scored with DCT-scaled decoding."""
-    root = tmp_path_factory.mktemp("large")
-    for f in sorted((tiny_digits["raw"] / "val").glob("*/*")):
-        dest = root / "src" / f.parent.name / (f.stem + ".jpg")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with Image.open(f) as im:
-            im.convert("RGB").resize((640, 640), Image.Resampling.BICUBIC).save(dest, quality=90)
-    convert(root / "src", root / "data", progress=False)
-    return root / "data"
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +46,10 @@ def _v2_labels(server, files):
     return out["label"]["data"], body
 
 
-@pytest.mark.parametrize("data", ["val", "large_jpegs"])
+@pytest.mark.parametrize("data", ["val", "digits_640"])
 def test_served_labels_equal_scored_labels_v1_and_v2(server, trained_tiny, tiny_digits,
-                                                     large_jpegs, data, tmp_path):
-    data_dir = tiny_digits["val"] if data == "val" else large_jpegs
+                                                     digits_640, data, tmp_path):
+    data_dir = tiny_digits["val"] if data == "val" else digits_640
     score(trained_tiny, data_dir, tmp_path / "scored.csv", progress=False)
     rows = list(csv.DictReader((tmp_path / "scored.csv").open()))
     paths, files = _files(data_dir)
@@ -189,15 +175,14 @@ def test_concurrent_requests_each_get_their_own_answers(server, tiny_digits):
 
 
 @pytest.mark.slow
-def test_the_onnx_runtime_gives_the_torch_runtime_labels(trained_tiny, large_jpegs, tmp_path):
-    from trainer.use.export import export
+def test_the_onnx_runtime_gives_the_torch_runtime_labels(trained_tiny, trained_tiny_onnx,
+                                                        digits_640):
     from trainer.use.predict import Predictor
 
-    export(trained_tiny, "onnx", tmp_path / "model.onnx")
-    torch_rt, onnx_rt = Predictor(trained_tiny), Predictor(tmp_path / "model.onnx", threads=1)
+    torch_rt, onnx_rt = Predictor(trained_tiny), Predictor(trained_tiny_onnx[0], threads=1)
     assert (torch_rt.runtime, onnx_rt.runtime) == ("torch", "onnx")
     assert onnx_rt.classes == torch_rt.classes and onnx_rt.image_size == torch_rt.image_size
-    _, files = _files(large_jpegs)
+    _, files = _files(digits_640)
     batch = torch.stack([torch_rt.preprocess(f) for f in files])
     assert torch.equal(batch, torch.stack([onnx_rt.preprocess(f) for f in files]))
     a, b = torch_rt.probabilities(batch), onnx_rt.probabilities(batch)

@@ -9,6 +9,7 @@ import json
 import textwrap
 
 import pytest
+from conftest import run_job
 
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
@@ -220,35 +221,17 @@ def test_run_local_refuses_what_it_cannot_run_faithfully(tmp_path, change, messa
         run_local(job, tmp_path / "logs", quiet=True)
 
 
-def _render_and_run(tmp_path, data, model, kind) -> dict:
-    """Render a 2 x 2 CPU job of `kind` with `kfvision job render`, run it with `kfvision job
-    run-local`; -> metrics.json."""
-    from pipelines.cli import main
-
-    out, manifest = tmp_path / f"model-{kind}", tmp_path / f"{kind}.yaml"
-    kind_flags = ["--kind", "trainjob", "--runtime", "kfvision-torch"] if kind == "trainjob" \
-        else []
-    assert main(["job", "render", *kind_flags, "--name", f"digits-{kind}", "--image", "local",
-                 "--nodes", "2", "--procs-per-node", "2", "--model", str(model),
-                 "--train", str(data["train"]), "--val", str(data["val"]), "--out", str(out),
-                 "--epochs", "2", "--image-size", "32", "--batch-size", "8", "--lr", "0.005",
-                 "--augment", "none", "--print-freq", "100", "--workers", "0",
-                 "-o", str(manifest)]) == 0
-    assert main(["job", "run-local", str(manifest), "--quiet",
-                 "--log-dir", str(tmp_path / f"logs-{kind}")]) == 0
-    return json.loads((out / "metrics.json").read_text())
-
-
 @pytest.mark.distributed
 def test_a_2x2_trainjob_trains_the_digits_like_the_same_pytorchjob(tmp_path, tiny_digits,
-                                                                  resnet18_dir):
-    trainjob = _render_and_run(tmp_path, tiny_digits, resnet18_dir, "trainjob")
-    pytorchjob = _render_and_run(tmp_path, tiny_digits, resnet18_dir, "pytorchjob")
+                                                                  resnet18_dir, pytorchjob_2x2):
+    job = run_job(tmp_path, tiny_digits, resnet18_dir, kind="trainjob")
+    assert job["rc"] == pytorchjob_2x2["rc"] == 0
+    trainjob, pytorchjob = job["metrics"], pytorchjob_2x2["metrics"]
     assert trainjob["status"] == pytorchjob["status"] == "completed"
     assert trainjob["world_size"] == pytorchjob["world_size"] == 4
     for key in ("val_loss", "val_top1", "val_top5"):
         assert trainjob["final"][key] == pytorchjob["final"][key], key
-    assert (tmp_path / "logs-trainjob" / "node-0-1.log").exists()
+    assert (job["logs"] / "node-0-1.log").exists()
 
 
 KILLED_ONCE = """

@@ -9,8 +9,9 @@ import sys
 
 import pytest
 import yaml
+from conftest import FakeClock
 from kubernetes.client.exceptions import ApiException
-from test_job_cluster import FakeClock, _rbac_rules
+from test_job_cluster import _rbac_rules
 from test_tune import experiment as rendered
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 
