@@ -7,6 +7,9 @@
            sets its SQLite store. Without it the step says so and succeeds.
 
 Registering is idempotent by content (pipelines.registry): a retried step finds its version.
+The step always runs (register_name '' is one of its reasons not to register) and writes what it
+did to `registration.json` in its output folder: the deploy step serves the registered version
+when there is one (pipelines.deploy_step).
 """
 
 import json
@@ -16,13 +19,38 @@ from pathlib import Path
 
 from trainer.errors import InvalidModelDirectoryError
 
+RECORD = "registration.json"  # in the step's output folder; the deploy step reads it
+
 
 def register_step(model_dir, evaluation_dir, *, name: str, min_accuracy: float,
-                  pipeline_run: str = "", environ=None, out=None) -> dict:
-    """Gate, then register; returns {"registered", "reason" | "name", "version", "source"}."""
+                  pipeline_run: str = "", environ=None, out=None, out_dir=None) -> dict:
+    """Gate, then register; returns {"registered", "reason" | "name", "version", "source",
+    "uri"} (uri: models:/NAME/VERSION), also written to `out_dir`/registration.json."""
+    got = _register(model_dir, evaluation_dir, name=name, min_accuracy=min_accuracy,
+                    pipeline_run=pipeline_run, environ=environ, out=out or sys.stdout)
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / RECORD).write_text(json.dumps(got, indent=2) + "\n", encoding="utf-8")
+    return got
+
+
+def read_registration(out_dir) -> dict:
+    """What the register step wrote into `out_dir` ({"registered": False} when nothing)."""
+    path = Path(out_dir) / RECORD if out_dir else None
+    if path is None or not path.is_file():
+        return {"registered": False}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _register(model_dir, evaluation_dir, *, name, min_accuracy, pipeline_run, environ,
+              out) -> dict:
     from pipelines import registry
 
-    out, env = out or sys.stdout, os.environ if environ is None else environ
+    env = os.environ if environ is None else environ
+    if not name:
+        reason = "not registered: register_name is empty"
+        print(reason, file=out, flush=True)
+        return {"registered": False, "reason": reason}
     path = Path(evaluation_dir) / "metrics.json"
     try:
         accuracy = json.loads(path.read_text(encoding="utf-8"))["accuracy"]
@@ -47,4 +75,4 @@ def register_step(model_dir, evaluation_dir, *, name: str, min_accuracy: float,
     print(f"{state}: models:/{got['name']}/{got['version']} (source {got['source']})", file=out,
           flush=True)
     return {"registered": True, "name": got["name"], "version": str(got["version"]),
-            "source": got["source"]}
+            "source": got["source"], "uri": f"models:/{got['name']}/{got['version']}"}

@@ -233,6 +233,8 @@ def test_the_register_step_gates_on_accuracy_and_mlflow_then_registers_once(
     env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_EXPERIMENT_NAME": "steps"}
     low = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.9, environ=env)
     assert not low["registered"] and "below register_min_accuracy" in low["reason"]
+    unnamed = register_step(trained_tiny, evaluation, name="", min_accuracy=0.0, environ=env)
+    assert not unnamed["registered"] and "register_name is empty" in unnamed["reason"]
     off = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.0, environ={})
     assert not off["registered"] and "MLFLOW_TRACKING_URI is not set" in off["reason"]
     first = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.4, environ=env,
