@@ -57,7 +57,8 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
                      s3_secret: str, execution_mode: str, job_kind: str,
                      trainer_runtime: str, deploy: bool, deploy_name: str,
                      deploy_service_account: str, deploy_min_accuracy: float,
-                     register_name: str, register_min_accuracy: float) -> str:
+                     register_name: str, register_min_accuracy: float,
+                     registry: str) -> str:
     """Validate every parameter of the pipeline (fail before any heavy work); returns the
     model family ("resnet" or "densenet") of model_name."""
     params = dict(locals())  # first statement: exactly the parameters
@@ -235,14 +236,15 @@ def deploy_model(trained_model: Input[Model], validation: Input[Dataset],
 @component
 def register_model(trained_model: Input[Model], evaluation: Input[Artifact],
                    registration: Output[Artifact], run_id: str, register_name: str = "",
-                   register_min_accuracy: float = 0.0):
-    """Register Model: if named and accurate enough, a version of `register_name` in MLflow's
-    registry (pipelines.register_step); otherwise, or without MLflow, it says why and succeeds.
+                   register_min_accuracy: float = 0.0, registry: str = "mlflow",
+                   model_uri: str = ""):
+    """Register Model: if named and accurate enough, a version of `register_name` in `registry`,
+    MLflow's or Kubeflow's (pipelines.register_step); otherwise it says why and succeeds.
     `registration` (a folder) tells the deploy step what was registered."""
     from pipelines.register_step import register_step
     from pipelines.steps import run
 
     got = run(register_step, trained_model.path, evaluation.path, name=register_name,
-              min_accuracy=register_min_accuracy, pipeline_run=run_id,
-              out_dir=registration.path)
+              min_accuracy=register_min_accuracy, pipeline_run=run_id, registry=registry,
+              storage_uri=model_uri, out_dir=registration.path)
     registration.metadata.update({k: v for k, v in got.items() if v is not None})

@@ -106,6 +106,7 @@ def build_pipeline(storage: Storage = DEFAULT):
         deploy_min_accuracy: float = 0.0,
         register_name: str = "",
         register_min_accuracy: float = 0.0,
+        registry: str = "mlflow",
     ):
         params = dict(locals())  # first statement: every parameter, by name
         pvc = pvc_name if storage.data_pvc else None  # the data PVC, where the step reads data

@@ -97,6 +97,7 @@ def test_on_a_cluster_without_the_pvc_the_step_says_so(trained_tiny, tiny_digits
 @pytest.mark.parametrize("over, message", [
     ({"deploy_min_accuracy": 1.5}, "deploy_min_accuracy = 1.5 is out of range"),
     ({"deploy": True, "deploy_name": "Digits_1"}, "deploy_name = 'Digits_1' is not valid"),
+    ({"registry": "hub"}, "registry = 'hub'"),
 ])
 def test_bad_deploy_parameters_are_refused_before_anything_runs(tiny_digits, over, message):
     params = {**parameter_defaults(), "train_source": str(tiny_digits["raw"] / "train"),
@@ -104,7 +105,8 @@ def test_bad_deploy_parameters_are_refused_before_anything_runs(tiny_digits, ove
     with pytest.raises(InvalidParameterError) as e:
         steps.check_parameters(**params)
     assert message in e.value.named(parameter_name)  # as the step's log names it
-    steps.check_parameters(**{**params, "deploy": False, "deploy_min_accuracy": 0.5})
+    steps.check_parameters(**{**params, "deploy": False, "deploy_min_accuracy": 0.5,
+                              "registry": "kubeflow"})
 
 
 def test_the_registered_version_is_what_is_served_locally_and_on_a_cluster(

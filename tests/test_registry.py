@@ -242,3 +242,29 @@ def test_the_register_step_gates_on_accuracy_and_mlflow_then_registers_once(
     again = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.4, environ=env)
     assert first["registered"] and first["version"] == again["version"] == "1"
     assert "already registered (same content): models:/gated/1" in capsys.readouterr().out
+
+
+def test_the_register_step_registers_into_the_kubeflow_registry_with_registry_kubeflow(
+        fake_registry, trained_tiny, tmp_path, capsys):
+    import json
+
+    from pipelines.register_step import register_step
+
+    evaluation = tmp_path / "evaluation"
+    evaluation.mkdir()
+    (evaluation / "metrics.json").write_text(json.dumps({"accuracy": 0.5}))
+    env = {"KFVISION_REGISTRY_URL": fake_registry.url}
+    no_uri = register_step(trained_tiny, evaluation, name="digits", min_accuracy=0.0,
+                           environ=env, registry="kubeflow")
+    assert not no_uri["registered"] and "model_uri" in no_uri["reason"]
+    got = register_step(trained_tiny, evaluation, name="digits", min_accuracy=0.0, environ=env,
+                        registry="kubeflow", storage_uri="s3://models/digits/",
+                        pipeline_run="run-1", out_dir=tmp_path / "r")
+    version = "sha256-" + registry.content_hash(trained_tiny)[:16]
+    assert got["uri"] == f"model-registry://digits/{version}" and got["registered"]
+    (artifact,) = fake_registry.of("ModelArtifact")
+    assert artifact["uri"] == "s3://models/digits/"
+    assert json.loads((tmp_path / "r" / "registration.json").read_text()) == got
+    with pytest.raises(InvalidParameterError, match="--registry 'hub' is not one of"):
+        register_step(trained_tiny, evaluation, name="digits", min_accuracy=0.0, environ=env,
+                      registry="hub")
