@@ -268,3 +268,30 @@ def test_the_register_step_registers_into_the_kubeflow_registry_with_registry_ku
     with pytest.raises(InvalidParameterError, match="--registry 'hub' is not one of"):
         register_step(trained_tiny, evaluation, name="digits", min_accuracy=0.0, environ=env,
                       registry="hub")
+
+
+def test_deploy_render_checks_model_registry_uris_when_the_registry_answers(
+        fake_registry, trained_tiny, monkeypatch, capsys):
+    """Against the fake of the Kubeflow Model Registry: a version it holds is checked, one it
+    lacks is a RegistryError; with no registry URL, or none answering, it goes out unchecked."""
+    from conftest import free_port
+
+    got = registry.register_kubeflow(trained_tiny, "digits", storage_uri="s3://models/digits/",
+                                     url=fake_registry.url, author="ci")
+    base = ["deploy", "render", "--name", "digits", "--image", "registry.example.com/kfv:1",
+            "--model"]
+    there = f"model-registry://digits/{got['version']}"
+    for url, model, code, said in (
+            (fake_registry.url, there, 0, f"checked: {there} is in the Kubeflow Model Registry"),
+            (fake_registry.url, "model-registry://digits/sha256-none", 2, "RegistryError"),
+            (None, there, 0, f"not checked: {there} (set KFVISION_REGISTRY_URL"),
+            (f"http://127.0.0.1:{free_port()}", there, 0, "does not answer")):
+        if url:
+            monkeypatch.setenv("KFVISION_REGISTRY_URL", url)
+        else:
+            monkeypatch.delenv("KFVISION_REGISTRY_URL", raising=False)
+        assert cli([*base, model]) == code, model
+        out = capsys.readouterr()
+        assert said in out.err, out.err
+        if code == 0:
+            assert f"value: {there}" in out.out  # passed to KServe as it is
