@@ -57,7 +57,8 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
                      s3_secret: str, execution_mode: str, job_kind: str,
                      trainer_runtime: str, deploy: bool, deploy_name: str,
                      deploy_service_account: str, deploy_min_accuracy: float,
-                     register_name: str, register_min_accuracy: float) -> str:
+                     register_name: str, register_min_accuracy: float,
+                     registry: str) -> str:
     """Validate every parameter of the pipeline (fail before any heavy work); returns the
     model family ("resnet" or "densenet") of model_name."""
     params = dict(locals())  # first statement: exactly the parameters
@@ -208,13 +209,15 @@ def evaluate_model(scored: Input[Dataset], metrics: Output[Metrics],
 
 @component
 def deploy_model(trained_model: Input[Model], validation: Input[Dataset],
-                 evaluation: Input[Artifact], metrics: Output[Metrics],
+                 evaluation: Input[Artifact], registration: Input[Artifact],
+                 metrics: Output[Metrics],
                  deployment: Output[Artifact], image: str, run_id: str,
                  deploy_name: str = "image-classifier", deploy_min_accuracy: float = 0.0,
                  pvc_name: str = "", execution_mode: str = "auto", workspace: str = "",
                  model_uri: str = "", deploy_service_account: str = ""):
     """Deploy Model: if accurate enough, a KServe InferenceService on the cluster; locally the
-    model served by `kfvision serve` and checked over v1 and v2 against the scored labels."""
+    model served by `kfvision serve` and checked over v1 and v2 against the scored labels. The
+    version the register step registered, when it did, is what is served."""
     from pipelines.deploy_step import deploy_step
     from pipelines.steps import run
 
@@ -222,7 +225,8 @@ def deploy_model(trained_model: Input[Model], validation: Input[Dataset],
                   deployment.path, name=deploy_name,
                   min_accuracy=deploy_min_accuracy, mode=execution_mode, image=image,
                   pvc_name=pvc_name, run_key=run_id, model_uri=model_uri,
-                  service_account=deploy_service_account)
+                  service_account=deploy_service_account,
+                  registration_dir=registration.path)
     for key, value in figures.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             metrics.log_metric(key, value)
@@ -232,12 +236,15 @@ def deploy_model(trained_model: Input[Model], validation: Input[Dataset],
 @component
 def register_model(trained_model: Input[Model], evaluation: Input[Artifact],
                    registration: Output[Artifact], run_id: str, register_name: str = "",
-                   register_min_accuracy: float = 0.0):
-    """Register Model: if accurate enough, a version of `register_name` in MLflow's registry
-    (pipelines.register_step); otherwise, or without MLflow, it says why and succeeds."""
+                   register_min_accuracy: float = 0.0, registry: str = "mlflow",
+                   model_uri: str = ""):
+    """Register Model: if named and accurate enough, a version of `register_name` in `registry`,
+    MLflow's or Kubeflow's (pipelines.register_step); otherwise it says why and succeeds.
+    `registration` (a folder) tells the deploy step what was registered."""
     from pipelines.register_step import register_step
     from pipelines.steps import run
 
     got = run(register_step, trained_model.path, evaluation.path, name=register_name,
-              min_accuracy=register_min_accuracy, pipeline_run=run_id)
+              min_accuracy=register_min_accuracy, pipeline_run=run_id, registry=registry,
+              storage_uri=model_uri, out_dir=registration.path)
     registration.metadata.update({k: v for k, v in got.items() if v is not None})

@@ -10,11 +10,19 @@
             v2 protocols and the served labels must equal the scored ones
             (pipelines.serve.check.serve_and_check); the server is stopped again.
 
+registered  when the register step registered the model (its `registration` folder says so),
+            the step serves that version: on a cluster its storage URI (an MLflow version's
+            source when KServe can read it, or `model-registry://NAME/VERSION` as it is), locally
+            the version fetched from MLflow's registry (pipelines.registry.resolve_model).
+            Otherwise, and where the registered copy cannot be served, the trained model, as
+            when register is off; the step says which.
+
 Everything the step decided and measured is returned (the component logs it as Metrics) and
 written, with the InferenceService YAML or the server's log, into the step's `deployment` folder.
 """
 
 import json
+import os
 import shutil
 import sys
 from dataclasses import replace
@@ -33,7 +41,7 @@ FIGURES = "figures.json"
 def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
                 min_accuracy: float, mode: str = "auto", image: str = "", pvc_name: str = "",
                 run_key: str = "", connect=None, out=None, model_uri: str = "",
-                service_account: str = "") -> dict:
+                service_account: str = "", registration_dir=None, environ=None) -> dict:
     """Gate, then deploy on the cluster or serve-and-check locally; returns the figures.
 
     `evaluation_dir`: the evaluate step's folder (its metrics.json gives the accuracy, on the
@@ -42,6 +50,7 @@ def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
     DeployClient (tests pass a fake). Figures: `deployed` (1 or 0), `accuracy`, `reason`, and
     what the deployment measured. `model_uri`: where the train step pushed the model (s3://):
     then KServe fetches it from there (as `service_account`), and no PVC is needed.
+    `registration_dir`: the register step's folder; a registered version is what is served.
     """
     out = out or sys.stdout
     out_dir = Path(out_dir)
@@ -51,7 +60,13 @@ def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
     ok, reason = deploy_decision(accuracy, min_accuracy)
     print(reason, file=out, flush=True)
     figures = {"deployed": 0, "accuracy": accuracy, "reason": reason}
-    if ok and resolve_mode(mode) == "cluster":
+    cluster = resolve_mode(mode) == "cluster"
+    if ok:
+        served = registered_model(registration_dir, cluster=cluster, environ=environ, out=out)
+        model_dir = served.pop("model_dir", model_dir)
+        model_uri = served.pop("storage_uri", model_uri)
+        figures.update(served)
+    if ok and cluster:
         figures.update(_deploy_on_cluster(model_dir, out_dir, name, image, pvc_name, run_key,
                                           connect, out, model_uri, service_account))
     elif ok:
@@ -66,6 +81,40 @@ def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
               f"{figures['v2_images_per_s']:.1f} images/s)", file=out, flush=True)
     (out_dir / FIGURES).write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     return figures
+
+
+def registered_model(registration_dir, *, cluster: bool, environ=None, out=None) -> dict:
+    """What to serve of the register step's version: {"registered_model": URI} with
+    "storage_uri" (cluster) or "model_dir" (local, fetched once into the cache); {} when nothing
+    was registered. A version that cannot be served here is said in one line, and the trained
+    model is served instead (no "storage_uri" / "model_dir")."""
+    from pipelines import registry
+    from pipelines.register_step import read_registration
+
+    got = read_registration(registration_dir)
+    uri = got.get("uri") if got.get("registered") else None
+    if not uri:
+        return {}
+    env = os.environ if environ is None else environ
+    served = {"registered_model": uri}
+    if uri.startswith("model-registry://"):
+        if cluster:  # KServe's Model Registry storage initializer resolves it on the cluster
+            served["storage_uri"] = uri
+        else:
+            print(f"serving the trained model: {uri} is resolved by KServe on a cluster only",
+                  file=out, flush=True)
+        return served
+    tracking = env.get("MLFLOW_TRACKING_URI")
+    if cluster:
+        try:
+            served["storage_uri"] = registry.storage_uri(uri, tracking_uri=tracking)
+        except registry.RegistryError as e:  # stored where only MLflow reads: the PVC copy
+            print(f"serving the trained model, not {uri}: {e}", file=out, flush=True)
+            return served
+    else:
+        served["model_dir"] = registry.resolve_model(uri, tracking_uri=tracking)
+    print(f"serving the registered version {uri}", file=out, flush=True)
+    return served
 
 
 def pvc_model_uri(pvc_name: str, name: str, run_key: str) -> tuple[Path, str]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.kinds import KINDS
 from pipelines.jobs.trainjob.rules import STOCK_RUNTIME
+from pipelines.registry import REGISTRIES
 from trainer.config import TrainConfig
 from trainer.options import option, options_of
 
@@ -79,6 +80,10 @@ class PipelineInputs:
                                 "nothing", pipeline=True)
     register_min_accuracy: float = option(0.0, "register only when the evaluated accuracy "
                                           "reaches this", low=0.0, high=1.0, pipeline=True)
+    registry: str = option("mlflow", "where register_name registers: mlflow (MLflow's registry "
+                           "at MLFLOW_TRACKING_URI) or kubeflow (Kubeflow's Model Registry at "
+                           "KFVISION_REGISTRY_URL, recording model_uri for KServe)",
+                           choices=REGISTRIES, pipeline=True)
 
 
 TRAIN_OPTIONS = tuple(o for o in options_of(TrainConfig) if o.param)

@@ -7,7 +7,9 @@
                      -> train-pytorch-model      (a TrainJob or PyTorchJob, locally or on a cluster)
                      -> score-image-model        (validation data, or convert(test_source))
                      -> evaluate-model
-                     -> deploy-model             (deploy: an InferenceService, or served locally)
+                     -> register-model           (register_name: a registry version; else a no-op)
+                     -> deploy-model             (deploy: an InferenceService, or served locally;
+                                                  the registered version when there is one)
 
 The three choices are dsl.If/dsl.Else groups merged with dsl.OneOf, so the KFP UI shows the branch
 taken. `image` sets every task's container image at run time (KFP backend 2.4 or later) and the
@@ -18,7 +20,8 @@ with a data PVC (`--data-pvc`), those tasks also mount the PVC `pvc_name` at /kf
 
 Caching: on for the steps whose outputs are a function of their inputs (split, model, train,
 score, evaluate, check), off for convert, which reads a path or URL whose contents can change,
-and deploy, which acts on the cluster (or a local server).
+register, which writes to a registry that changes outside the run, and deploy, which acts on the
+cluster (or a local server).
 """
 
 from kfp import compiler, dsl, kubernetes
@@ -103,6 +106,7 @@ def build_pipeline(storage: Storage = DEFAULT):
         deploy_min_accuracy: float = 0.0,
         register_name: str = "",
         register_min_accuracy: float = 0.0,
+        registry: str = "mlflow",
     ):
         params = dict(locals())  # first statement: every parameter, by name
         pvc = pvc_name if storage.data_pvc else None  # the data PVC, where the step reads data
@@ -156,15 +160,18 @@ def build_pipeline(storage: Storage = DEFAULT):
         evaluated = _step(c.evaluate_model(scored=dsl.OneOf(on_val.outputs["scored"],
                                                             on_test.outputs["scored"])), image)
 
-        with dsl.If(register_name != "", name="register"):
-            _step(c.register_model(trained_model=trained,
-                                   evaluation=evaluated.outputs["evaluation"],
-                                   run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                                   **_inputs(c.register_model, params)), image, cache=False)
+        # Always runs (register_name '' is a reason it gives): deploy reads what it registered,
+        # and KFP cannot hand a conditional task's output to a task outside its condition.
+        registered = _step(c.register_model(trained_model=trained,
+                                            evaluation=evaluated.outputs["evaluation"],
+                                            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                                            **_inputs(c.register_model, params)), image,
+                           cache=False)
 
         with dsl.If(deploy == True, name="deploy"):  # noqa: E712 (a KFP condition, not a bool)
             _step(c.deploy_model(trained_model=trained, validation=val_data,
                                  evaluation=evaluated.outputs["evaluation"],
+                                 registration=registered.outputs["registration"],
                                  run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **data,
                                  **_inputs(c.deploy_model, params)), image, cache=False, pvc=pvc)
 

@@ -197,6 +197,50 @@ def register_kubeflow(model_dir, name: str, *, storage_uri: str, url: str, autho
     return {"name": name, "version": version, "id": registered.id, "created": True}
 
 
+# model-registry://NAME, NAME/VERSION or HOST/NAME/VERSION (two parts read as NAME/VERSION)
+KUBEFLOW_URI = re.compile(r"^model-registry://(?:[^/]+/(?=[^/]+/))?(?P<name>[^/]+)"
+                          r"(?:/(?P<version>[^/]+))?$")
+
+
+def _kubeflow_client(url: str, author: str, token: str | None):
+    m = re.match(r"^(https?)://([^/:]+)(?::(\d+))?/?$", url or "")
+    if not m:
+        raise InvalidParameterError(f"registry URL {url!r} is not http(s)://HOST[:PORT].")
+    secure = m.group(1) == "https"
+    from model_registry import ModelRegistry
+
+    return ModelRegistry(f"{m.group(1)}://{m.group(2)}",
+                         port=int(m.group(3) or (443 if secure else 80)), author=author,
+                         is_secure=secure, user_token=token)
+
+
+def check_kubeflow_uri(uri: str, *, url: str, token: str | None = None) -> str:
+    """Check that `model-registry://[HOST/]NAME[/VERSION]` names a model (and version) in the
+    Kubeflow Model Registry at `url`; returns the version's storage URI ('' without a version).
+    Raises RegistryError when it is not there, Endpoint*Error when the registry cannot be
+    used."""
+    m = KUBEFLOW_URI.fullmatch(uri)
+    if not m:
+        raise InvalidParameterError(f"--model {uri!r}: write model-registry://NAME/VERSION.")
+    name, version = m.group("name"), m.group("version")
+    try:
+        registry = _kubeflow_client(url, "kfvision", token)
+        if registry.get_registered_model(name) is None:
+            raise RegistryError(f"{uri}: no model {name!r} in the Kubeflow Model Registry at "
+                                f"{url}; `kfvision register --registry kubeflow` makes one.")
+        if version is None:
+            return ""
+        if registry.get_model_version(name, version) is None:
+            raise RegistryError(f"{uri}: model {name!r} has no version {version!r} in the "
+                                f"Kubeflow Model Registry at {url}.")
+        artifact = registry.get_model_artifact(name, version)
+        return getattr(artifact, "uri", "") or ""
+    except KfvisionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one mapping of the client's failures, with the cause
+        raise _endpoint_error(e, url, f"looking up {uri}") from e
+
+
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "kfvision" / "models"

@@ -20,6 +20,7 @@ from pipelines.params import (
     job_options,
     job_settings,
     parameter_name,
+    pipeline_options,
     train_options,
 )
 from pipelines.s3 import is_s3, split_uri
@@ -148,6 +149,7 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
         for kind in job_kinds(params["job_kind"], mode):  # auto on a cluster: either may run
             render_job(jobs, kind, params["trainer_runtime"])
         check_deploy(params)
+        pipeline_options()["registry"].check(params.get("registry", "mlflow"))
         check_model_uri(params.get("model_uri", ""))
         if mode == "cluster" and check_sources:  # in a cluster step: what it has mounted
             import os

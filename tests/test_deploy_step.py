@@ -97,6 +97,7 @@ def test_on_a_cluster_without_the_pvc_the_step_says_so(trained_tiny, tiny_digits
 @pytest.mark.parametrize("over, message", [
     ({"deploy_min_accuracy": 1.5}, "deploy_min_accuracy = 1.5 is out of range"),
     ({"deploy": True, "deploy_name": "Digits_1"}, "deploy_name = 'Digits_1' is not valid"),
+    ({"registry": "hub"}, "registry = 'hub'"),
 ])
 def test_bad_deploy_parameters_are_refused_before_anything_runs(tiny_digits, over, message):
     params = {**parameter_defaults(), "train_source": str(tiny_digits["raw"] / "train"),
@@ -104,4 +105,65 @@ def test_bad_deploy_parameters_are_refused_before_anything_runs(tiny_digits, ove
     with pytest.raises(InvalidParameterError) as e:
         steps.check_parameters(**params)
     assert message in e.value.named(parameter_name)  # as the step's log names it
-    steps.check_parameters(**{**params, "deploy": False, "deploy_min_accuracy": 0.5})
+    steps.check_parameters(**{**params, "deploy": False, "deploy_min_accuracy": 0.5,
+                              "registry": "kubeflow"})
+
+
+def test_the_registered_version_is_what_is_served_locally_and_on_a_cluster(
+        mlflow_server, trained_tiny, tiny_digits, evaluation, tmp_path, monkeypatch, capsys):
+    from pipelines.register_step import register_step
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    got = register_step(trained_tiny, evaluation, name="served-version", min_accuracy=0.0,
+                        environ={"MLFLOW_TRACKING_URI": mlflow_server},
+                        out_dir=tmp_path / "registration")
+    assert json.loads((tmp_path / "registration" / "registration.json").read_text()) == got
+    figures = step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / "d",
+                               name="digits", min_accuracy=0.0, mode="local",
+                               registration_dir=tmp_path / "registration")
+    assert figures["registered_model"] == got["uri"] == "models:/served-version/1"
+    assert figures["deployed"] == 1 and figures["v1_labels_equal_scored"] == 60
+    cached = tmp_path / "cache" / "kfvision" / "models" / "served-version" / "1"
+    assert (cached / "model.json").is_file()
+    assert "serving the registered version models:/served-version/1" in capsys.readouterr().out
+
+    # on a cluster: this server keeps artifacts itself (mlflow-artifacts:/), which KServe cannot
+    # read, so the trained model goes to the PVC as without register, and the step says why
+    mount = tmp_path / "pvc"
+    mount.mkdir()
+    monkeypatch.setattr(step, "DATA_MOUNT", str(mount))
+    monkeypatch.setattr(step, "is_mount", lambda path: path == str(mount))
+    figures = step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / "c",
+                               name="digits", min_accuracy=0.0, mode="cluster", image="img:1",
+                               pvc_name="data", run_key="run-7",
+                               registration_dir=tmp_path / "registration",
+                               connect=lambda out=None: client_for(FakeKServe([READY]), out))
+    assert figures["storage_uri"].startswith("pvc://data/") and figures["deployed"] == 1
+    assert "serving the trained model, not models:/served-version/1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("registration, served", [
+    ({"registered": True, "uri": "model-registry://digits/sha256-0123456789abcdef"},
+     "model-registry://digits/sha256-0123456789abcdef"),
+    ({"registered": False, "reason": "not registered: register_name is empty"}, None),
+])
+def test_on_a_cluster_a_model_registry_version_is_served_as_it_is(
+        trained_tiny, tiny_digits, evaluation, tmp_path, monkeypatch, registration, served):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "registration.json").write_text(json.dumps(registration))
+    mount = tmp_path / "pvc"
+    mount.mkdir()
+    monkeypatch.setattr(step, "DATA_MOUNT", str(mount))
+    monkeypatch.setattr(step, "is_mount", lambda path: path == str(mount))
+    fake = FakeKServe([READY])
+    figures = step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / "d",
+                               name="digits", min_accuracy=0.0, mode="cluster", image="img:1",
+                               pvc_name="data", run_key="run-7", registration_dir=tmp_path / "r",
+                               connect=lambda out=None: client_for(fake, out))
+    if served:  # KServe's Model Registry storage initializer resolves it: nothing on the PVC
+        assert figures["storage_uri"] == served and not any(mount.iterdir())
+        assert figures["registered_model"] == served
+    else:  # register skipped: as without it
+        assert figures["storage_uri"].startswith("pvc://data/")
+        assert "registered_model" not in figures

@@ -180,3 +180,39 @@ def test_cli_evaluate(tmp_path, capsys):
                                                             "confusion_matrix.png"}
     assert main(["evaluate", "--scored", str(tmp_path / "nope.csv"), "--out", "x"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_cli_evaluate_logs_into_the_run_of_mlflow_run_id(mlflow_server, tmp_path, capsys,
+                                                         monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    exp = client.create_experiment(f"evaluate-{tmp_path.name}")
+    given = client.create_run(exp).info.run_id
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("MLFLOW_RUN_ID", given)
+    scored = write_scored(tmp_path / "s.csv", "abcd", [(t, p, None) for t, p in HAND_ROWS])
+    assert main(["evaluate", "--scored", str(scored), "--out", str(tmp_path / "e")]) == 0
+    assert f"logged the evaluation into MLflow run {given}" in capsys.readouterr().out
+    run = client.get_run(given)
+    assert run.data.metrics["eval_accuracy"] == pytest.approx(0.6)
+    assert run.data.metrics["eval_macro_f1"] == pytest.approx(0.4542, abs=1e-4)
+    assert "eval_per_class" not in run.data.metrics and "eval_top_k" in run.data.metrics
+    assert {a.path for a in client.list_artifacts(given, "evaluation")} == {
+        "evaluation/report.md", "evaluation/metrics.json", "evaluation/confusion_matrix.png"}
+    assert run.info.status == "RUNNING"  # the run is KFP's (or the trainer's): not closed here
+
+
+def test_cli_evaluate_with_the_server_down_is_one_named_line(tmp_path, capsys, caplog,
+                                                             monkeypatch):
+    from conftest import free_port
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    scored = write_scored(tmp_path / "s.csv", "abcd", [(t, p, None) for t, p in HAND_ROWS])
+    assert main(["evaluate", "--scored", str(scored), "--out", str(tmp_path / "e"),
+                 "--tracking-uri", f"http://127.0.0.1:{free_port()}"]) == 0
+    captured = capsys.readouterr()
+    text = captured.out + captured.err + caplog.text  # the warning goes through logging
+    assert text.count("MLflowTrackingError") == 1 and "unreachable" in text, text
+    assert "logged the evaluation" not in text
+    assert (tmp_path / "e" / "report.md").is_file()

@@ -233,6 +233,8 @@ def test_the_register_step_gates_on_accuracy_and_mlflow_then_registers_once(
     env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_EXPERIMENT_NAME": "steps"}
     low = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.9, environ=env)
     assert not low["registered"] and "below register_min_accuracy" in low["reason"]
+    unnamed = register_step(trained_tiny, evaluation, name="", min_accuracy=0.0, environ=env)
+    assert not unnamed["registered"] and "register_name is empty" in unnamed["reason"]
     off = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.0, environ={})
     assert not off["registered"] and "MLFLOW_TRACKING_URI is not set" in off["reason"]
     first = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.4, environ=env,
@@ -240,3 +242,56 @@ def test_the_register_step_gates_on_accuracy_and_mlflow_then_registers_once(
     again = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.4, environ=env)
     assert first["registered"] and first["version"] == again["version"] == "1"
     assert "already registered (same content): models:/gated/1" in capsys.readouterr().out
+
+
+def test_the_register_step_registers_into_the_kubeflow_registry_with_registry_kubeflow(
+        fake_registry, trained_tiny, tmp_path, capsys):
+    import json
+
+    from pipelines.register_step import register_step
+
+    evaluation = tmp_path / "evaluation"
+    evaluation.mkdir()
+    (evaluation / "metrics.json").write_text(json.dumps({"accuracy": 0.5}))
+    env = {"KFVISION_REGISTRY_URL": fake_registry.url}
+    no_uri = register_step(trained_tiny, evaluation, name="digits", min_accuracy=0.0,
+                           environ=env, registry="kubeflow")
+    assert not no_uri["registered"] and "model_uri" in no_uri["reason"]
+    got = register_step(trained_tiny, evaluation, name="digits", min_accuracy=0.0, environ=env,
+                        registry="kubeflow", storage_uri="s3://models/digits/",
+                        pipeline_run="run-1", out_dir=tmp_path / "r")
+    version = "sha256-" + registry.content_hash(trained_tiny)[:16]
+    assert got["uri"] == f"model-registry://digits/{version}" and got["registered"]
+    (artifact,) = fake_registry.of("ModelArtifact")
+    assert artifact["uri"] == "s3://models/digits/"
+    assert json.loads((tmp_path / "r" / "registration.json").read_text()) == got
+    with pytest.raises(InvalidParameterError, match="--registry 'hub' is not one of"):
+        register_step(trained_tiny, evaluation, name="digits", min_accuracy=0.0, environ=env,
+                      registry="hub")
+
+
+def test_deploy_render_checks_model_registry_uris_when_the_registry_answers(
+        fake_registry, trained_tiny, monkeypatch, capsys):
+    """Against the fake of the Kubeflow Model Registry: a version it holds is checked, one it
+    lacks is a RegistryError; with no registry URL, or none answering, it goes out unchecked."""
+    from conftest import free_port
+
+    got = registry.register_kubeflow(trained_tiny, "digits", storage_uri="s3://models/digits/",
+                                     url=fake_registry.url, author="ci")
+    base = ["deploy", "render", "--name", "digits", "--image", "registry.example.com/kfv:1",
+            "--model"]
+    there = f"model-registry://digits/{got['version']}"
+    for url, model, code, said in (
+            (fake_registry.url, there, 0, f"checked: {there} is in the Kubeflow Model Registry"),
+            (fake_registry.url, "model-registry://digits/sha256-none", 2, "RegistryError"),
+            (None, there, 0, f"not checked: {there} (set KFVISION_REGISTRY_URL"),
+            (f"http://127.0.0.1:{free_port()}", there, 0, "does not answer")):
+        if url:
+            monkeypatch.setenv("KFVISION_REGISTRY_URL", url)
+        else:
+            monkeypatch.delenv("KFVISION_REGISTRY_URL", raising=False)
+        assert cli([*base, model]) == code, model
+        out = capsys.readouterr()
+        assert said in out.err, out.err
+        if code == 0:
+            assert f"value: {there}" in out.out  # passed to KServe as it is

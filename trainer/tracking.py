@@ -118,6 +118,7 @@ class Tracker:
     off: bool = False
     created: bool = False  # we made the run, so we close it
     logged_epochs: int = 0  # the last epoch the run holds
+    goes_on: str = "Training goes on without tracking; metrics.json keeps every epoch."
     _client: object = None
 
     @classmethod
@@ -137,9 +138,8 @@ class Tracker:
 
     def _failed(self, doing: str, exc: Exception) -> None:
         kind = failure(exc)
-        log.warning("WARNING: MLflowTrackingError: %s at %s failed (%s: %s; %s). Training goes "
-                    "on without tracking; metrics.json keeps every epoch.", doing, self.uri, kind,
-                    _first_line(exc), WHAT_TO_CHECK[kind])
+        log.warning("WARNING: MLflowTrackingError: %s at %s failed (%s: %s; %s). %s", doing,
+                    self.uri, kind, _first_line(exc), WHAT_TO_CHECK[kind], self.goes_on)
         self.off = True
 
     def _guard(self, doing: str, fn):
@@ -156,12 +156,16 @@ class Tracker:
         log `params` not yet in it, and read back its last logged epoch. Returns the run id."""
         return self._guard("starting the run", lambda: self._start(params, saved_run_id))
 
-    def _start(self, params: dict, saved_run_id: str | None) -> str:
+    def _connect(self):
         for name, value in HTTP_DEFAULTS.items():
             os.environ.setdefault(name, value)  # read by the client at each request
         from mlflow.tracking import MlflowClient  # only here: commands without tracking skip it
 
-        self._client = client = MlflowClient(tracking_uri=self.uri)
+        self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
+
+    def _start(self, params: dict, saved_run_id: str | None) -> str:
+        client = self._connect()
         if self.run_id is None and saved_run_id:
             try:
                 client.update_run(saved_run_id, status="RUNNING")
@@ -233,6 +237,54 @@ class Tracker:
         if self.created:
             self._guard("closing the run", lambda: self._client.set_terminated(
                 self.run_id, status="FINISHED" if ok else "FAILED"))
+
+
+EVALUATION = ("report.md", "metrics.json", "confusion_matrix.png")  # `kfvision evaluate` wrote
+
+
+def log_evaluation(out_dir, metrics: dict, *, tracking_uri: str | None = None,
+                   run_id: str | None = None, experiment: str | None = None,
+                   environ=None) -> str | None:
+    """Log what `kfvision evaluate` wrote into `out_dir` into a run: its scalar metrics
+    (`eval_accuracy`, `eval_top5_accuracy`, `eval_macro_f1`, ...) and report.md, metrics.json
+    and confusion_matrix.png as artifacts under `evaluation/`. The run: `run_id`, else
+    MLFLOW_RUN_ID, else a new one in the experiment. Nothing without a tracking URI (argument
+    or MLFLOW_TRACKING_URI). Never raises for MLflow: one warning line names the failure.
+    Returns the run id logged into, or None."""
+    env = os.environ if environ is None else environ
+    uri = tracking_uri or env.get(upstream.MLFLOW_TRACKING_URI)
+    if not uri:
+        return None
+    tracker = Tracker(uri=uri, run_id=run_id or env.get(upstream.MLFLOW_RUN_ID) or None,
+                      experiment_id=env.get(upstream.MLFLOW_EXPERIMENT_ID) or None,
+                      experiment=(experiment or env.get(upstream.MLFLOW_EXPERIMENT_NAME)
+                                  or DEFAULT_EXPERIMENT),
+                      goes_on="The evaluation is written; it is not in MLflow.")
+    scalars = {f"eval_{k}": float(v) for k, v in metrics.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    for avg in ("macro_avg", "weighted_avg"):
+        scalars.update({f"eval_{avg.split('_')[0]}_{k}": float(v)
+                        for k, v in (metrics.get(avg) or {}).items() if k != "support"})
+
+    def log():
+        client = tracker._connect()
+        if tracker.run_id is None:
+            run = client.create_run(tracker.experiment_id or tracker._experiment_id(client),
+                                    run_name="evaluate")
+            tracker.run_id, tracker.created = run.info.run_id, True
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        client.log_batch(tracker.run_id, metrics=[Metric(k, v, now, 0)
+                                                  for k, v in sorted(scalars.items())])
+        for name in EVALUATION:
+            if (Path(out_dir) / name).exists():
+                client.log_artifact(tracker.run_id, str(Path(out_dir) / name), "evaluation")
+        return tracker.run_id
+
+    got = tracker._guard("logging the evaluation", log)
+    tracker.finish(got is not None)
+    return got
 
 
 def _param(value) -> str:

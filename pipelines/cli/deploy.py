@@ -16,6 +16,30 @@ render, then apply (docs/serving.md):
 """
 
 
+def _check_kubeflow(uri: str) -> None:
+    """Check a model-registry:// URI against the registry at KFVISION_REGISTRY_URL when it
+    answers; otherwise say, in one line, that it goes to KServe unchecked."""
+    import os
+
+    from pipelines.connect import EndpointUnreachableError
+    from pipelines.register_step import REGISTRY_TOKEN, REGISTRY_URL
+    from pipelines.registry import check_kubeflow_uri
+
+    url = os.environ.get(REGISTRY_URL)
+    if not url:
+        print(f"not checked: {uri} (set {REGISTRY_URL} to check it against the Kubeflow Model "
+              "Registry); KServe resolves it", file=sys.stderr)
+        return
+    try:
+        where = check_kubeflow_uri(uri, url=url, token=os.environ.get(REGISTRY_TOKEN))
+    except EndpointUnreachableError as e:
+        print(f"not checked: {uri} (the Kubeflow Model Registry at {url} does not answer: "
+              f"{e}); KServe resolves it", file=sys.stderr)
+        return
+    print(f"checked: {uri} is in the Kubeflow Model Registry at {url}"
+          f"{f' (stored at {where})' if where else ''}", file=sys.stderr)
+
+
 def _render(args) -> int:
     from pipelines.serve.deploy import build_inference_service, to_yaml
 
@@ -23,6 +47,8 @@ def _render(args) -> int:
         from pipelines.registry import storage_uri
 
         args.model = storage_uri(args.model)
+    elif args.model.startswith("model-registry://"):  # KServe resolves it: checked when we can
+        _check_kubeflow(args.model)
     cfg = DeployConfig(**{o.name: getattr(args, o.name) for o in options_of(DeployConfig)})
     text = to_yaml(build_inference_service(cfg))
     if args.output in (None, "-"):

@@ -28,6 +28,12 @@ def _evaluate(args) -> int:
     print(f"evaluated {m['rows']} images: accuracy {m['accuracy']:.4f}, top-{m['top_k']} "
           f"{m['top5_accuracy']:.4f}, macro F1 {m['macro_avg']['f1']:.4f}")
     print(f"wrote metrics.json, report.md and confusion_matrix.png to {args.out}")
+    from trainer.tracking import log_evaluation  # mlflow itself only when a server is given
+
+    run = log_evaluation(args.out, m, tracking_uri=args.tracking_uri, run_id=args.run_id,
+                         experiment=args.experiment)
+    if run:
+        print(f"logged the evaluation into MLflow run {run}")
     return 0
 
 
@@ -75,6 +81,12 @@ def register(sub) -> None:
     e.add_argument("--scored", required=True, help="CSV written by `kfvision score` (labelled)")
     e.add_argument("--out", required=True,
                    help="folder for metrics.json, report.md and confusion_matrix.png")
+    e.add_argument("--tracking-uri", help="MLflow server to log the evaluation into (default: "
+                   "MLFLOW_TRACKING_URI; none: not logged)")
+    e.add_argument("--run-id", help="MLflow run to log into, e.g. the training run (default: "
+                   "MLFLOW_RUN_ID, else a new run)")
+    e.add_argument("--experiment", help="experiment of a new run (default: "
+                   "MLFLOW_EXPERIMENT_NAME, else kfvision)")
     e.set_defaults(func=_evaluate)
 
     x = sub.add_parser("export", help="export a trained model: ONNX, TorchScript, torch.export",
