@@ -72,18 +72,22 @@ def micro_digits(tmp_path_factory) -> dict:
     return _converted(tmp_path_factory.mktemp("micro"), limit=5)
 
 
+def jpeg_digits(data: dict, root: Path, size: int) -> Path:
+    """`data`'s raw validation digits as `size` px JPEGs (quality 90), converted: root/data."""
+    for f in sorted((data["raw"] / "val").glob("*/*")):
+        dest = root / "src" / f.parent.name / (f.stem + ".jpg")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with Image.open(f) as im:
+            im.convert("RGB").resize((size, size), Image.Resampling.BICUBIC).save(dest, quality=90)
+    convert(root / "src", root / "data", progress=False)
+    return root / "data"
+
+
 @pytest.fixture(scope="session")
 def digits_640(tiny_digits, tmp_path_factory) -> Path:
     """tiny_digits' validation digits as 640 px JPEGs (quality 90), converted: large enough that
     a 32 px model's resize decodes them at reduced (DCT-scaled) size."""
-    root = tmp_path_factory.mktemp("digits_640")
-    for f in sorted((tiny_digits["raw"] / "val").glob("*/*")):
-        dest = root / "src" / f.parent.name / (f.stem + ".jpg")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with Image.open(f) as im:
-            im.convert("RGB").resize((640, 640), Image.Resampling.BICUBIC).save(dest, quality=90)
-    convert(root / "src", root / "data", progress=False)
-    return root / "data"
+    return jpeg_digits(tiny_digits, tmp_path_factory.mktemp("digits_640"), 640)
 
 
 @pytest.fixture(scope="session")

@@ -15,15 +15,14 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.http as triton_http
+from conftest import jpeg_digits
 from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
-from PIL import Image
 from test_serve import _jpeg, _png_header
 
 from pipelines.serve.client import Server, request
 from pipelines.serve.model import MAX_INSTANCES
-from trainer.data.convert import convert
 from trainer.data.imagedir import read_image_directory
 from trainer.use.score import score
 
@@ -34,14 +33,7 @@ NAME = "digits"
 def jpegs(tiny_digits, tmp_path_factory) -> dict:
     """The validation digits as 128 px JPEG files (decoded at reduced scale, as score does),
     their paths and their labels as `kfvision score` gives them."""
-    root = tmp_path_factory.mktemp("client_jpegs")
-    for f in sorted((tiny_digits["raw"] / "val").glob("*/*")):
-        dest = root / "src" / f.parent.name / (f.stem + ".jpg")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with Image.open(f) as im:
-            im.convert("RGB").resize((128, 128), Image.Resampling.BICUBIC).save(dest, quality=90)
-    convert(root / "src", root / "data", progress=False)
-    return root / "data"
+    return jpeg_digits(tiny_digits, tmp_path_factory.mktemp("client_jpegs"), 128)
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,11 @@ Kubeflow's Model Registry (pipelines/registry.py; docs/tracking.md)."""
 
 import os
 
+from pipelines import registry
 from trainer.options import HelpFormatter
 
 
 def _register(args) -> int:
-    from pipelines import registry
-
     registry.check_name(args.name)
     if registry.check_registry(args.registry) == "mlflow":
         got = registry.register_mlflow(args.model, args.name, description=args.description,
@@ -37,7 +36,9 @@ def register(sub, help: str) -> None:
     r = sub.add_parser("register", help=help, formatter_class=HelpFormatter)
     r.add_argument("--model", required=True, help="trained model directory")
     r.add_argument("--name", required=True, help="registered model name")
-    r.add_argument("--registry", default="mlflow", help="mlflow or kubeflow")
+    r.add_argument("--registry", default=registry.REGISTRIES[0],
+                   help=f"one of {', '.join(registry.REGISTRIES)} "
+                   f"(default: {registry.REGISTRIES[0]})")
     r.add_argument("--description", default="", help="description of the version")
     r.add_argument("--tracking-uri", help="MLflow server (default: MLFLOW_TRACKING_URI)")
     r.add_argument("--run-id", help="MLflow run the model came from (its artifacts get the "

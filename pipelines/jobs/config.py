@@ -268,7 +268,7 @@ def _container(cfg: JobConfig, name: str, ports: list) -> dict:
         "args": train_flags(cfg.train),
         **({"env": container_env(cfg)} if cfg.env else {}),
         **({"ports": ports} if ports else {}),
-        **({"resources": resources(cfg)} if resources(cfg) else {}),
+        **({"resources": asked} if (asked := resources(cfg)) else {}),
         "securityContext": {"allowPrivilegeEscalation": False,
                             "capabilities": {"drop": ["ALL"]},
                             "readOnlyRootFilesystem": True},

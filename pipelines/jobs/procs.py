@@ -27,6 +27,7 @@ from pathlib import Path
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.k8s import GPU_RESOURCE
 
+# Launcher variables a parent process may have set; a pod starts without them.
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                   "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
                   "MASTER_PORT")

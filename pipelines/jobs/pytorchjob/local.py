@@ -40,7 +40,6 @@ from pipelines.jobs.pytorchjob.rules import (
 )
 
 LOCAL_BACKOFF_LIMIT = 6  # when the manifest sets none: what a Kubernetes Job uses, so we end
-# Launcher variables a parent process may have set; a pod starts without them.
 
 
 @dataclass(frozen=True)

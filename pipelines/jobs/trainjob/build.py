@@ -128,8 +128,8 @@ def build_trainjob(cfg: JobConfig, runtime: Runtime = Runtime()) -> dict:
                # the Training Operator sets it, the torch plugin does not: logs as they happen
                "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *container_env(cfg)],
                "numNodes": cfg.nodes, "numProcPerNode": cfg.nproc}
-    if resources(cfg):
-        trainer["resourcesPerNode"] = resources(cfg)
+    if asked := resources(cfg):
+        trainer["resourcesPerNode"] = asked
     spec = {"runtimeRef": {"name": runtime.name, "apiGroup": API_GROUP, "kind": runtime.kind},
             "trainer": trainer}
     if cfg.active_deadline is not None:
