@@ -99,3 +99,32 @@ def test_a_decode_error_fails_only_its_request():
     got = _run(batcher, [1, -1], [2])
     assert isinstance(got[0], ValueError) and "image -1 is broken" in str(got[0])
     assert got[1] == [2] and batcher._decoding == 0
+
+
+class Overlap(Recorder):
+    """A forward pass that records how many passes ran at once at most."""
+
+    def __init__(self, delay: float):
+        super().__init__(delay)
+        self.running = self.most = 0
+        self._lock = __import__("threading").Lock()
+
+    def __call__(self, batch):
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            return super().__call__(batch)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+@pytest.mark.parametrize("streams", [1, 2, 3])
+def test_streams_bound_the_forward_passes_that_run_at_once(streams):
+    forward = Overlap(delay=0.1)
+    batcher = Batcher(forward, max_batch=2, max_wait_s=0.0, decode_threads=8, streams=streams)
+    requests = [[i] for i in range(12)]
+    assert _run(batcher, *requests) == requests
+    assert forward.most == streams and max(forward.sizes) <= 2
+    assert sum(forward.sizes) == 12 and batcher.images == 12

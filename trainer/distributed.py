@@ -199,9 +199,8 @@ def _cgroup_cpu_limit(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
     return None if quota == "max" else int(quota) / int(period)
 
 
-def cpus_per_process(ctx: DistContext) -> int:
-    """CPU cores this process may use: the cores we may run on (and the container's CPU quota),
-    shared by the local ranks."""
+def usable_cpus() -> int:
+    """CPU cores this process may use: the cores it may run on, at most the container's quota."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -209,4 +208,9 @@ def cpus_per_process(ctx: DistContext) -> int:
     limit = _cgroup_cpu_limit()
     if limit is not None:
         cores = min(cores, max(1, int(limit)))
-    return max(1, cores // ctx.local_world_size)
+    return max(1, cores)
+
+
+def cpus_per_process(ctx: DistContext) -> int:
+    """CPU cores this process may use (`usable_cpus`), shared by the local ranks."""
+    return max(1, usable_cpus() // ctx.local_world_size)

@@ -27,8 +27,8 @@ def _serve(args) -> int:
         name = default_name(args.model[len("models:/"):].split("/")[0].split("@")[0])
     model = resolve_model(args.model, max_connections=args.max_connections)
     serve(model, name=name, http_port=args.http_port, grpc_port=args.grpc_port,
-          workers=args.workers,
-          model_threads=args.model_threads, device=args.device, runtime=args.runtime,
+          workers=args.workers, model_threads=args.model_threads,
+          model_streams=args.model_streams, device=args.device, runtime=args.runtime,
           max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)
     return 0
 
@@ -52,7 +52,10 @@ def register(subparsers, help: str) -> None:
                    help="threads that decode images (default: the number of CPUs); one process "
                    "holds the model")
     s.add_argument("--model-threads", type=int,
-                   help="threads of the forward pass (default: half the CPUs; the others decode)")
+                   help="threads of one forward pass (default: the number of CPUs)")
+    s.add_argument("--model-streams", type=int,
+                   help="forward passes that may run at once, each on --model-threads threads "
+                   "(default: 1); e.g. 4 streams x 4 threads on 16 cores")
     s.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the model runs (default: cpu)")
     s.add_argument("--runtime", choices=("torch", "onnx"),

@@ -1,10 +1,11 @@
 """Batching concurrent requests into one forward pass, on an asyncio event loop.
 
-Requests decode their images on a thread pool (`decode`); the decoded images queue here; one
-forward runs at a time on its own thread. While a forward runs, the requests that arrive queue up
-and become the next batch. When the model is idle, a batch starts at once unless other requests
-are still decoding: then it waits for them, up to `max_wait_s` and `max_batch` images. A lone
-client therefore never waits for a window; concurrent clients share forward passes.
+Requests decode their images on a thread pool (`decode`); the decoded images queue here; up to
+`streams` forward passes run at once, each on its own thread. While they all run, the requests
+that arrive queue up and become the next batch. When a stream is free, a batch starts at once
+unless other requests are still decoding: then it waits for them, up to `max_wait_s` and
+`max_batch` images. A lone client therefore never waits for a window; concurrent clients share
+forward passes, and on a machine with several cores several passes run side by side.
 """
 
 import asyncio
@@ -22,12 +23,17 @@ class Batcher:
         max_batch: images per forward pass at most (a request with more runs alone, in chunks).
         max_wait_s: how long an idle model waits for requests still decoding.
         decode_threads: threads that decode images (`decode`).
+        streams: forward passes that may run at once (`forward` must be safe to call from that
+            many threads).
     """
 
-    def __init__(self, forward, *, max_batch: int, max_wait_s: float, decode_threads: int):
+    def __init__(self, forward, *, max_batch: int, max_wait_s: float, decode_threads: int,
+                 streams: int = 1):
         self.forward, self.max_batch, self.max_wait_s = forward, max_batch, max_wait_s
+        self.streams = streams
         self._decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="decode")
-        self._forward_pool = ThreadPoolExecutor(1, thread_name_prefix="forward")
+        self._forward_pool = ThreadPoolExecutor(streams, thread_name_prefix="forward")
+        self._running: set[asyncio.Task] = set()  # forward passes under way
         self._queue: list = []  # (images [n, 3, S, S], future)
         self._decoding = 0  # requests between `decode` and `submit`
         self._changed: asyncio.Event | None = None
@@ -101,34 +107,43 @@ class Batcher:
                                for i in range(0, len(batch), self.max_batch)])
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            if not self._queue:
+            if not self._queue or len(self._running) >= self.streams:
                 self._changed.clear()
                 await self._changed.wait()
                 continue
             await self._gather()
-            taken = self._take()
-            batch = torch.cat([x for x, _ in taken]) if len(taken) > 1 else taken[0][0]
-            try:
-                probs = await loop.run_in_executor(self._forward_pool, self._forward_chunked,
-                                                   batch)
-            except Exception as e:  # the model failed: those requests fail, the server goes on
-                for _, future in taken:
-                    if not future.done():
-                        future.set_exception(e)
-                continue
-            self.batches += 1
-            self.images += len(batch)
-            start = 0
-            for x, future in taken:
+            task = asyncio.get_running_loop().create_task(self._forward(self._take()))
+            self._running.add(task)
+
+    async def _forward(self, taken: list) -> None:
+        """One forward pass over the requests `taken`, on a forward thread; their futures get
+        their rows, or the model's error."""
+        batch = torch.cat([x for x, _ in taken]) if len(taken) > 1 else taken[0][0]
+        try:
+            probs = await asyncio.get_running_loop().run_in_executor(
+                self._forward_pool, self._forward_chunked, batch)
+        except Exception as e:  # the model failed: those requests fail, the server goes on
+            for _, future in taken:
                 if not future.done():
-                    future.set_result(probs[start:start + len(x)])
-                start += len(x)
+                    future.set_exception(e)
+            return
+        finally:
+            self._running.discard(asyncio.current_task())
+            self._notify()  # a stream is free
+        self.batches += 1
+        self.images += len(batch)
+        start = 0
+        for x, future in taken:
+            if not future.done():
+                future.set_result(probs[start:start + len(x)])
+            start += len(x)
 
     def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        for task in list(self._running):
+            task.cancel()
         self._decode_pool.shutdown(wait=False, cancel_futures=True)
         self._forward_pool.shutdown(wait=False, cancel_futures=True)
 

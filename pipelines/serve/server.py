@@ -46,32 +46,35 @@ async def _invalid_request(request, exc):
 
 def build_model(model, *, name: str | None = None, runtime: str | None = None,
                 device: str = "cpu", workers: int | None = None,
-                model_threads: int | None = None,
+                model_threads: int | None = None, model_streams: int | None = None,
                 max_batch_size: int = DEFAULTS["max_batch_size"],
                 batch_wait_ms: float = DEFAULTS["batch_wait_ms"]):
     """The loaded `ImageClassifier` for a trained model directory or an ONNX export."""
-    import os
-
     _import_kserve()
     from pipelines.serve.batcher import Batcher
     from pipelines.serve.metrics import timed_forward
     from pipelines.serve.model import ImageClassifier
+    from trainer.distributed import usable_cpus
     from trainer.use.predict import Predictor
 
     check_choice("device", device, ("cpu", "cuda"))
     check_range("max-batch-size", max_batch_size, 1, 1024)
     check_range("batch-wait-ms", batch_wait_ms, 0, 1000)
-    cpus = os.cpu_count() or 1
+    cpus = usable_cpus()  # a container's CPU limit, not the node's cores
     workers = workers or cpus
     check_range("workers", workers, 1, 256)
-    # The forward pass shares the cores with the decoding threads: an OpenMP team as wide as the
-    # machine stalls at every barrier whenever a decoder holds one of its cores.
-    model_threads = model_threads or max(1, cpus // 2)
+    # One forward pass at a time on all the cores, by default: batches then grow with the load,
+    # and a batched pass is cheaper per image than several small ones side by side (docs/serving.md,
+    # "How requests are served"). Streams are for machines with more cores than one pass uses well.
+    model_threads = model_threads or cpus
     check_range("model-threads", model_threads, 1, 256)
+    model_streams = model_streams or 1
+    check_range("model-streams", model_streams, 1, 256)
     predictor = Predictor(model, runtime, device, threads=model_threads)
     name = name or default_name(model)
     batcher = Batcher(timed_forward(predictor.probabilities, name), max_batch=max_batch_size,
-                      max_wait_s=batch_wait_ms / 1000, decode_threads=workers)
+                      max_wait_s=batch_wait_ms / 1000, decode_threads=workers,
+                      streams=model_streams)
     return ImageClassifier(name, predictor, batcher)
 
 

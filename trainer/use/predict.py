@@ -106,6 +106,20 @@ def _onnx_session(path, threads: int):
     return run, meta
 
 
+def inference_net(net: torch.nn.Module) -> torch.nn.Module:
+    """`net` (in eval mode) for serving: every BatchNorm folded into the convolution before it
+    (torch.fx's `fuse`) and the weights channels-last. On a CPU, oneDNN's convolutions run
+    1.3-1.5x faster that way (ResNet-18 at 224 px, one thread: docs/serving.md); the
+    probabilities stay within float32 rounding (about 1e-6) of the module's own. A network
+    torch.fx cannot trace is only made channels-last."""
+    from torch.fx.experimental.optimization import fuse
+
+    try:
+        return fuse(net.eval()).to(memory_format=torch.channels_last)  # a copy; net is untouched
+    except Exception:  # symbolic tracing fails on data-dependent control flow; unfused is exact
+        return net.to(memory_format=torch.channels_last)
+
+
 class Predictor:
     """A trained model (or its ONNX export) with its classes and evaluation transform, loaded
     once: `preprocess` one file's bytes, `probabilities` of a uint8 batch.
@@ -129,7 +143,7 @@ class Predictor:
 
             net, info = load_trained_model(model)
             self.device = torch.device("cuda" if device == "cuda" else "cpu")
-            self._net = net.to(self.device)
+            self._net = inference_net(net.to(self.device))
             self._normalize = Normalizer(tuple(info["mean"]), tuple(info["std"]))
             self._run = self._run_torch
         else:
@@ -140,7 +154,8 @@ class Predictor:
 
     def _run_torch(self, batch: torch.Tensor) -> torch.Tensor:
         # score's arithmetic (Normalizer, then softmax), so the probabilities match its table
-        return self._net(self._normalize(batch.to(self.device))).softmax(dim=1).cpu()
+        x = self._normalize(batch.to(self.device), torch.channels_last)
+        return self._net(x).softmax(dim=1).cpu()
 
     def preprocess(self, data: bytes, where: str = "image") -> torch.Tensor:
         """`decode_image` with this model's transform."""
