@@ -8,9 +8,12 @@ torchvision resize / crop / normalise, one forward per request on a thread per c
 resize allows) on threads and concurrent requests batched into shared forward passes. With
 `--runtimes` it also serves the model's ONNX export (`onnx`) and its int8 export (`int8`).
 
-Every contender serves the same ResNet-18 (224 px, ImageNet evaluation preset; random weights:
-throughput does not depend on them) to clients that each send one v1 request with one image at a
-time, back to back, over a kept-alive connection, for `--seconds`, at 1, 4 and 16 clients. The
+Every contender serves the same ResNet-18 (224 px, ImageNet evaluation preset), trained for 3
+epochs on 480 generated ImageNet-size JPEGs of 10 classes (`trained_model`, once, cached; about
+2 minutes on 2 cores): throughput does not depend on the weights, but the int8 export's accuracy
+check needs a model that has learnt something. It serves clients that each send one v1 request
+with one image at a time, back to back, over a kept-alive connection, for `--seconds`, at 1, 4
+and 16 clients. The
 images (bench/jpegset.py, generated) come in three sizes (`SIZES`): 256 px thumbnails,
 ImageNet-size JPEGs (about 500x375, quality 90, ~100 KB) and 12-megapixel phone photos
 (4032x3024, 3.5 MB). A round measures every cell once, the contenders' order alternating between
@@ -216,6 +219,34 @@ def table(results: dict, names: list, sizes: list, clients: list) -> str:
     return "\n".join(lines)
 
 
+def trained_model(out: Path = BENCH / "trained") -> tuple[Path, Path, Path]:
+    """(model directory, train images, check images): ResNet-18 at 224 px trained with
+    `trainer.train` on 600 generated ImageNet-size JPEGs (480 train, 120 val), 3 epochs; the
+    check images are 500 more of the same classes (another seed), for int8's accuracy check."""
+    from trainer.data.split import split
+
+    data = out / "data"
+    model = out / "resnet18-224"
+    check = make_jpeg_set(out / "check", images=500, seed=2)
+    if (model / WEIGHTS_FILE).is_file() and (model / "model.json").is_file():
+        return model, data / "train", check
+    images = make_jpeg_set(out / "jpeg", images=600)
+    if not (data / "val").exists():
+        split(images, data / "train", data / "val", fraction=0.8, seed=1)
+    base = out / "untrained"
+    if not base.exists():
+        write_untrained_model(base, "resnet18")
+    print(f"training the benchmark's ResNet-18 (3 epochs, 480 images) into {model}", flush=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "trainer.train", "--model", str(base), "--train",
+         str(data / "train"), "--val", str(data / "val"), "--out", str(model), "--epochs", "3",
+         "--image-size", "224", "--batch-size", "16", "--lr", "0.05", "--patience", "3",
+         "--print-freq", "100000"], capture_output=True, text=True)
+    if run.returncode:
+        raise SystemExit(f"kfvision train failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
+    return model, data / "train", check
+
+
 def _sources(model: Path, runtimes: list) -> dict:
     """{contender name: model path} for the runtimes asked for."""
     sources = {}
@@ -247,7 +278,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     BENCH.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
-    model = bench_model(BENCH / "resnet18-224")
+    model, _, _ = trained_model()
     bodies = {size: [_body(b) for b in _images(size, a.images)] for size in a.sizes}
     servers = {"plain": Plain(model, BENCH / "plain.log")}
     servers.update({n: Kfvision(m, BENCH / f"{n}.log", a.serve_args.split())
