@@ -1,0 +1,189 @@
+"""int8 on CPU: the forward pass of ResNet-18 (224 px) quantized two ways, against fp32.
+
+The model is bench.serve's (random weights, ImageNet evaluation preset); it is exported to ONNX
+with `trainer.use.export.export` and quantized, after calibration on `--calibration` generated
+JPEGs (bench/jpegset.py) preprocessed as serving preprocesses them, by
+
+  ort-int8   onnxruntime `quantize_static`: QDQ, per-channel, u8 activations / s8 weights
+  ov-int8    OpenVINO with NNCF (`nncf.quantize` on the model OpenVINO reads from the ONNX file)
+  ov-qdq     OpenVINO running ort-int8's QDQ file
+
+and timed beside fp32 PyTorch, fp32 onnxruntime and fp32 OpenVINO (f32 precision hint), each on
+ONE intra-op thread (a server runs one single-threaded forward per core), on uint8
+[n, 3, 224, 224] batches, n = 1 and 8. Rounds rotate the contenders' order; within a round each
+runs `--seconds` per batch size. The table gives images/s (median over rounds) and the median
+ratio to fp32 PyTorch taken within each round (the machine may be shared: ratios in one run are
+what to compare). `agree` is top-1 agreement with fp32 PyTorch on held-out generated images
+and the largest probability difference from it (random weights: they measure the quantization's
+damage, not accuracy; tests/test_export_int8.py checks accuracy on a trained model).
+
+    python -m bench.int8 [--rounds 5 --seconds 2 --batches 1 8 --calibration 200]
+"""
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import bench
+from bench.jpegset import make_jpeg_set
+from bench.serve import bench_model
+
+BENCH = bench.BENCH / "int8"
+
+
+def _images(data_dir: Path) -> np.ndarray:
+    """Every image of an image directory as served: the eval transform, uint8 NCHW."""
+    from trainer.data.datasets import ImageDataset
+    from trainer.data.imagedir import read_image_directory
+    from trainer.data.transforms import eval_transform
+
+    ds = ImageDataset(read_image_directory(data_dir), eval_transform("standard", 224))
+    return torch.stack([ds[i][0] for i in range(len(ds))]).numpy()
+
+
+def quantize_ort(fp32: Path, calib: np.ndarray, out: Path) -> None:
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(calib)
+
+        def get_next(self):
+            x = next(self.it, None)
+            return None if x is None else {"image": x[None]}
+
+    pre = out.with_suffix(".pre.onnx")
+    quant_pre_process(str(fp32), str(pre))
+    quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=True, activation_type=QuantType.QUInt8,
+                    weight_type=QuantType.QInt8)
+
+
+def quantize_nncf(fp32: Path, calib: np.ndarray, out: Path) -> None:
+    import nncf
+    import openvino as ov
+
+    model = ov.Core().read_model(str(fp32))
+    q = nncf.quantize(model, nncf.Dataset(list(calib), lambda x: x[None]),
+                      subset_size=len(calib))
+    ov.save_model(q, str(out))
+
+
+def ort_runner(path: Path):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    s = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return lambda x: s.run(None, {"image": x})[0]
+
+
+def ov_runner(path: Path, precision: str | None = None):
+    import openvino as ov
+
+    config = {"INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
+    if precision:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    compiled = ov.Core().compile_model(str(path), "CPU", config)
+    req = compiled.create_infer_request()
+    return lambda x: next(iter(req.infer({0: x}).values()))
+
+
+def torch_runner(model_dir: Path):
+    from trainer.model.trained import load_trained_model
+    from trainer.use.export import ServingModel
+
+    net, info = load_trained_model(model_dir)
+    wrapped = ServingModel(net, info["mean"], info["std"]).eval()
+
+    def run(x):
+        with torch.inference_mode():
+            return wrapped(torch.from_numpy(x)).numpy()
+
+    return run
+
+
+def _rate(run, x: np.ndarray, seconds: float) -> float:
+    run(x)  # warm-up (first-call allocations, kernel selection)
+    n, t0 = 0, time.perf_counter()
+    while (t := time.perf_counter() - t0) < seconds:
+        run(x)
+        n += len(x)
+    return n / t
+
+
+def build(work: Path, calibration: int, held_out: int) -> tuple[dict, np.ndarray]:
+    from trainer.use.export import export
+
+    model = bench_model(work / "model")
+    data = _images(make_jpeg_set(work / "jpegs", images=calibration + held_out))
+    calib, test = data[:calibration], data[calibration:]
+    fp32 = work / "fp32.onnx"
+    if not fp32.exists():
+        export(model, "onnx", fp32)
+    t = time.perf_counter()
+    quantize_ort(fp32, calib, work / "ort-int8.onnx")
+    print(f"ort quantize_static: {time.perf_counter() - t:.0f} s", flush=True)
+    t = time.perf_counter()
+    quantize_nncf(fp32, calib, work / "ov-int8.xml")
+    print(f"nncf.quantize: {time.perf_counter() - t:.0f} s", flush=True)
+    runners = {"torch-fp32": torch_runner(model), "ort-fp32": ort_runner(fp32),
+               "ov-fp32": ov_runner(fp32, "f32"), "ort-int8": ort_runner(work / "ort-int8.onnx"),
+               "ov-int8": ov_runner(work / "ov-int8.xml"),
+               "ov-qdq": ov_runner(work / "ort-int8.onnx")}
+    return runners, test
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--seconds", type=float, default=2, help="per contender, batch size, round")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--calibration", type=int, default=200, help="calibration images")
+    p.add_argument("--held-out", type=int, default=200, help="images for `agree`")
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    runners, test = build(BENCH, a.calibration, a.held_out)
+    ref = np.concatenate([runners["torch-fp32"](test[i:i + 8]) for i in range(0, len(test), 8)])
+    agree, diff = {}, {}
+    for k, run in runners.items():
+        out = np.concatenate([run(test[i:i + 8]) for i in range(0, len(test), 8)])
+        agree[k] = float((out.argmax(1) == ref.argmax(1)).mean())
+        diff[k] = float(np.abs(out - ref).max())
+    names = list(runners)
+    rates = {(k, n): [] for k in names for n in a.batches}
+    rng = np.random.default_rng(0)
+    for r in range(a.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            for n in a.batches:
+                x = rng.integers(0, 256, (n, 3, 224, 224), dtype=np.uint8)
+                rates[k, n].append(_rate(runners[k], x, a.seconds))
+        print(f"round {r + 1}/{a.rounds} done", flush=True)
+    head = " | ".join(f"n={n} images/s | n={n} x torch" for n in a.batches)
+    lines = [f"int8 forward, 1 thread, {os.cpu_count()} CPUs, median of {a.rounds} rounds x "
+             f"{a.seconds:g} s; agree = top-1 agreement with torch-fp32 on {len(test)} images, "
+             f"max dp = largest probability difference from it",
+             "", f"| runtime | {head} | agree | max dp |",
+             "|---" * (2 * len(a.batches) + 3) + "|"]
+    for k in names:
+        cells = []
+        for n in a.batches:
+            ratio = [x / b for x, b in zip(rates[k, n], rates["torch-fp32", n])]
+            cells += [f"{statistics.median(rates[k, n]):.1f}",
+                      f"{statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})"]
+        lines.append(f"| {k} | " + " | ".join(cells) + f" | {agree[k]:.3f} | {diff[k]:.2g} |")
+    bench.publish("\n".join(lines), "int8.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
