@@ -5,17 +5,20 @@ with `trainer.use.export.export` and quantized, after calibration on `--calibrat
 JPEGs (bench/jpegset.py) preprocessed as serving preprocesses them, by
 
   ort-int8   onnxruntime `quantize_static`: QDQ, per-channel, u8 activations / s8 weights
-  ov-int8    OpenVINO with NNCF (`nncf.quantize` on the model OpenVINO reads from the ONNX file)
-  ov-qdq     OpenVINO running ort-int8's QDQ file
+             (`trainer.use.quantize.quantize_onnx`, what `kfvision export --quantize int8` does)
+  ov-int8    OpenVINO with NNCF (`nncf.quantize` on the model OpenVINO reads from the ONNX file;
+             nncf is no kfvision dependency: `pip install nncf` for this row, else it is left out)
+  ov-qdq     OpenVINO running ort-int8's QDQ file (what `kfvision serve` runs it on)
 
-and timed beside fp32 PyTorch, fp32 onnxruntime and fp32 OpenVINO (f32 precision hint), each on
-ONE intra-op thread (a server runs one single-threaded forward per core), on uint8
-[n, 3, 224, 224] batches, n = 1 and 8. Rounds rotate the contenders' order; within a round each
-runs `--seconds` per batch size. The table gives images/s (median over rounds) and the median
-ratio to fp32 PyTorch taken within each round (the machine may be shared: ratios in one run are
-what to compare). `agree` is top-1 agreement with fp32 PyTorch on held-out generated images
-and the largest probability difference from it (random weights: they measure the quantization's
-damage, not accuracy; tests/test_export_int8.py checks accuracy on a trained model).
+and timed beside fp32 PyTorch, fp32 onnxruntime and fp32 OpenVINO, each on ONE intra-op
+thread (a server runs one single-threaded forward per core), on uint8 [n, 3, 224, 224]
+batches, n = 1 and 8. OpenVINO runs the operations that are not int8 in f32, as Predictor has
+it. Rounds rotate the contenders' order; within a round each runs `--seconds` per batch size.
+The table gives images/s (median over rounds) and the median ratio to fp32 PyTorch taken within
+each round (the machine may be shared: ratios in one run are what to compare). `agree` is top-1
+agreement with fp32 PyTorch on held-out generated images and `max dp` the largest probability
+difference from it (random weights: they measure the quantization's damage, not accuracy;
+tests/test_export_int8.py checks accuracy on a trained model).
 
     python -m bench.int8 [--rounds 5 --seconds 2 --batches 1 8 --calibration 200]
 """
@@ -32,6 +35,7 @@ import torch
 import bench
 from bench.jpegset import make_jpeg_set
 from bench.serve import bench_model
+from trainer.use.quantize import quantize_onnx
 
 BENCH = bench.BENCH / "int8"
 
@@ -44,26 +48,6 @@ def _images(data_dir: Path) -> np.ndarray:
 
     ds = ImageDataset(read_image_directory(data_dir), eval_transform("standard", 224))
     return torch.stack([ds[i][0] for i in range(len(ds))]).numpy()
-
-
-def quantize_ort(fp32: Path, calib: np.ndarray, out: Path) -> None:
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_static)
-    from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(calib)
-
-        def get_next(self):
-            x = next(self.it, None)
-            return None if x is None else {"image": x[None]}
-
-    pre = out.with_suffix(".pre.onnx")
-    quant_pre_process(str(fp32), str(pre))
-    quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ,
-                    per_channel=True, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8)
 
 
 def quantize_nncf(fp32: Path, calib: np.ndarray, out: Path) -> None:
@@ -86,12 +70,11 @@ def ort_runner(path: Path):
     return lambda x: s.run(None, {"image": x})[0]
 
 
-def ov_runner(path: Path, precision: str | None = None):
+def ov_runner(path: Path):
     import openvino as ov
 
-    config = {"INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
-    if precision:
-        config["INFERENCE_PRECISION_HINT"] = precision
+    # f32 where not int8, as Predictor compiles it (OpenVINO would pick bf16 on a CPU with AMX)
+    config = {"INFERENCE_NUM_THREADS": 1, "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": "f32"}
     compiled = ov.Core().compile_model(str(path), "CPU", config)
     req = compiled.create_infer_request()
     return lambda x: next(iter(req.infer({0: x}).values()))
@@ -130,15 +113,18 @@ def build(work: Path, calibration: int, held_out: int) -> tuple[dict, np.ndarray
     if not fp32.exists():
         export(model, "onnx", fp32)
     t = time.perf_counter()
-    quantize_ort(fp32, calib, work / "ort-int8.onnx")
+    quantize_onnx(fp32, work / "ort-int8.onnx", calib, progress=False)
     print(f"ort quantize_static: {time.perf_counter() - t:.0f} s", flush=True)
-    t = time.perf_counter()
-    quantize_nncf(fp32, calib, work / "ov-int8.xml")
-    print(f"nncf.quantize: {time.perf_counter() - t:.0f} s", flush=True)
     runners = {"torch-fp32": torch_runner(model), "ort-fp32": ort_runner(fp32),
-               "ov-fp32": ov_runner(fp32, "f32"), "ort-int8": ort_runner(work / "ort-int8.onnx"),
-               "ov-int8": ov_runner(work / "ov-int8.xml"),
+               "ov-fp32": ov_runner(fp32), "ort-int8": ort_runner(work / "ort-int8.onnx"),
                "ov-qdq": ov_runner(work / "ort-int8.onnx")}
+    try:
+        t = time.perf_counter()
+        quantize_nncf(fp32, calib, work / "ov-int8.xml")
+        print(f"nncf.quantize: {time.perf_counter() - t:.0f} s", flush=True)
+        runners["ov-int8"] = ov_runner(work / "ov-int8.xml")
+    except ImportError as e:
+        print(f"no ov-int8 row: {e} (pip install nncf)", flush=True)
     return runners, test
 
 
