@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipelines.cli import main
-from pipelines.serve.client import Server, request, v2_body
+from pipelines.serve.client import Server, request, v1_body, v2_body
 from trainer.data.imagedir import read_image_directory
 from trainer.errors import QuantizationError
 from trainer.use import quantize
@@ -97,21 +97,50 @@ def test_int8_needs_calibration_and_check_data(flags, missing, tmp_path, capsys)
     assert not (tmp_path / "m.onnx").exists()
 
 
-def test_kfvision_serve_answers_v2_with_predictor_labels(int8, tiny_digits, tmp_path):
+def _grpc_labels(target: str, files: list[bytes]) -> list[str]:
+    import grpc
+    from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
+    from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
+
+    image = pb.ModelInferRequest.InferInputTensor(name="image", datatype="BYTES",
+                                                  shape=[len(files)])
+    image.contents.bytes_contents.extend(files)
+    with grpc.insecure_channel(target) as channel:
+        answer = GRPCInferenceServiceStub(channel).ModelInfer(
+            pb.ModelInferRequest(model_name="digits", inputs=[image]), timeout=60)
+    label = next(o for o in answer.outputs if o.name == "label")
+    return [b.decode() for b in label.contents.bytes_contents]
+
+
+def test_kfvision_serve_answers_v1_v2_and_grpc_with_predictor_labels(int8, tiny_digits,
+                                                                     tmp_path):
     files, _ = _val(tiny_digits["val"])
+    files = files[:16]
     expected = Predictor(int8, threads=1)
-    batch = torch.stack([expected.preprocess(f) for f in files[:16]])
+    batch = torch.stack([expected.preprocess(f) for f in files])
     labels = [expected.classes[i] for i in expected.probabilities(batch).argmax(1)]
     server = Server(["--model", int8, "--name", "digits", "--max-batch-size", "8"],
                     tmp_path / "server.log")
     try:
-        status, body = request(f"{server.url}/v2/models/digits/infer", v2_body(files[:16]))
-        assert status == 200, body
-        out = {o["name"]: o for o in body["outputs"]}
-        assert out["label"]["data"] == labels
-        assert "(openvino, 10 classes)" in server.logs()
+        assert "(openvino, 10 classes)" in server.logs()  # before requests push it out of logs()
+        status, v1 = request(f"{server.url}/v1/models/digits:predict", v1_body(files))
+        assert status == 200, v1
+        assert [p["label"] for p in v1["predictions"]] == labels
+        status, v2 = request(f"{server.url}/v2/models/digits/infer", v2_body(files))
+        assert status == 200, v2
+        assert next(o for o in v2["outputs"] if o["name"] == "label")["data"] == labels
+        assert _grpc_labels(server.grpc_target, files) == labels
     finally:
         server.stop()
+
+
+def test_export_flags_agree_with_the_quantize_module():
+    from pipelines.cli import build_parser
+
+    export = build_parser(["export"])._subparsers._group_actions[0].choices["export"]
+    flags = {a.dest: a for a in export._actions}
+    assert tuple(flags["quantize"].choices) == quantize.QUANTIZE
+    assert flags["calibration_images"].default == quantize.CALIBRATION_IMAGES
 
 
 def test_serve_offers_every_predictor_runtime():

@@ -123,7 +123,9 @@ def register(sub) -> None:
                    "PyTorch on; with --quantize int8, the labelled one (the validation set) whose "
                    "top-1 accuracy the int8 model must keep")
     x.add_argument("--check-limit", type=int, help="images of DATA to compare (default: 256; "
-                   "with --quantize int8, all)")
+                   "with --quantize int8, all; fewer: a random sample)")
+    # trainer.use.quantize's QUANTIZE and CALIBRATION_IMAGES, written out: importing it would
+    # load torch for every command (tests/test_export_int8.py checks they agree)
     x.add_argument("--quantize", choices=("none", "int8"), default="none",
                    help="int8: an ONNX file quantized for CPUs, served by OpenVINO; needs "
                    "--calibrate and --check, and is not written when its top-1 on --check falls "

@@ -25,6 +25,7 @@ import torch
 from trainer.errors import InvalidDatasetError, QuantizationError, check_range
 from trainer.progress import progress_bar
 
+QUANTIZE = ("none", "int8")  # --quantize
 CALIBRATION_IMAGES = 300
 MAX_TOP1_DROP = 0.01  # 1 point of top-1 accuracy
 RUNTIME = "openvino"
@@ -87,16 +88,20 @@ def quantize_onnx(fp32_path, out, images: np.ndarray, progress: bool | None = No
 def top1(runners: dict, data_dir, meta: dict, *, limit: int | None = None,
          batch_size: int = 32, progress: bool | None = None) -> dict:
     """{name: top-1 accuracy} of each `runners` (uint8 batch -> probabilities) on the labelled
-    image directory `data_dir` (its first `limit` images), and "images": how many."""
+    image directory `data_dir` (a random sample of `limit` images, seed 0: an image directory
+    lists its images class by class), and "images": how many."""
     imdir, ds = _dataset(data_dir, meta)
     imdir.require_labelled("the int8 accuracy check (--check)")
     if list(imdir.classes) != list(meta["classes"]):
         raise InvalidDatasetError(f"{data_dir} has classes {list(imdir.classes)} but the model "
                                   f"has {meta['classes']}; check on data with the model's classes")
-    n = len(ds) if limit is None else min(limit, len(ds))
+    order = np.arange(len(ds))
+    if limit is not None and limit < len(ds):
+        order = np.sort(np.random.default_rng(0).choice(len(ds), limit, replace=False))
+    n = len(order)
     correct = dict.fromkeys(runners, 0)
     for start in progress_bar(range(0, n, batch_size), "checking top-1", "batch", progress):
-        items = [ds[i] for i in range(start, min(start + batch_size, n))]
+        items = [ds[int(i)] for i in order[start:start + batch_size]]
         batch = torch.stack([x for x, _ in items])
         labels = torch.tensor([y for _, y in items])
         for name, run in runners.items():
@@ -120,7 +125,7 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
     """Export `model_dir` as int8 ONNX into `out`; returns its metadata (with `quantization`).
 
     The fp32 export, the calibration on `calibration` images of `calibrate` and the top-1 check
-    of both on `check` (its first `check_limit` images; all by default) happen in a temporary
+    of both on `check` (`check_limit` of its images; all by default) happen in a temporary
     folder beside `out`; only an int8 model within MAX_TOP1_DROP of fp32 is renamed into place.
 
     Raises:
