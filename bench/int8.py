@@ -20,12 +20,17 @@ agreement with fp32 PyTorch on held-out generated images and `max dp` the larges
 difference from it (random weights: they measure the quantization's damage, not accuracy;
 tests/test_export_int8.py checks accuracy on a trained model).
 
+A second table times the serving path itself, `Predictor.probabilities` with one intra-op thread,
+called by 1 and by as many threads as there are CPUs at once (the server runs one forward per
+core): torch on the model directory, the int8 file on onnxruntime and on OpenVINO.
+
     python -m bench.int8 [--rounds 5 --seconds 2 --batches 1 8 --calibration 200]
 """
 
 import argparse
 import os
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -94,13 +99,61 @@ def torch_runner(model_dir: Path):
     return run
 
 
-def _rate(run, x: np.ndarray, seconds: float) -> float:
+def _rate(run, x: np.ndarray, seconds: float, callers: int = 1) -> float:
+    """Images/s of `callers` threads each calling run(x) back to back for `seconds`."""
     run(x)  # warm-up (first-call allocations, kernel selection)
-    n, t0 = 0, time.perf_counter()
-    while (t := time.perf_counter() - t0) < seconds:
-        run(x)
-        n += len(x)
-    return n / t
+    counts, stop = [0] * callers, time.perf_counter() + seconds
+
+    def work(i):
+        while time.perf_counter() < stop:
+            run(x)
+            counts[i] += len(x)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(callers)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def _measure(runners: dict, a, callers: int = 1) -> dict:
+    """{(name, n): [images/s per round]}, the contenders' order rotating round by round."""
+    names, rng = list(runners), np.random.default_rng(0)
+    rates = {(k, n): [] for k in names for n in a.batches}
+    for r in range(a.rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            for n in a.batches:
+                x = rng.integers(0, 256, (n, 3, 224, 224), dtype=np.uint8)
+                rates[k, n].append(_rate(runners[k], x, a.seconds, callers))
+        print(f"round {r + 1}/{a.rounds} done ({callers} caller(s))", flush=True)
+    return rates
+
+
+def _rows(rates: dict, names, batches, baseline: str, extra=lambda k: []) -> list[str]:
+    head = " | ".join(f"n={n} images/s | n={n} x {baseline}" for n in batches)
+    lines = [f"| runtime | {head} |" + "".join(f" {c} |" for c in extra(None)),
+             "|---" * (2 * len(batches) + 1 + len(extra(None))) + "|"]
+    for k in names:
+        cells = []
+        for n in batches:
+            ratio = [x / b for x, b in zip(rates[k, n], rates[baseline, n])]
+            cells += [f"{statistics.median(rates[k, n]):.1f}",
+                      f"{statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})"]
+        lines.append(f"| {k} | " + " | ".join(cells + extra(k)) + " |")
+    return lines
+
+
+def predictors(model: Path, int8: Path) -> dict:
+    """The serving path: Predictor.probabilities, one intra-op thread per caller."""
+    from trainer.use.predict import Predictor
+
+    ps = {"torch-fp32": Predictor(model, threads=1),
+          "onnx-int8": Predictor(int8, runtime="onnx", threads=1),
+          # named: this file is quantize_onnx's alone, without the metadata export_int8 adds
+          "openvino-int8": Predictor(int8, runtime="openvino", threads=1)}
+    return {k: (lambda x, p=p: p.probabilities(torch.from_numpy(x))) for k, p in ps.items()}
 
 
 def build(work: Path, calibration: int, held_out: int) -> tuple[dict, np.ndarray]:
@@ -145,28 +198,19 @@ def main(argv=None) -> int:
         agree[k] = float((out.argmax(1) == ref.argmax(1)).mean())
         diff[k] = float(np.abs(out - ref).max())
     names = list(runners)
-    rates = {(k, n): [] for k in names for n in a.batches}
-    rng = np.random.default_rng(0)
-    for r in range(a.rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for k in order:
-            for n in a.batches:
-                x = rng.integers(0, 256, (n, 3, 224, 224), dtype=np.uint8)
-                rates[k, n].append(_rate(runners[k], x, a.seconds))
-        print(f"round {r + 1}/{a.rounds} done", flush=True)
-    head = " | ".join(f"n={n} images/s | n={n} x torch" for n in a.batches)
+    rates = _measure(runners, a)
     lines = [f"int8 forward, 1 thread, {os.cpu_count()} CPUs, median of {a.rounds} rounds x "
              f"{a.seconds:g} s; agree = top-1 agreement with torch-fp32 on {len(test)} images, "
-             f"max dp = largest probability difference from it",
-             "", f"| runtime | {head} | agree | max dp |",
-             "|---" * (2 * len(a.batches) + 3) + "|"]
-    for k in names:
-        cells = []
-        for n in a.batches:
-            ratio = [x / b for x, b in zip(rates[k, n], rates["torch-fp32", n])]
-            cells += [f"{statistics.median(rates[k, n]):.1f}",
-                      f"{statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})"]
-        lines.append(f"| {k} | " + " | ".join(cells) + f" | {agree[k]:.3f} | {diff[k]:.2g} |")
+             f"max dp = largest probability difference from it", ""]
+    lines += _rows(rates, names, a.batches, "torch-fp32",
+                   lambda k: ["agree", "max dp"] if k is None else
+                   [f"{agree[k]:.3f}", f"{diff[k]:.2g}"])
+    serving = predictors(BENCH / "model", BENCH / "ort-int8.onnx")
+    for callers in sorted({1, os.cpu_count() or 1}):
+        rates = _measure(serving, a, callers)
+        lines += ["", f"Predictor.probabilities (threads=1), {callers} concurrent caller(s), "
+                  f"median of {a.rounds} rounds x {a.seconds:g} s", ""]
+        lines += _rows(rates, list(serving), a.batches, "torch-fp32")
     bench.publish("\n".join(lines), "int8.md")
     return 0
 
