@@ -13,6 +13,9 @@ from conftest import REPO
 PACKAGES = ("trainer", "pipelines")
 LEAVES = ("trainer.errors", "trainer.fileio", "trainer.progress", "trainer.presets",
           "trainer.upstream")
+# Third-party packages only one module of ours imports (every other goes through it).
+CONFINED = {"openvino": {"trainer.use.predict"},
+            "onnxruntime.quantization": {"trainer.use.quantize"}}
 
 
 def _module_name(path) -> str:
@@ -42,6 +45,20 @@ def import_graph() -> dict:
             deps |= {t for t in targets if t in files and t != name}
         graph[name] = deps
     return graph
+
+
+def importers(package: str) -> set:
+    """Our modules that import `package` (or a module under it) anywhere in their file."""
+    found = set()
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) and
+                         not node.level else [])
+                if any(n == package or n.startswith(package + ".") for n in names):
+                    found.add(_module_name(path))
+    return found
 
 
 def cycles(graph: dict) -> list:
@@ -87,6 +104,11 @@ def test_the_trainer_never_imports_the_pipelines():
     graph = import_graph()
     assert {m: sorted(d) for m, d in graph.items()
             if m.startswith("trainer") and any(x.startswith("pipelines") for x in d)} == {}
+
+
+@pytest.mark.parametrize("package", CONFINED)
+def test_confined_packages_are_imported_by_their_module_only(package):
+    assert importers(package) == CONFINED[package]
 
 
 @pytest.mark.parametrize("leaf", LEAVES)

@@ -136,6 +136,11 @@ class ExportError(KfvisionError):
     """A trained model could not be exported, or the export does not match the model."""
 
 
+class QuantizationError(ExportError):
+    """A quantized export loses more top-1 accuracy against its fp32 export than allowed; it is
+    not written."""
+
+
 class OutputError(KfvisionError):
     """The output location cannot be written: read-only, not ours, or full. Nothing is left
     half-written (every file is written to a temporary name and renamed)."""

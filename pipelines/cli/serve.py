@@ -40,7 +40,8 @@ def register(subparsers, help: str) -> None:
                               "the v1 and v2 inference protocols over REST, v2 over gRPC.",
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--model", required=True,
-                   help="trained model directory, or an ONNX file `kfvision export` wrote; "
+                   help="trained model directory, or an ONNX file `kfvision export` wrote (int8 "
+                   "too); "
                    "either may be an s3:// URI (fetched once into a cache keyed by its ETags); or "
                    "models:/NAME/VERSION or models:/NAME@ALIAS (MLflow's registry)")
     s.add_argument("--name", help="model name in the URLs (default: from the model's path)")
@@ -58,8 +59,10 @@ def register(subparsers, help: str) -> None:
                    "(default: 1); e.g. 4 streams x 4 threads on 16 cores")
     s.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the model runs (default: cpu)")
-    s.add_argument("--runtime", choices=("torch", "onnx"),
-                   help="torch for a model directory, onnx for an ONNX file (default: by --model)")
+    # trainer.use.predict.RUNTIMES, written out: importing it would load torch for --help
+    s.add_argument("--runtime", choices=("torch", "onnx", "openvino"),
+                   help="torch for a model directory, onnx for an ONNX file, openvino for an int8 "
+                   "one (`kfvision export --quantize int8`) (default: by --model)")
     s.add_argument("--max-batch-size", type=int, default=DEFAULTS["max_batch_size"],
                    help="images per forward pass at most, across concurrent requests "
                    f"(default: {DEFAULTS['max_batch_size']})")

@@ -37,19 +37,43 @@ def _evaluate(args) -> int:
     return 0
 
 
+def _export_int8(args, model) -> int:
+    from trainer.use.quantize import export_int8
+
+    meta = export_int8(model, args.out, args.calibrate, args.check,
+                       calibration=args.calibration_images, check_limit=args.check_limit)
+    q = meta["quantization"]
+    print(f"wrote the int8 ONNX export of {args.model} to {args.out} (served by {q['runtime']}),"
+          f" calibrated on {q['calibration_images']} images of {args.calibrate}: top-1 "
+          f"{q['top1_int8']:.2%} in int8 against {q['top1_fp32']:.2%} in fp32 on "
+          f"{q['val_images']} images of {args.check} (both in its metadata)")
+    return 0
+
+
 def _export(args) -> int:
     from pipelines.models import resolve_model
-    from trainer.errors import ExportError
+    from trainer.errors import ExportError, InvalidParameterError
     from trainer.use.export import TOLERANCE, check_export, export
 
+    if args.quantize == "int8":
+        missing = [f for f, v in (("--calibrate", args.calibrate), ("--check", args.check))
+                   if not v]
+        if args.format != "onnx" or missing:
+            raise InvalidParameterError(
+                "--quantize int8 needs --format onnx, --calibrate TRAIN and --check VAL (missing: "
+                f"{', '.join(missing) or '--format onnx'}): the int8 model is calibrated on "
+                "training images and refused if it loses top-1 accuracy on VAL")
     model = resolve_model(args.model, max_connections=args.max_connections)
+    if args.quantize == "int8":
+        return _export_int8(args, model)
     meta = export(model, args.format, args.out)
     size = meta["image_size"]
     print(f"wrote the {args.format} export of {args.model} to {args.out}: input 'image' uint8 "
           f"[batch, 3, {size}, {size}], output 'probabilities' over {len(meta['classes'])} "
           "classes; classes and preprocessing are in its metadata ('kfvision')")
     if args.check:
-        r = check_export(model, args.out, args.format, args.check, limit=args.check_limit)
+        r = check_export(model, args.out, args.format, args.check,
+                         limit=args.check_limit or 256)
         print(f"checked against PyTorch on {r['images']} images of {args.check}: top-1 agrees on "
               f"{r['top1_agree']}/{r['images']}, largest probability difference "
               f"{r['max_abs_diff']:.2g}")
@@ -96,7 +120,20 @@ def register(sub) -> None:
                    help="artifact type")
     x.add_argument("--out", required=True, help="output file (.onnx, .pt, .pt2)")
     x.add_argument("--check", metavar="DATA", help="image directory to compare the export with "
-                   "PyTorch on")
-    x.add_argument("--check-limit", type=int, default=256, help="images of DATA to compare")
+                   "PyTorch on; with --quantize int8, the labelled one (the validation set) whose "
+                   "top-1 accuracy the int8 model must keep")
+    x.add_argument("--check-limit", type=int, help="images of DATA to compare (default: 256; "
+                   "with --quantize int8, all; fewer: a random sample)")
+    # trainer.use.quantize's QUANTIZE and CALIBRATION_IMAGES, written out: importing it would
+    # load torch for every command (tests/test_export_int8.py checks they agree)
+    x.add_argument("--quantize", choices=("none", "int8"), default="none",
+                   help="int8: an ONNX file quantized for CPUs, served by OpenVINO; needs "
+                   "--calibrate and --check, and is not written when its top-1 on --check falls "
+                   "more than 1 point below fp32's: a quantized model nobody measured is not "
+                   "exported (default: none)")
+    x.add_argument("--calibrate", metavar="TRAIN", help="image directory (the training set) "
+                   "whose images calibrate the int8 activation ranges")
+    x.add_argument("--calibration-images", type=int, default=300,
+                   help="images of TRAIN sampled for calibration (default: 300)")
     add_flags(x, options_of(S3Options))
     x.set_defaults(func=_export)

@@ -5,12 +5,17 @@ each one is checked (an image at all, complete, within the pixel limit training 
 decoded, and the failure says what was wrong with which image. The decoding is `score`'s: the
 model's evaluation transform, a JPEG decoded at 1/2, 1/4 or 1/8 of its size where that resize
 still only shrinks it (`EvalResize.decode_factor`), so a served label equals the scored label of
-the same file. Two runtimes run the network: PyTorch on a trained model directory, or
+the same file. Three runtimes run the network: PyTorch on a trained model directory,
 onnxruntime on a `kfvision export --format onnx` file (its metadata carries classes and
-preprocessing).
+preprocessing), and OpenVINO on an int8 one (`kfvision export --quantize int8`), whose
+int8 kernels on a CPU are several times onnxruntime's (docs/serving.md, "int8 on CPU").
+`probabilities` may be called from several threads at once, each running its own forward.
 """
 
 import io
+import json
+import os
+import threading
 import warnings
 from pathlib import Path
 
@@ -22,7 +27,7 @@ from trainer.data.decode import load_rgb
 from trainer.data.transforms import Normalizer, eval_transform
 from trainer.errors import KfvisionError, check_choice
 
-RUNTIMES = ("torch", "onnx")
+RUNTIMES = ("torch", "onnx", "openvino")
 
 
 class InvalidImageError(KfvisionError, ValueError):
@@ -85,11 +90,37 @@ def _decode_jpeg(im: Image.Image, factor: int) -> torch.Tensor:
     return torch.from_numpy(np.asarray(rgb).copy()).permute(2, 0, 1)
 
 
-def _onnx_session(path, threads: int):
-    """(run: uint8 batch -> probabilities, metadata) of an ONNX export on onnxruntime's CPU
-    provider. Its threads do not spin while idle: a server decodes images on the same cores."""
-    import json
+def onnx_metadata(path) -> dict:
+    """The kfvision metadata of an ONNX export (without loading a runtime)."""
+    import onnx
 
+    from trainer.use.export import META_KEY
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf's DecodeError and friends: not an ONNX file at all
+        raise KfvisionError(f"{path} is not an ONNX file ({type(e).__name__}: {e}); give a "
+                            "trained model directory or a file `kfvision export --format onnx` "
+                            "wrote") from e
+    props = {p.key: p.value for p in proto.metadata_props}
+    if META_KEY not in props:
+        raise KfvisionError(f"{path} is an ONNX file without kfvision's metadata ('{META_KEY}'): "
+                            "serve a file `kfvision export --format onnx` wrote")
+    return json.loads(props[META_KEY])
+
+
+def default_runtime(model) -> str:
+    """torch for a model directory; for an ONNX file, the runtime its metadata names (an int8
+    export's), else onnx."""
+    if not Path(model).is_file():
+        return "torch"
+    return onnx_metadata(model).get("quantization", {}).get("runtime", "onnx")
+
+
+def onnx_session(path, threads: int):
+    """(run: uint8 batch -> probabilities, metadata) of an ONNX export on onnxruntime's CPU
+    provider. Its threads do not spin while idle: a server decodes images on the same cores.
+    `InferenceSession.run` is thread-safe: concurrent callers each run their own forward."""
     import onnxruntime as ort
 
     from trainer.use.export import META_KEY
@@ -120,13 +151,43 @@ def inference_net(net: torch.nn.Module) -> torch.nn.Module:
         return net.to(memory_format=torch.channels_last)
 
 
+def openvino_model(path, threads: int):
+    """(run: uint8 batch -> probabilities, metadata) of an ONNX export (an int8 one: QDQ) on
+    OpenVINO's CPU plugin.
+
+    Compiled with one stream per `threads` CPUs, so that as many callers as the CPUs allow run
+    their forward at once, each on its own InferRequest (one per calling thread: a request is
+    not thread-safe). Non-quantized operations run in f32 (not the bf16 OpenVINO picks on a CPU
+    with AMX), so the accuracy `kfvision export` checked holds on any CPU. No pinning: the
+    server's decoding threads share the cores.
+    """
+    import openvino as ov
+
+    streams = max(1, (os.cpu_count() or 1) // threads)
+    compiled = ov.Core().compile_model(str(path), "CPU", {
+        "NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": streams * threads,
+        "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": False})
+    local = threading.local()
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        request = getattr(local, "request", None)
+        if request is None:
+            request = local.request = compiled.create_infer_request()
+        request.infer({0: x.contiguous().numpy()})
+        # copied: the output tensor is the request's and the next forward overwrites it
+        return torch.from_numpy(request.get_output_tensor(0).data.copy())
+
+    return run, onnx_metadata(path)
+
+
 class Predictor:
     """A trained model (or its ONNX export) with its classes and evaluation transform, loaded
     once: `preprocess` one file's bytes, `probabilities` of a uint8 batch.
 
     Args:
-        model: a trained model directory (runtime "torch") or an ONNX export ("onnx").
-        runtime: "torch" or "onnx"; None picks "onnx" for a file, "torch" for a folder.
+        model: a trained model directory (runtime "torch") or an ONNX export ("onnx", or
+            "openvino" for an int8 export).
+        runtime: one of RUNTIMES; None picks by `model` (`default_runtime`).
         device: "cpu" or "cuda" (torch runtime only).
         threads: intra-op threads of the forward pass (None: the runtime's default).
     """
@@ -135,7 +196,7 @@ class Predictor:
                  threads: int | None = None):
         model = Path(model)
         self.threads = threads
-        runtime = runtime or ("onnx" if model.is_file() else "torch")
+        runtime = runtime or default_runtime(model)
         check_choice("runtime", runtime, RUNTIMES)
         self.runtime, self.source = runtime, model
         if runtime == "torch":
@@ -147,7 +208,8 @@ class Predictor:
             self._normalize = Normalizer(tuple(info["mean"]), tuple(info["std"]))
             self._run = self._run_torch
         else:
-            self._run, info = _onnx_session(model, threads or torch.get_num_threads())
+            load = onnx_session if runtime == "onnx" else openvino_model
+            self._run, info = load(model, threads or torch.get_num_threads())
         self.classes = list(info["classes"])
         self.image_size = int(info["image_size"])
         self.transform = eval_transform(info["eval_preset"], self.image_size)
