@@ -247,7 +247,20 @@ def trained_model(out: Path = BENCH / "trained") -> tuple[Path, Path, Path]:
     return model, data / "train", check
 
 
-def _sources(model: Path, runtimes: list) -> dict:
+def int8_model(model: Path, train: Path, check: Path) -> tuple[Path, dict]:
+    """(path, its `quantization` metadata): `kfvision export --quantize int8` of `model`,
+    calibrated on `train`, its top-1 checked on `check` against fp32; made once, cached."""
+    from trainer.use.quantize import export_int8
+
+    out = BENCH / "resnet18-224-int8.onnx"
+    meta_file = out.with_suffix(".json")
+    if not (out.is_file() and meta_file.is_file()):
+        meta = export_int8(model, out, train, check)
+        meta_file.write_text(json.dumps(meta["quantization"], indent=1))
+    return out, json.loads(meta_file.read_text())
+
+
+def _sources(model: Path, runtimes: list, train: Path, check: Path) -> dict:
     """{contender name: model path} for the runtimes asked for."""
     sources = {}
     if "torch" in runtimes:
@@ -259,7 +272,22 @@ def _sources(model: Path, runtimes: list) -> dict:
         if not onnx.is_file():
             export(model, "onnx", onnx)
         sources["kfvision-onnx"] = onnx
+    if "int8" in runtimes:
+        sources["kfvision-int8"], q = int8_model(model, train, check)
+        print(f"int8 export: top-1 {q['top1_int8']:.2%} against {q['top1_fp32']:.2%} in fp32 on "
+              f"{q['val_images']} images, calibrated on {q['calibration_images']}", flush=True)
     return sources
+
+
+def _accuracy(runtimes: list) -> str:
+    """The int8 export's accuracy figures, for the table's heading ('' without int8)."""
+    meta = BENCH / "resnet18-224-int8.json"
+    if "int8" not in runtimes or not meta.is_file():
+        return ""
+    q = json.loads(meta.read_text())
+    return (f" kfvision-int8's top-1 on {q['val_images']} held-out images: "
+            f"{q['top1_int8']:.2%} against {q['top1_fp32']:.2%} in fp32 (the same model; "
+            f"calibrated on {q['calibration_images']} training images).")
 
 
 def main(argv=None) -> int:
@@ -278,11 +306,11 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     BENCH.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
-    model, _, _ = trained_model()
+    model, train, check = trained_model()
     bodies = {size: [_body(b) for b in _images(size, a.images)] for size in a.sizes}
     servers = {"plain": Plain(model, BENCH / "plain.log")}
     servers.update({n: Kfvision(m, BENCH / f"{n}.log", a.serve_args.split())
-                    for n, m in _sources(model, a.runtimes).items()})
+                    for n, m in _sources(model, a.runtimes, train, check).items()})
     for v in a.variants:
         n, _, flags = v.partition("=")
         servers[f"kfvision-{n}"] = Kfvision(model, BENCH / f"kfvision-{n}.log",
@@ -317,7 +345,8 @@ def main(argv=None) -> int:
             f"{a.rounds} rounds of {a.seconds:g} s per cell; {describe_cpu()}; "
             f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, "
             f"{os.getloadavg()[0]:.1f} after. Images: "
-            + "; ".join(f"{k}: {SIZES[k][1]}" for k in a.sizes) + "\n\n"
+            + "; ".join(f"{k}: {SIZES[k][1]}" for k in a.sizes) + "." + _accuracy(a.runtimes)
+            + "\n\n"
             + table(results, [n for n in names if n != "plain"] + ["plain"], a.sizes,
                     a.clients))
     print("\n" + text)
