@@ -14,7 +14,6 @@ int8 kernels on a CPU are several times onnxruntime's (docs/serving.md, "int8 on
 
 import io
 import json
-import os
 import threading
 import warnings
 from pathlib import Path
@@ -155,15 +154,17 @@ def openvino_model(path, threads: int):
     """(run: uint8 batch -> probabilities, metadata) of an ONNX export (an int8 one: QDQ) on
     OpenVINO's CPU plugin.
 
-    Compiled with one stream per `threads` CPUs, so that as many callers as the CPUs allow run
-    their forward at once, each on its own InferRequest (one per calling thread: a request is
-    not thread-safe). Non-quantized operations run in f32 (not the bf16 OpenVINO picks on a CPU
-    with AMX), so the accuracy `kfvision export` checked holds on any CPU. No pinning: the
-    server's decoding threads share the cores.
+    Compiled with one stream per `threads` usable CPUs, so that as many callers as the CPUs
+    allow (the server's --model-streams) run their forward at once, each on its own InferRequest
+    (one per calling thread: a request is not thread-safe). Non-quantized operations run in f32
+    (not the bf16 OpenVINO picks on a CPU with AMX), so the accuracy `kfvision export` checked
+    holds on any CPU. No pinning: the server's decoding threads share the cores.
     """
     import openvino as ov
 
-    streams = max(1, (os.cpu_count() or 1) // threads)
+    from trainer.distributed import usable_cpus
+
+    streams = max(1, usable_cpus() // threads)  # a container's CPU limit, not the node's cores
     compiled = ov.Core().compile_model(str(path), "CPU", {
         "NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": streams * threads,
         "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": False})

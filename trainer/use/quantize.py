@@ -133,6 +133,7 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
         InvalidDatasetError: `calibrate` has no images; `check` is unlabelled or has other
             classes. ExportError, InvalidModelDirectoryError: as `export`.
     """
+    from trainer.distributed import usable_cpus
     from trainer.use.export import export
     from trainer.use.predict import onnx_session, openvino_model
 
@@ -144,7 +145,7 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
         meta = export(model_dir, "onnx", work / "fp32.onnx")
         images = calibration_images(calibrate, meta, calibration, progress)
         quantize_onnx(work / "fp32.onnx", work / "int8.onnx", images, progress)
-        threads = os.cpu_count() or 1
+        threads = usable_cpus()
         acc = top1({"fp32": onnx_session(work / "fp32.onnx", threads)[0],
                     "int8": openvino_model(work / "int8.onnx", threads)[0]},
                    check, meta, limit=check_limit, progress=progress)
