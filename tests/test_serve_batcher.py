@@ -128,3 +128,42 @@ def test_streams_bound_the_forward_passes_that_run_at_once(streams):
     assert _run(batcher, *requests) == requests
     assert forward.most == streams and max(forward.sizes) <= 2
     assert sum(forward.sizes) == 12 and batcher.images == 12
+
+
+def _closed_loop(batcher, clients: int, rounds: int, stagger: float = 0.0):
+    """`clients` clients that each send one image, wait for the answer, and send again after
+    10 ms (the network); client k starts after k // 2 * `stagger` seconds."""
+    async def client(k):
+        await asyncio.sleep(k // 2 * stagger)
+        answers = []
+        for _ in range(rounds):
+            answers.append(await _request(batcher, [k]))
+            await asyncio.sleep(0.01)
+        return answers
+
+    async def go():
+        try:
+            return await asyncio.gather(*(client(k) for k in range(clients)))
+        finally:
+            batcher.close()
+    return asyncio.run(go())
+
+
+def test_clients_that_wait_for_their_answers_are_batched_together_not_in_turns():
+    """Four clients whose answers come back while the others' images are in the model: without
+    waiting for the returning ones the passes alternate between halves of them."""
+    forward = Recorder(delay=0.05)
+    batcher = Batcher(forward, max_batch=8, max_wait_s=0.2, decode_threads=4)
+    assert _closed_loop(batcher, 4, 6, stagger=0.03) == [[[k]] * 6 for k in range(4)]
+    # the first pass has the first two clients; from then on all four share each pass (the
+    # last two clients, having started later, finish alone): [2, 4, 4, 4, 4, 4, 2] here; in
+    # turns it would be [2] * 12
+    assert forward.sizes.count(4) >= 4 and len(forward.sizes) <= 8, forward.sizes
+
+
+def test_a_lone_client_sending_again_and_again_never_waits_for_the_window():
+    forward = Recorder()
+    batcher = Batcher(forward, max_batch=8, max_wait_s=2.0, decode_threads=2)
+    start = time.perf_counter()
+    assert _closed_loop(batcher, 1, 5) == [[[0]] * 5]
+    assert time.perf_counter() - start < 1.0 and forward.sizes == [1] * 5

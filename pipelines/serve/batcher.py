@@ -3,9 +3,12 @@
 Requests decode their images on a thread pool (`decode`); the decoded images queue here; up to
 `streams` forward passes run at once, each on its own thread. While they all run, the requests
 that arrive queue up and become the next batch. When a stream is free, a batch starts at once
-unless other requests are still decoding: then it waits for them, up to `max_wait_s` and
-`max_batch` images. A lone client therefore never waits for a window; concurrent clients share
-forward passes, and on a machine with several cores several passes run side by side.
+unless other requests are still decoding, or fewer images are queued than the last pass
+answered plus those that waited for it (the clients that are sending, when each waits for its
+answer before sending again): then it waits for them, up to `max_wait_s` and `max_batch` images.
+A lone client therefore never waits for a window; concurrent clients share forward passes
+instead of taking turns in halves, and on a machine with several cores several passes can run
+side by side.
 """
 
 import asyncio
@@ -34,6 +37,9 @@ class Batcher:
         self._decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="decode")
         self._forward_pool = ThreadPoolExecutor(streams, thread_name_prefix="forward")
         self._running: set[asyncio.Task] = set()  # forward passes under way
+        # images answered by the last pass plus those queued when it ended: the clients that are
+        # sending, when clients wait for their answer before sending again
+        self._expect = 0
         self._queue: list = []  # (images [n, 3, S, S], future)
         self._decoding = 0  # requests between `decode` and `submit`
         self._changed: asyncio.Event | None = None
@@ -78,10 +84,12 @@ class Batcher:
         return sum(len(x) for x, _ in self._queue)
 
     async def _gather(self) -> None:
-        """Wait (up to max_wait_s) while others are decoding and the batch is not full."""
+        """Wait (up to max_wait_s) while others are decoding, or fewer images are queued than
+        the last batch's clients (`_expect`), and the batch is not full."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.max_wait_s
-        while self._decoding and self._queued() < self.max_batch:
+        want = min(self.max_batch, max(1, self._expect))
+        while (self._decoding or self._queued() < want) and self._queued() < self.max_batch:
             left = deadline - loop.time()
             if left <= 0:
                 return
@@ -133,6 +141,7 @@ class Batcher:
             self._notify()  # a stream is free
         self.batches += 1
         self.images += len(batch)
+        self._expect = len(batch) + self._queued()
         start = 0
         for x, future in taken:
             if not future.done():
