@@ -41,7 +41,7 @@ bench: setup ## throughput vs the usual way (input pipeline, training, serving, 
 	$(PY) -m bench.train --dataset digits --rounds 3 --epochs 3
 	$(PY) -m bench.train --dataset jpeg --images 256 --archs resnet18 resnet50 \
 		--image-size 224 --batch-size 16 --epochs 2 --rounds 1
-	$(PY) -m bench.serve --rounds 3 --seconds 10 --runtimes torch
+	$(PY) -m bench.serve --rounds 3 --seconds 10 --runtimes torch int8
 	$(PY) -m bench.manifest --images 20000 200000
 	$(PY) -m bench.s3 --images 1000 10000 --connections 4 16
 
