@@ -23,6 +23,7 @@ mapping import it when they run, so `kfvision job render` never pays for it.
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -65,6 +66,13 @@ def dns1123_problem(what: str, value, subdomain: bool = False) -> str | None:
                 "letters, digits and '-'" + (" (and '.')" if subdomain else "")
                 + ", starting and ending with a letter or digit")
     return None
+
+
+def quantity(text) -> int:
+    """A Kubernetes quantity as resource.Quantity.Value() gives it: rounded up (1500m -> 2).
+    Plain numbers and millis only (what CPU and GPU counts are written as); ValueError else."""
+    text = str(text).strip()
+    return math.ceil(int(text[:-1]) / 1000 if text.endswith("m") else float(text))
 
 
 class KubernetesError(KfvisionError):

@@ -123,6 +123,17 @@ def test_predictor_runs_kfvision_serve_on_the_mounted_model(config):
                                                                     cfg.max_replicas)
 
 
+@pytest.mark.parametrize("cpu, threads", [("1", "1"), ("500m", "1"), ("2.5", "3"), ("4", "4"),
+                                          ("1500m", "2")])
+def test_server_threads_follow_the_cpu_request_not_the_nodes_cores(cpu, threads):
+    """The predictor has a CPU request and no limit: inside, every core of the node is visible."""
+    c = build_inference_service(DeployConfig(**{**BASE, "cpu": cpu}))["spec"]["predictor"][
+        "containers"][0]
+    args = dict(zip(c["args"][1::2], c["args"][2::2]))
+    assert args["--model-threads"] == args["--workers"] == threads
+    assert c["resources"]["requests"]["cpu"] == cpu
+
+
 @pytest.mark.parametrize("change, words", [
     ({"name": "Digits"}, "lower-case"),
     ({"name": "9digits"}, "starts with a letter"),
@@ -133,6 +144,8 @@ def test_predictor_runs_kfvision_serve_on_the_mounted_model(config):
     ({"image": ""}, "image is empty"),
     ({"gpus": -1}, "gpus"),
     ({"min_replicas": 3, "max_replicas": 2}, "max-replicas"),
+    ({"cpu": "two"}, "cpu = 'two' is not a CPU request"),
+    ({"cpu": "0"}, "millicores"),
 ])
 def test_bad_config_is_refused_naming_the_field(change, words):
     with pytest.raises(InvalidParameterError, match=words):

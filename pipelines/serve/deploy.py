@@ -10,7 +10,7 @@ scrapes its /metrics.
 import re
 from dataclasses import dataclass
 
-from pipelines.k8s import GPU_RESOURCE, dns1123_problem
+from pipelines.k8s import GPU_RESOURCE, dns1123_problem, quantity
 from trainer.errors import InvalidParameterError
 from trainer.options import check_options, option, ref_of
 
@@ -59,7 +59,8 @@ class DeployConfig:
                                high=1000)
     max_replicas: int = option(1, "replicas at most (at least --min-replicas)", low=1,
                                high=1000)
-    cpu: str = option("1", "CPU request per replica")
+    cpu: str = option("1", "CPU request per replica (cores or millicores); `kfvision serve` "
+                      "sizes its threads from it, rounded up")
     memory: str = option("2Gi", "memory request and limit per replica")
     max_batch_size: int | None = option(None, "passed to `kfvision serve`",
                                         unset="kfvision serve's")
@@ -92,6 +93,15 @@ class DeployConfig:
         if not self.image:
             raise InvalidParameterError(f"{ref_of(DeployConfig, 'image')} is empty: give the "
                                         "kfvision image to run")
+        try:
+            cores = quantity(self.cpu)
+        except ValueError:
+            cores = 0
+        if cores < 1:
+            raise InvalidParameterError(
+                f"{ref_of(DeployConfig, 'cpu')} = {self.cpu!r} is not a CPU request kfvision "
+                "serve can size its threads from: give cores ('1', '2.5') or millicores "
+                "('500m').")
         check_options(self)  # ranges, as declared
         if self.max_replicas < self.min_replicas:
             low, high = ref_of(DeployConfig, "min_replicas"), ref_of(DeployConfig, "max_replicas")
@@ -103,7 +113,11 @@ class DeployConfig:
 
 def serve_args(cfg: DeployConfig) -> list[str]:
     """The container's arguments: `kfvision serve` on the mounted model."""
-    args = ["serve", "--model", MODEL_MOUNT, "--name", cfg.name, "--http-port", str(PORT)]
+    # Threads from the CPU request: the pod has no CPU limit, so the server would otherwise count
+    # the node's cores, and an OpenMP team that wide on a busy node stalls at every barrier.
+    cores = str(quantity(cfg.cpu))
+    args = ["serve", "--model", MODEL_MOUNT, "--name", cfg.name, "--http-port", str(PORT),
+            "--model-threads", cores, "--workers", cores]
     if cfg.gpus:
         args += ["--device", "cuda"]
     if cfg.max_batch_size is not None:

@@ -17,7 +17,6 @@ failed Job goes through the JobSet's `failurePolicy` rules (FailJobSet, or Resta
 node again, counted against `maxRestarts`). The TrainJob completes when every node has succeeded.
 """
 
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -51,6 +50,7 @@ from pipelines.jobs.trainjob.rules import (
     runtime_jobs,
     validate_trainjob,
 )
+from pipelines.k8s import quantity
 from trainer.upstream import (
     TRAINER_CA_CERT_FILE,
     TRAINER_SERVER_CA_CERT,
@@ -135,12 +135,6 @@ class StatusEndpoint:
     secrets_dir: Path
 
 
-def _quantity(text) -> int:
-    """A Kubernetes quantity as resource.Quantity.Value() gives it: rounded up (1500m -> 2)."""
-    text = str(text)
-    return math.ceil(int(text[:-1]) / 1000 if text.endswith("m") else float(text))
-
-
 def _node_resources(job: dict, runtime: dict) -> dict:
     """trainer.resourcesPerNode, else the runtime's `node` container's resources (torch.go:
     runtime.ExtractResourcePerNodeFromRuntime, overridden by the TrainJob's when it has any)."""
@@ -160,7 +154,7 @@ def _gpus(resources: dict) -> int:
     """runtime.GetNumGPUPerNode: the first resource whose name contains "gpu" (any case) in the
     requests, else in the limits when that is 0."""
     def first(listed):
-        return next((_quantity(v) for k, v in (listed or {}).items() if "gpu" in k.lower()), 0)
+        return next((quantity(v) for k, v in (listed or {}).items() if "gpu" in k.lower()), 0)
 
     return first(resources.get("requests")) or first(resources.get("limits"))
 
@@ -168,10 +162,10 @@ def _gpus(resources: dict) -> int:
 def _cpus(resources: dict) -> int:
     """torch.go getNumCPUPerNode: requests.cpu unless absent or zero, else limits.cpu, else 0."""
     request = (resources.get("requests") or {}).get("cpu")
-    if request is not None and _quantity(request) != 0:
-        return _quantity(request)
+    if request is not None and quantity(request) != 0:
+        return quantity(request)
     limit = (resources.get("limits") or {}).get("cpu")
-    return _quantity(limit) if limit is not None else 0
+    return quantity(limit) if limit is not None else 0
 
 
 def torch_env(job: dict, index: int, master_addr: str | None = None,
