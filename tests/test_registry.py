@@ -3,6 +3,7 @@ registered model as `models:/NAME/VERSION`: idempotent by content, named errors,
 as the directory."""
 
 import csv
+import json
 
 import pytest
 
@@ -87,7 +88,6 @@ class FakeModelRegistry:
     def __init__(self, spec: dict):
         import http.server
         import itertools
-        import json
         import re
         import threading
         import urllib.parse
@@ -221,15 +221,19 @@ def test_deploy_render_takes_registered_versions(mlflow_server, monkeypatch, cap
     assert "RegistryError" in capsys.readouterr().err
 
 
-def test_the_register_step_gates_on_accuracy_and_mlflow_then_registers_once(
-        mlflow_server, trained_tiny, tmp_path, capsys):
-    import json
-
-    from pipelines.register_step import register_step
-
+def _evaluation(tmp_path, accuracy: float):
+    """An evaluate-model step's output folder: metrics.json with this accuracy."""
     evaluation = tmp_path / "evaluation"
     evaluation.mkdir()
-    (evaluation / "metrics.json").write_text(json.dumps({"accuracy": 0.5}))
+    (evaluation / "metrics.json").write_text(json.dumps({"accuracy": accuracy}))
+    return evaluation
+
+
+def test_the_register_step_gates_on_accuracy_and_mlflow_then_registers_once(
+        mlflow_server, trained_tiny, tmp_path, capsys):
+    from pipelines.register_step import register_step
+
+    evaluation = _evaluation(tmp_path, accuracy=0.5)
     env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_EXPERIMENT_NAME": "steps"}
     low = register_step(trained_tiny, evaluation, name="gated", min_accuracy=0.9, environ=env)
     assert not low["registered"] and "below register_min_accuracy" in low["reason"]
@@ -246,13 +250,9 @@ def test_the_register_step_gates_on_accuracy_and_mlflow_then_registers_once(
 
 def test_the_register_step_registers_into_the_kubeflow_registry_with_registry_kubeflow(
         fake_registry, trained_tiny, tmp_path, capsys):
-    import json
-
     from pipelines.register_step import register_step
 
-    evaluation = tmp_path / "evaluation"
-    evaluation.mkdir()
-    (evaluation / "metrics.json").write_text(json.dumps({"accuracy": 0.5}))
+    evaluation = _evaluation(tmp_path, accuracy=0.5)
     env = {"KFVISION_REGISTRY_URL": fake_registry.url}
     no_uri = register_step(trained_tiny, evaluation, name="digits", min_accuracy=0.0,
                            environ=env, registry="kubeflow")

@@ -161,13 +161,17 @@ def openvino_model(path, threads: int):
     holds on any CPU. No pinning: the server's decoding threads share the cores.
     """
     import openvino as ov
+    import openvino.properties as props
+    import openvino.properties.hint as hints
 
     from trainer.distributed import usable_cpus
 
     streams = max(1, usable_cpus() // threads)  # a container's CPU limit, not the node's cores
+    # the property names from openvino's own constants (NUM_STREAMS, INFERENCE_NUM_THREADS,
+    # INFERENCE_PRECISION_HINT, ENABLE_CPU_PINNING in openvino 2026.4.1)
     compiled = ov.Core().compile_model(str(path), "CPU", {
-        "NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": streams * threads,
-        "INFERENCE_PRECISION_HINT": "f32", "ENABLE_CPU_PINNING": False})
+        props.num_streams(): streams, props.inference_num_threads(): streams * threads,
+        hints.inference_precision(): ov.Type.f32, hints.enable_cpu_pinning(): False})
     local = threading.local()
 
     def run(x: torch.Tensor) -> torch.Tensor:
