@@ -263,3 +263,20 @@ def test_two_nodes_of_two_train_like_one_node_of_four(tmp_path, tiny_digits, res
     assert w_2x2.keys() == w_1x4.keys()
     assert all(torch.allclose(w_2x2[k].float(), w_1x4[k].float(), rtol=1e-5, atol=1e-6)
                for k in w_2x2)
+
+
+def test_stopping_reaps_a_replica_whose_popen_lock_an_interrupt_left_taken(tmp_path, monkeypatch):
+    """Ctrl-C landing inside Popen.poll() between taking its waitpid lock and its `try` leaves
+    the lock taken (CPython 3.11); stop_all must not then wait for ever on Popen.wait()."""
+    from pipelines.jobs import procs
+
+    monkeypatch.setattr(procs, "REAP_S", 0.5)
+    r = procs.ReplicaProcess("worker-0", ["sleep", "300"], dict(os.environ),
+                             tmp_path / "w.log", lambda *_: None)
+    r.start()
+    assert r.proc._waitpid_lock.acquire(False)  # what the interrupted poll() left behind
+    start = time.monotonic()
+    procs.stop_all([r], grace_s=0.5)
+    assert time.monotonic() - start < 10
+    assert r.proc.returncode in (-signal.SIGTERM, -signal.SIGKILL)
+    assert _alive([r.proc.pid]) == []

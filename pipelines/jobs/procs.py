@@ -155,10 +155,26 @@ def stop_all(replicas: list, grace_s: float = 5.0) -> None:
             _wait_gone(replicas, grace_s)
     for r in replicas:
         if r.proc is not None:
-            r.proc.wait()
+            reap(r.proc)
             if r._pump is not None:
                 r._pump.join(timeout=2.0)
     _wait_gone(replicas, 2.0)
+
+
+REAP_S = 5.0  # how long `reap` lets Popen.wait try before it calls waitpid itself
+
+
+def reap(proc: subprocess.Popen) -> None:
+    """Wait for a process that was sent SIGKILL. Popen.wait() alone can block for ever: a
+    KeyboardInterrupt (Ctrl-C) that lands inside Popen.poll() after it took its waitpid lock and
+    before its `try` (CPython 3.11 subprocess.py, _internal_poll) leaves the lock taken, and every
+    later wait() queues on it. Then the child is reaped with os.waitpid directly."""
+    try:
+        proc.wait(timeout=REAP_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ChildProcessError):  # reaped meanwhile
+            _, status = os.waitpid(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
 
 
 def _wait_gone(replicas: list, seconds: float) -> None:
