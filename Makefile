@@ -71,7 +71,7 @@ manifests: setup ## regenerate manifests/pytorchjob-example.yaml with `kfvision 
 
 .PHONY: docs
 docs: setup ## rewrite the generated parts of README.md and docs/*.md (option tables) from the code
-	$(PY) -m pipelines.docgen
+	$(PY) -m tools.docgen
 
 .PHONY: golden-pipeline pipeline
 

@@ -1,4 +1,5 @@
-"""Fetching an s3:// dataset: `pipelines.s3sync.fetch` against a plain sequential boto3 loop, on the
+"""Fetching an s3:// dataset: `pipelines.clients.s3sync.fetch`
+against a plain sequential boto3 loop, on the
 same S3 API server, in one run.
 
 For each size N (`--images`) N small PNGs (10 class folders, 16x16 to 32x32, every object's bytes
@@ -99,7 +100,7 @@ def _plain_loop(uri: str, dest: Path) -> dict:
 
 
 def _kfvision(uri: str, dest: Path, connections: int) -> dict:
-    from pipelines.s3sync import fetch
+    from pipelines.clients.s3sync import fetch
 
     start = time.perf_counter()
     got = fetch(uri, dest, max_connections=connections, progress=False)
@@ -110,7 +111,7 @@ def _kfvision(uri: str, dest: Path, connections: int) -> dict:
 def _child(args) -> None:
     import boto3  # noqa: F401  (imported before the clock, as the library's own import is)
 
-    import pipelines.s3sync  # noqa: F401
+    import pipelines.clients.s3sync  # noqa: F401
 
     dest = Path(args.dest)
     result = (_plain_loop(args.uri, dest) if args.phase == "plain" else

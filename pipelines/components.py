@@ -1,4 +1,4 @@
-"""The KFP v2 components of kfvision: thin shells over pipelines.steps and pipelines.train_step.
+"""The KFP v2 components of kfvision: thin shells over pipelines.steps and pipelines.steps.train.
 
 Each is a Lightweight Python Component whose body imports one ordinary function, calls it with the
 local paths of its artifacts and its parameters, and logs what the KFP UI shows. The image (the
@@ -62,8 +62,8 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
     """Validate every parameter of the pipeline (fail before any heavy work); returns the
     model family ("resnet" or "densenet") of model_name."""
     params = dict(locals())  # first statement: exactly the parameters
-    from pipelines.steps import check_parameters as check
-    from pipelines.steps import run
+    from pipelines.steps.check import check_parameters as check
+    from pipelines.steps.common import run
 
     return run(check, **params)
 
@@ -71,7 +71,7 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
 @component
 def prepare_workspace(workspace: str):
     """Make the run's workspace writable by the steps and the job (run as root, once)."""
-    from pipelines.steps import run
+    from pipelines.steps.common import run
     from pipelines.storage import prepare_workspace as prepare
 
     print(run(prepare, workspace))
@@ -83,7 +83,8 @@ def convert_to_image_directory(source: str, image_directory: Output[Dataset],
     """Convert to Image Directory: a folder, archive or http(s) URL of labelled images. The
     output is the manifest (and samples.jpg): images already on a volume stay there, an
     archive is extracted once into the run's data place."""
-    from pipelines.steps import convert_step, resolve_mode, run
+    from pipelines.steps.common import resolve_mode, run
+    from pipelines.steps.data import convert_step
     from pipelines.storage import data_place
 
     place = data_place(workspace, run_id, cluster=resolve_mode("auto") == "cluster")
@@ -98,7 +99,8 @@ def split_image_directory(image_directory: Input[Dataset], train: Output[Dataset
                           random_seed: int = 1, workspace: str = ""):
     """Split Image Directory: `fraction` of each class to train, the rest to validation (two
     manifests over the same images)."""
-    from pipelines.steps import run, split_step
+    from pipelines.steps.common import run
+    from pipelines.steps.data import split_step
 
     counts = run(split_step, image_directory.path, train.path, validation.path, fraction,
                  random_seed)
@@ -112,7 +114,8 @@ def split_image_directory(image_directory: Input[Dataset], train: Output[Dataset
 def resnet(model: Output[Model], model_name: str = "resnet18", pretrained: bool = False,
            zero_init_residual: bool = False):
     """ResNet: an untrained torchvision ResNet/ResNeXt/Wide ResNet model directory."""
-    from pipelines.steps import model_step, run
+    from pipelines.steps.common import run
+    from pipelines.steps.model import model_step
 
     model.metadata.update(run(model_step, model.path, model_name, pretrained,
                               zero_init_residual=zero_init_residual))
@@ -122,7 +125,8 @@ def resnet(model: Output[Model], model_name: str = "resnet18", pretrained: bool 
 def densenet(model: Output[Model], model_name: str = "densenet121", pretrained: bool = False,
              memory_efficient: bool = False):
     """DenseNet: an untrained torchvision DenseNet model directory."""
-    from pipelines.steps import model_step, run
+    from pipelines.steps.common import run
+    from pipelines.steps.model import model_step
 
     model.metadata.update(run(model_step, model.path, model_name, pretrained,
                               memory_efficient=memory_efficient))
@@ -147,8 +151,9 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
     params = dict(locals())  # first statement: exactly the parameters
     from pipelines.params import job_settings, train_options
     from pipelines.report import curves_html
-    from pipelines.steps import push_model_step, run, unique_run_key
-    from pipelines.train_step import job_summary, train_step
+    from pipelines.steps.common import run, unique_run_key
+    from pipelines.steps.model import push_model_step
+    from pipelines.steps.train import job_summary, train_step
 
     summary = run(train_step, model.path, train.path, validation.path, trained_model.path,
                   job.path, options=train_options(**params),
@@ -172,7 +177,8 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
 def score_image_model(trained_model: Input[Model], image_directory: Input[Dataset],
                       scored: Output[Dataset], workspace: str = ""):
     """Score Image Model: one CSV row per image, predicted label and class probabilities."""
-    from pipelines.steps import run, score_step
+    from pipelines.steps.common import run
+    from pipelines.steps.use import score_step
 
     result = run(score_step, trained_model.path, image_directory.path, scored.path)
     print(f"scored {result['rows']} images" + ("" if result["accuracy"] is None else
@@ -188,7 +194,8 @@ def evaluate_model(scored: Input[Dataset], metrics: Output[Metrics],
     from pathlib import Path
 
     from pipelines.report import evaluation_html
-    from pipelines.steps import evaluate_step, run
+    from pipelines.steps.common import run
+    from pipelines.steps.use import evaluate_step
 
     m = run(evaluate_step, scored.path, evaluation.path)
     out = Path(evaluation.path)
@@ -218,8 +225,8 @@ def deploy_model(trained_model: Input[Model], validation: Input[Dataset],
     """Deploy Model: if accurate enough, a KServe InferenceService on the cluster; locally the
     model served by `kfvision serve` and checked over v1 and v2 against the scored labels. The
     version the register step registered, when it did, is what is served."""
-    from pipelines.deploy_step import deploy_step
-    from pipelines.steps import run
+    from pipelines.steps.common import run
+    from pipelines.steps.deploy import deploy_step
 
     figures = run(deploy_step, trained_model.path, validation.path, evaluation.path,
                   deployment.path, name=deploy_name,
@@ -239,10 +246,10 @@ def register_model(trained_model: Input[Model], evaluation: Input[Artifact],
                    register_min_accuracy: float = 0.0, registry: str = "mlflow",
                    model_uri: str = ""):
     """Register Model: if named and accurate enough, a version of `register_name` in `registry`,
-    MLflow's or Kubeflow's (pipelines.register_step); otherwise it says why and succeeds.
+    MLflow's or Kubeflow's (pipelines.steps.register); otherwise it says why and succeeds.
     `registration` (a folder) tells the deploy step what was registered."""
-    from pipelines.register_step import register_step
-    from pipelines.steps import run
+    from pipelines.steps.common import run
+    from pipelines.steps.register import register_step
 
     got = run(register_step, trained_model.path, evaluation.path, name=register_name,
               min_accuracy=register_min_accuracy, pipeline_run=run_id, registry=registry,

@@ -94,7 +94,7 @@ def _tracking(folder: Path) -> dict | None:
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return {"uri": os.environ["MLFLOW_TRACKING_URI"], "ui": "the MLflow UI of that server"}
     try:
-        from pipelines.registry import local_store
+        from pipelines.clients.registry import local_store
 
         store = local_store(folder)
     except ImportError:  # mlflow not installed: the demo runs untracked
@@ -108,8 +108,8 @@ def _tracking(folder: Path) -> dict | None:
 
 def _register(run, tracking: dict) -> None:
     """Say which version the register step made (registering again finds it by content)."""
+    from pipelines.clients.registry import register_mlflow
     from pipelines.localrun import find
-    from pipelines.registry import register_mlflow
 
     model = find(run, "train-pytorch-model", "trained_model")
     got = register_mlflow(model, DEMO_REGISTER,

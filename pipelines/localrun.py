@@ -101,7 +101,7 @@ def run_local_pipeline(arguments: dict, out) -> LocalPipelineRun:
     from kfp import local
 
     from pipelines.pipeline import PIPELINE_NAME, build_pipeline, parameter_defaults
-    from pipelines.steps import check_parameters
+    from pipelines.steps.check import check_parameters
     from pipelines.storage import LOCAL
 
     arguments = local_arguments(arguments)

@@ -9,10 +9,10 @@ function, the components): tests/test_options.py checks them against these decla
 
 from dataclasses import dataclass
 
+from pipelines.clients.registry import REGISTRIES
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.kinds import KINDS
 from pipelines.jobs.trainjob.rules import STOCK_RUNTIME
-from pipelines.registry import REGISTRIES
 from trainer.config import TrainConfig
 from trainer.options import option, options_of
 
@@ -113,7 +113,7 @@ def train_options(**params) -> dict:
 
 def job_settings(**params) -> dict:
     """The pipeline's job parameters in `params`, by their pipeline names (other keys are
-    ignored): what pipelines.steps.job_config takes."""
+    ignored): what pipelines.steps.train.job_config takes."""
     return {o.param: params[o.param] for o in JOB_OPTIONS}
 
 

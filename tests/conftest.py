@@ -147,7 +147,7 @@ class S3Bucket:
     """A fresh bucket on the test server, and helpers to fill it."""
 
     def __init__(self, name: str, endpoint: str):
-        from pipelines import s3
+        from pipelines.clients import s3
 
         self.name, self.endpoint = name, endpoint
         self.client = s3.client()
@@ -173,7 +173,7 @@ def s3_bucket(s3_endpoint, monkeypatch, tmp_path, request) -> S3Bucket:
     files), and a new bucket named after the test."""
     import re
 
-    from pipelines import s3
+    from pipelines.clients import s3
 
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_CA_BUNDLE"):
         monkeypatch.delenv(name, raising=False)

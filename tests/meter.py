@@ -14,7 +14,7 @@ untrained, trained, checkpoints), `download`, and `metadata` (manifests, the pic
 steps draw, tables, pages, metrics, logs). "Moved per dataset byte" is everything but the model
 and the download over the bytes of the source's images.
 
-The cluster branch runs the steps' own functions (pipelines.steps, pipelines.train_step) in
+The cluster branch runs the steps' own functions (pipelines.steps, pipelines.steps.train) in
 this process, as the KFP components call them, with temporary folders standing in for the data
 PVC, the KFP workspace and each pod's local disk, KFP's artifact passing done by copying, and a
 FAKE Kubernetes API (no API server can run here) whose `submit` runs the rendered job as local

@@ -185,22 +185,22 @@ def _importers(*packages: str) -> set:
 
 
 def test_one_module_talks_to_kubernetes():
-    """Every API call, and the one mapping of its failures, is pipelines/k8s.py's."""
-    assert _importers("kubernetes") == {"pipelines.k8s"}
+    """Every API call, and the one mapping of its failures, is pipelines/clients/k8s.py's."""
+    assert _importers("kubernetes") == {"pipelines.clients.k8s"}
 
 
 def test_one_module_talks_to_object_storage():
-    """Every S3 call, and the one mapping of its failures, is pipelines/s3.py's."""
-    assert _importers("boto3", "botocore", "s3transfer", "s3fs") == {"pipelines.s3"}
+    """Every S3 call, and the one mapping of its failures, is pipelines/clients/s3.py's."""
+    assert _importers("boto3", "botocore", "s3transfer", "s3fs") == {"pipelines.clients.s3"}
 
 
 def test_one_module_talks_to_each_tracking_and_registry_server():
     """MLflow's tracking API is trainer/tracking.py's (the trainer cannot import pipelines/), its
-    registry and Kubeflow's Model Registry are pipelines/registry.py's; the registry module
+    registry and Kubeflow's Model Registry are pipelines/clients/registry.py's; the registry module
     classifies MLflow's failures through trainer.tracking.failure, so there is one mapping."""
-    assert _importers("mlflow") <= {"trainer.tracking", "pipelines.registry"}
+    assert _importers("mlflow") <= {"trainer.tracking", "pipelines.clients.registry"}
     assert "trainer.tracking" in _importers("mlflow")
-    assert _importers("model_registry") <= {"pipelines.registry"}
+    assert _importers("model_registry") <= {"pipelines.clients.registry"}
 
 
 # Names other platforms define, and the one module of ours that may spell them (docs/upstream.md
@@ -217,7 +217,7 @@ PLATFORM_NAMES = {
     "katib.kubeflow.org/": {"pipelines.tune.katib_rules"},
     "serving.kserve.io": {"pipelines.serve.deploy"},
     "KUBEFLOW_TRAINER_": {"trainer.upstream"},
-    "nvidia.com/gpu": {"pipelines.k8s"},
+    "nvidia.com/gpu": {"pipelines.clients.k8s"},
 }
 
 

@@ -130,7 +130,8 @@ current-context: x
 
 def test_job_deploy_and_tune_fail_alike_when_the_api_server_is_unreachable(
         tmp_path, monkeypatch, capsys):
-    """One Kubernetes layer (pipelines/k8s.py): the same failure gives the same named line and
+    """One Kubernetes layer (pipelines/clients/k8s.py): the same failure gives the same named line
+and
     exit code whichever command met it. Nothing listens on the port of the kubeconfig."""
     endpoint = f"https://127.0.0.1:{_free_port()}"
     monkeypatch.setenv("KUBECONFIG", _kubeconfig(tmp_path / "kubeconfig", endpoint))

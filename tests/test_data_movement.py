@@ -14,13 +14,17 @@ from pathlib import Path
 import pytest
 from meter import ClusterBranch, Meter, files, local_run_meter
 
-from pipelines import steps, train_step
+from pipelines.clients.k8s import KubernetesError
 from pipelines.jobs import cluster
 from pipelines.jobs.kinds import PYTORCHJOB
 from pipelines.jobs.pytorchjob.local import run_local
-from pipelines.k8s import KubernetesError
 from pipelines.params import train_options
 from pipelines.pipeline import parameter_defaults
+from pipelines.steps import data as data_steps
+from pipelines.steps import train as train_step
+from pipelines.steps.data import convert_step, split_step
+from pipelines.steps.model import model_step
+from pipelines.steps.use import evaluate_step, score_step
 from pipelines.storage import data_place
 from trainer.data.imagedir import read_image_directory
 
@@ -94,13 +98,13 @@ def cluster_run(tmp_path, monkeypatch, source: str, *, pvc: Path | None, workspa
     monkeypatch.setattr(cluster, "submit", submit)
     place = data_place(str(ws) if ws else "", "run-1", cluster=True,
                        mounted=lambda p: pvc is not None, data_mount=str(mount))
-    _, conv = branch.run("convert", steps.convert_step, {}, ("image_directory",), source,
+    _, conv = branch.run("convert", convert_step, {}, ("image_directory",), source,
                          place=place)
     # what the step downloaded (into its data place; deleted again once extracted)
     meter.steps["convert"]["download"] += sum(size for _, size in downloads)
-    _, split = branch.run("split", steps.split_step, conv, ("train", "validation"),
+    _, split = branch.run("split", split_step, conv, ("train", "validation"),
                           fraction=0.75, random_seed=1)
-    _, model = branch.run("model", steps.model_step, {}, ("model",),
+    _, model = branch.run("model", model_step, {}, ("model",),
                           model_name="resnet18", pretrained=False)
     settings = {k: parameter_defaults()[k] for k in JOB_KEYS}
     summary, trained = branch.run(
@@ -108,10 +112,10 @@ def cluster_run(tmp_path, monkeypatch, source: str, *, pvc: Path | None, workspa
         options=OPTIONS, settings=settings, run_key="run-1/train-pytorch-model", mode="cluster",
         pvc_name="data" if pvc else "", kind="pytorchjob", workspace=str(ws) if ws else "")
     assert summary["epochs_run"] == 1
-    _, scored = branch.run("score", steps.score_step,
+    _, scored = branch.run("score", score_step,
                            {"model": trained["trained_model"], "data": split["validation"]},
                            ("scored",))
-    branch.run("evaluate", steps.evaluate_step, scored, ("evaluation",))
+    branch.run("evaluate", evaluate_step, scored, ("evaluation",))
     return meter
 
 
@@ -145,12 +149,12 @@ def test_an_https_archive_is_downloaded_once_and_extracted_once_into_the_workspa
     threading.Thread(target=server.serve_forever, daemon=True).start()
     downloads = []
 
-    def fetch(url, dest, fetch=steps._fetch):  # the download is deleted once extracted
+    def fetch(url, dest, fetch=data_steps._fetch):  # the download is deleted once extracted
         path = fetch(url, dest)
         downloads.append((path, path.stat().st_size))
         return path
 
-    monkeypatch.setattr(steps, "_fetch", fetch)
+    monkeypatch.setattr(data_steps, "_fetch", fetch)
     try:
         meter = cluster_run(tmp_path, monkeypatch,
                             f"http://127.0.0.1:{server.server_port}/photos.tar.gz", pvc=None,

@@ -12,7 +12,7 @@ from conftest import REPO, FakeClock
 from kubernetes.client.exceptions import ApiException
 
 from pipelines.cli import main
-from pipelines.k8s import Api, KubernetesError, WaitTimeoutError
+from pipelines.clients.k8s import Api, KubernetesError, WaitTimeoutError
 from pipelines.serve import cluster
 from pipelines.serve.deploy import DeployConfig, build_inference_service
 

@@ -7,10 +7,10 @@ import pytest
 import yaml
 from test_deploy_cluster import NOT_READY, READY, FakeKServe, client_for
 
-from pipelines import deploy_step as step
-from pipelines import steps
 from pipelines.params import parameter_name
 from pipelines.pipeline import parameter_defaults
+from pipelines.steps import deploy as step
+from pipelines.steps.check import check_parameters
 from trainer.errors import InvalidParameterError
 from trainer.use.evaluate import evaluate
 from trainer.use.score import score
@@ -103,15 +103,15 @@ def test_bad_deploy_parameters_are_refused_before_anything_runs(tiny_digits, ove
     params = {**parameter_defaults(), "train_source": str(tiny_digits["raw"] / "train"),
               "execution_mode": "local", **over}
     with pytest.raises(InvalidParameterError) as e:
-        steps.check_parameters(**params)
+        check_parameters(**params)
     assert message in e.value.named(parameter_name)  # as the step's log names it
-    steps.check_parameters(**{**params, "deploy": False, "deploy_min_accuracy": 0.5,
+    check_parameters(**{**params, "deploy": False, "deploy_min_accuracy": 0.5,
                               "registry": "kubeflow"})
 
 
 def test_the_registered_version_is_what_is_served_locally_and_on_a_cluster(
         mlflow_server, trained_tiny, tiny_digits, evaluation, tmp_path, monkeypatch, capsys):
-    from pipelines.register_step import register_step
+    from pipelines.steps.register import register_step
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)

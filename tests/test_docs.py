@@ -1,4 +1,4 @@
-"""The generated parts of README.md and docs/*.md (pipelines/docgen.py, `make docs`) are what the
+"""The generated parts of README.md and docs/*.md (tools/docgen.py, `make docs`) are what the
 declarations give today: an option added, renamed or given a new default fails here until the
 docs are regenerated."""
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from pipelines import docgen
+from tools import docgen
 
 
 def test_committed_docs_are_what_make_docs_writes():
@@ -64,6 +64,6 @@ def test_links_are_relative_to_the_page():
 
 
 def test_generating_the_docs_does_not_import_torch():
-    code = ("import sys; from pipelines import docgen; docgen.generate(); "
+    code = ("import sys; from tools import docgen; docgen.generate(); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)

@@ -18,13 +18,13 @@ from conftest import REPO, FakeClock
 from kubernetes.client.exceptions import ApiException
 
 from pipelines.cli import main
-from pipelines.connect import EndpointAuthError
+from pipelines.clients.endpoints import EndpointAuthError
+from pipelines.clients.k8s import Api, KubernetesError
 from pipelines.jobs import cluster
 from pipelines.jobs.cluster import JobClient, job_state, submit
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import JobFailedError, JobTimeoutError
 from pipelines.jobs.pytorchjob.build import build_pytorchjob
-from pipelines.k8s import Api, KubernetesError
 from trainer.config import TrainConfig
 from trainer.errors import KfvisionError
 
@@ -275,7 +275,7 @@ def test_kubernetes_errors_name_kind_namespace_and_name(status, verb, words):
 
 def test_refused_credentials_are_an_auth_error_exit_77():
     """401: the README's EndpointAuthError (77), from jobs, Experiments and InferenceServices
-    alike (pipelines/k8s.py maps it once)."""
+    alike (pipelines/clients/k8s.py maps it once)."""
     error = ApiException(status=401, reason="Unauthorized")
     fake = FakeCluster([RUNNING], fail={("create", "pytorchjobs"): error})
     with pytest.raises(EndpointAuthError) as e:
@@ -328,8 +328,8 @@ def test_the_role_grants_exactly_the_calls_the_train_step_makes(tmp_path, monkey
 
 
 def test_the_train_step_gives_the_job_the_workspace_claim_of_its_own_pod(monkeypatch):
-    from pipelines import train_step
     from pipelines.jobs.config import Volume
+    from pipelines.steps import train as train_step
     from trainer.errors import InvalidParameterError
 
     fake = FakeCluster([RUNNING])

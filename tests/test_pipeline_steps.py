@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines import steps, train_step
+from pipelines.clients.k8s import Api, KubernetesError
 from pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB
-from pipelines.k8s import Api, KubernetesError
 from pipelines.params import job_options, train_options
 from pipelines.pipeline import parameter_defaults
 from pipelines.report import curves_html, evaluation_html
+from pipelines.steps import train as train_step
+from pipelines.steps.check import check_parameters
+from pipelines.steps.common import resolve_mode, run, unique_run_key
+from pipelines.steps.data import convert_step
 from trainer.errors import InvalidDatasetError, InvalidParameterError
 
 
@@ -29,8 +32,8 @@ def params(source, **over) -> dict:
 
 def test_check_parameters_returns_the_model_family(tiny_digits):
     raw = tiny_digits["raw"]
-    assert steps.check_parameters(**params(raw / "train")) == "resnet"
-    assert steps.check_parameters(**params(raw / "train", model_name="densenet169",
+    assert check_parameters(**params(raw / "train")) == "resnet"
+    assert check_parameters(**params(raw / "train", model_name="densenet169",
                                            validation_source=str(raw / "val"))) == "densenet"
 
 
@@ -61,7 +64,7 @@ def test_bad_parameters_are_refused_naming_the_parameter(tiny_digits, capsys, ov
     """The check step's log names the pipeline's parameters, never the trainer's fields or
     flags (learning_rate, not lr or --lr)."""
     with pytest.raises(SystemExit) as e:
-        steps.run(steps.check_parameters, **params(tiny_digits["raw"] / "train", **over))
+        run(check_parameters, **params(tiny_digits["raw"] / "train", **over))
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("error: ") and message in err, err
     assert "--" not in err
@@ -69,7 +72,7 @@ def test_bad_parameters_are_refused_naming_the_parameter(tiny_digits, capsys, ov
 
 def test_fraction_does_not_matter_with_a_validation_source(tiny_digits):
     raw = tiny_digits["raw"]
-    steps.check_parameters(**params(raw / "train", validation_source=str(raw / "val"),
+    check_parameters(**params(raw / "train", validation_source=str(raw / "val"),
                                     fraction=0.0))
 
 
@@ -77,14 +80,14 @@ def test_fraction_does_not_matter_with_a_validation_source(tiny_digits):
 def test_a_missing_source_is_refused_before_anything_runs(tiny_digits, tmp_path, field):
     over = {field: str(tmp_path / "nowhere")}
     with pytest.raises(InvalidDatasetError, match=f"{field} .*nowhere does not exist"):
-        steps.check_parameters(**params(tiny_digits["raw"] / "train", **over))
+        check_parameters(**params(tiny_digits["raw"] / "train", **over))
     # From outside the cluster (kfvision pipeline submit) sources are paths on the PVC: not here.
-    steps.check_parameters(**params(tiny_digits["raw"] / "train", **over), check_sources=False)
+    check_parameters(**params(tiny_digits["raw"] / "train", **over), check_sources=False)
 
 
 def test_an_empty_train_source_is_refused():
     with pytest.raises(InvalidParameterError) as e:
-        steps.check_parameters(**params(""))
+        check_parameters(**params(""))
     assert e.value.named(str).startswith("train_source is empty")
     assert str(e.value).startswith("--train-source is empty")  # kfvision pipeline's flag
 
@@ -109,7 +112,7 @@ def test_job_parameters_become_job_options(settings, expected):
     ("local", {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "local"), ("cluster", {}, "cluster"),
 ])
 def test_resolve_mode(mode, env, expected):
-    assert steps.resolve_mode(mode, env) == expected
+    assert resolve_mode(mode, env) == expected
 
 
 def _job_settings(**over) -> dict:
@@ -122,18 +125,18 @@ def test_job_names_derive_from_the_run_and_task_not_from_chance():
     from trainer.config import TrainConfig
 
     cfg = TrainConfig(model="m", train="t", val="v", out="o")
-    a = steps.job_config(cfg, run_id=steps.unique_run_key("run-1", "train"), pvc_name=None,
+    a = train_step.job_config(cfg, run_id=unique_run_key("run-1", "train"), pvc_name=None,
                          **_job_settings())
-    again = steps.job_config(cfg, run_id=steps.unique_run_key("run-1", "train"), pvc_name=None,
+    again = train_step.job_config(cfg, run_id=unique_run_key("run-1", "train"), pvc_name=None,
                              **_job_settings())
-    other = steps.job_config(cfg, run_id=steps.unique_run_key("run-2", "train"), pvc_name=None,
+    other = train_step.job_config(cfg, run_id=unique_run_key("run-2", "train"), pvc_name=None,
                              **_job_settings())
     assert a.name == again.name != other.name and a.name.startswith("kfvision-train-")
     assert a.volumes == ()
 
 
 def test_convert_step_reads_a_folder_and_an_http_url(tiny_digits, tmp_path):
-    got = steps.convert_step(str(tiny_digits["raw"] / "val"), tmp_path / "a")
+    got = convert_step(str(tiny_digits["raw"] / "val"), tmp_path / "a")
     assert (got["images"], got["classes"], got["skipped"]) == (60, 10, 0)
     archive = tmp_path / "www" / "val.zip"
     archive.parent.mkdir()
@@ -146,10 +149,10 @@ def test_convert_step_reads_a_folder_and_an_http_url(tiny_digits, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_port}"
-        got = steps.convert_step(f"{url}/val.zip", tmp_path / "b")
+        got = convert_step(f"{url}/val.zip", tmp_path / "b")
         assert (got["images"], got["classes"]) == (60, 10)
         with pytest.raises(InvalidDatasetError, match="cannot download .*missing.zip"):
-            steps.convert_step(f"{url}/missing.zip", tmp_path / "c")
+            convert_step(f"{url}/missing.zip", tmp_path / "c")
     finally:
         server.shutdown()
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from pipelines import registry
 from pipelines.cli import main as cli
-from pipelines.connect import EndpointUnreachableError
+from pipelines.clients import registry
+from pipelines.clients.endpoints import EndpointUnreachableError
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
 
 
@@ -231,7 +231,7 @@ def _evaluation(tmp_path, accuracy: float):
 
 def test_the_register_step_gates_on_accuracy_and_mlflow_then_registers_once(
         mlflow_server, trained_tiny, tmp_path, capsys):
-    from pipelines.register_step import register_step
+    from pipelines.steps.register import register_step
 
     evaluation = _evaluation(tmp_path, accuracy=0.5)
     env = {"MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_EXPERIMENT_NAME": "steps"}
@@ -250,7 +250,7 @@ def test_the_register_step_gates_on_accuracy_and_mlflow_then_registers_once(
 
 def test_the_register_step_registers_into_the_kubeflow_registry_with_registry_kubeflow(
         fake_registry, trained_tiny, tmp_path, capsys):
-    from pipelines.register_step import register_step
+    from pipelines.steps.register import register_step
 
     evaluation = _evaluation(tmp_path, accuracy=0.5)
     env = {"KFVISION_REGISTRY_URL": fake_registry.url}

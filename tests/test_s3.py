@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import s3, s3sync
 from pipelines.cli import main
+from pipelines.clients import s3, s3sync
 from trainer.data.imagedir import MANIFEST, read_image_directory
 from trainer.errors import InvalidParameterError
 

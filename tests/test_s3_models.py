@@ -7,9 +7,9 @@ import csv
 import pytest
 import yaml
 
-from pipelines import s3
 from pipelines.cli import main
-from pipelines.models import resolve_model
+from pipelines.clients import s3
+from pipelines.clients.models import resolve_model
 
 
 def test_model_pushed_then_scored_back_from_the_cache(s3_bucket, trained_tiny, tiny_digits,

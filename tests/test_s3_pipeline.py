@@ -8,8 +8,8 @@ import pytest
 import yaml
 from test_deploy_cluster import READY, FakeKServe, client_for
 
-from pipelines import deploy_step as step
 from pipelines.pipeline import compile_pipeline
+from pipelines.steps import deploy as step
 from pipelines.storage import S3_SECRET_KEYS, Storage, check_data_pvc_use
 from trainer.errors import InvalidParameterError
 
@@ -70,7 +70,7 @@ def test_on_a_cluster_an_s3_model_is_deployed_from_there(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_local_pipeline_from_an_s3_source_to_an_s3_model(s3_bucket, tiny_digits, tmp_path):
-    from pipelines import s3, s3sync
+    from pipelines.clients import s3, s3sync
     from pipelines.localrun import find, run_local_pipeline
     from trainer.data.imagedir import MANIFEST
 

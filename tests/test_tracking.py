@@ -249,8 +249,8 @@ def test_failures_are_classified_once(exc, kind):
 
 @pytest.mark.slow  # a new SQLite store runs all of MLflow's schema migrations
 def test_a_local_sqlite_store_as_the_demo_makes_it(tmp_path, micro, resnet18_dir, monkeypatch):
-    """`make demo`'s store: pipelines.registry.local_store, then the trainer logs into it."""
-    from pipelines.registry import local_store
+    """`make demo`'s store: registry.local_store, then the trainer logs into it."""
+    from pipelines.clients.registry import local_store
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     store = local_store(tmp_path / "mlflow")

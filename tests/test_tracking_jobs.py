@@ -5,11 +5,12 @@ manifest carries, and a TrainJob run locally that logs into the task's run on a 
 import pytest
 import yaml
 
-from pipelines import train_step
 from pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB
+from pipelines.jobs.render import render_job
 from pipelines.params import train_options
 from pipelines.pipeline import parameter_defaults
-from pipelines.steps import job_config, render_job
+from pipelines.steps import train as train_step
+from pipelines.steps.train import job_config
 from trainer.config import TrainConfig
 
 KFP_ENV = {"MLFLOW_TRACKING_URI": "https://mlflow.kubeflow:5000", "MLFLOW_RUN_ID": "abc123",

@@ -23,15 +23,15 @@ from test_job_cluster import (
     fake_connect,
 )
 
-from pipelines import train_step
 from pipelines.cli import main
+from pipelines.clients.k8s import Api, KubernetesError
 from pipelines.jobs import cluster
 from pipelines.jobs.cluster import job_state, submit
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError, JobFailedError, JobTimeoutError
 from pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB, pick_kind, served_kinds
 from pipelines.jobs.trainjob.build import Runtime, build_trainjob
-from pipelines.k8s import Api, KubernetesError
+from pipelines.steps import train as train_step
 from trainer.config import TrainConfig
 
 CFG = JobConfig(name="digits", image="i", nodes=3,

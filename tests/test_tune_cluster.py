@@ -16,9 +16,9 @@ from test_tune import experiment as rendered
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 
 from pipelines.cli import main
-from pipelines.connect import EndpointError
+from pipelines.clients.endpoints import EndpointError
+from pipelines.clients.k8s import Api, KubernetesError, WaitTimeoutError
 from pipelines.jobs.errors import JobFailedError
-from pipelines.k8s import Api, KubernetesError, WaitTimeoutError
 from pipelines.tune import cluster
 from pipelines.tune.cluster import ExperimentClient, best_trial, experiment_state, submit
 

@@ -31,7 +31,7 @@ EXIT_BUG = 1
 EXIT_INPUT = 2
 EXIT_NONFINITE = 3
 EXIT_OUTPUT = 4
-# The command line's talks with servers (pipelines/connect.py), after sysexits.h
+# The command line's talks with servers (pipelines/clients/endpoints.py), after sysexits.h
 EXIT_UNAVAILABLE = 69
 EXIT_TLS = 76
 EXIT_AUTH = 77

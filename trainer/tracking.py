@@ -1,5 +1,6 @@
 """Run tracking in MLflow: rank 0 logs the run when a tracking server is given; the one module of
-kfvision that talks to MLflow's tracking API (pipelines/registry.py, the model registries' client,
+kfvision that talks to MLflow's tracking API (pipelines/clients/registry.py, the model registries'
+client,
 classifies MLflow's failures through `failure` here).
 
     kfvision train ... --tracking-uri http://127.0.0.1:5000 [--experiment NAME]

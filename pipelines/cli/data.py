@@ -1,6 +1,6 @@
 """`kfvision convert | pack | split`: making and preparing image directories."""
 
-from pipelines.s3 import S3Options, is_s3
+from pipelines.clients.s3 import S3Options, is_s3
 from trainer.options import HelpFormatter, add_flags, options_of
 
 
@@ -11,7 +11,7 @@ def _convert(args) -> int:
     src, labels, in_place, extract_to, origin = (args.src, args.labels, args.in_place,
                                                  args.extract_to, None)
     if is_s3(args.src) or is_s3(args.labels):  # fetched once into the data place, kept there
-        from pipelines.datasource import default_place, fetch_source
+        from pipelines.clients.datasource import default_place, fetch_source
 
         _check_out(args.out, args.overwrite)  # before a rerun re-extracts a fetched archive
         place = (args.extract_to if is_s3(args.src) else None) or default_place(args.out)

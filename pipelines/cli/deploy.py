@@ -21,9 +21,9 @@ def _check_kubeflow(uri: str) -> None:
     answers; otherwise say, in one line, that it goes to KServe unchecked."""
     import os
 
-    from pipelines.connect import EndpointUnreachableError
-    from pipelines.register_step import REGISTRY_TOKEN, REGISTRY_URL
-    from pipelines.registry import check_kubeflow_uri
+    from pipelines.clients.endpoints import EndpointUnreachableError
+    from pipelines.clients.registry import check_kubeflow_uri
+    from pipelines.steps.register import REGISTRY_TOKEN, REGISTRY_URL
 
     url = os.environ.get(REGISTRY_URL)
     if not url:
@@ -44,7 +44,7 @@ def _render(args) -> int:
     from pipelines.serve.deploy import build_inference_service, to_yaml
 
     if args.model.startswith("models:/"):  # MLflow's registry: the version's storage URI
-        from pipelines.registry import storage_uri
+        from pipelines.clients.registry import storage_uri
 
         args.model = storage_uri(args.model)
     elif args.model.startswith("model-registry://"):  # KServe resolves it: checked when we can

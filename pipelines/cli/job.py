@@ -32,7 +32,7 @@ JOB_OPTIONS = options_of(JobConfig)
 
 def job_config_from_args(args) -> JobConfig:
     """The JobConfig of `kfvision job render`'s (and `tune render`'s) flags; the pipeline's is
-    pipelines.steps.job_config."""
+    pipelines.steps.train.job_config."""
     from trainer.config import config_from_args
 
     given = {o.name: getattr(args, o.name) for o in JOB_OPTIONS}

@@ -1,7 +1,7 @@
 """`kfvision model resnet|densenet`: untrained model directories; `kfvision push`: a model
 directory up to object storage."""
 
-from pipelines.s3 import S3Options
+from pipelines.clients.s3 import S3Options
 from trainer.options import HelpFormatter, add_flags, options_of
 from trainer.presets import ARCHITECTURES
 
@@ -22,7 +22,7 @@ def _model(args) -> int:
 def _push(args) -> int:
     from pathlib import Path
 
-    from pipelines.s3sync import push
+    from pipelines.clients.s3sync import push
     from trainer.errors import InvalidModelDirectoryError
 
     model = Path(args.dir)

@@ -71,7 +71,7 @@ def validate_for_cluster(arguments: dict) -> None:
     """Check a cluster run's arguments here before submitting (sources are not checked: they
     are paths on the cluster's PVC or URLs, not files of this machine)."""
     from pipelines.pipeline import parameter_defaults
-    from pipelines.steps import check_parameters
+    from pipelines.steps.check import check_parameters
 
     params = {**parameter_defaults(), **arguments}
     if params["execution_mode"] == "auto":
@@ -103,7 +103,7 @@ def _submit(args) -> int:
 
     import kfp
 
-    from pipelines.connect import probe, talking_to
+    from pipelines.clients.endpoints import probe, talking_to
     from pipelines.pipeline import compile_pipeline
 
     arguments = pipeline_arguments(args)

@@ -1,9 +1,9 @@
 """`kfvision register`: a trained model directory as a version in MLflow's registry or in
-Kubeflow's Model Registry (pipelines/registry.py; docs/tracking.md)."""
+Kubeflow's Model Registry (pipelines/clients/registry.py; docs/tracking.md)."""
 
 import os
 
-from pipelines import registry
+from pipelines.clients import registry
 from trainer.options import HelpFormatter
 
 

@@ -2,7 +2,7 @@
 
 import argparse
 
-from pipelines.s3 import S3Options, is_s3
+from pipelines.clients.s3 import S3Options, is_s3
 from pipelines.serve.server import DEFAULTS
 from trainer.options import add_flags, options_of
 
@@ -16,7 +16,7 @@ serve, then query (docs/serving.md):
 
 
 def _serve(args) -> int:
-    from pipelines.models import resolve_model
+    from pipelines.clients.models import resolve_model
     from pipelines.serve.server import default_name, serve
 
     name = args.name

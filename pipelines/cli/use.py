@@ -1,6 +1,6 @@
 """`kfvision score | evaluate | export`: using a trained model."""
 
-from pipelines.s3 import S3Options
+from pipelines.clients.s3 import S3Options
 from trainer.options import HelpFormatter, add_flags, options_of
 
 MODEL_HELP = ("trained model directory; the s3://BUCKET/PREFIX/ one was pushed to; or "
@@ -9,7 +9,7 @@ MODEL_HELP = ("trained model directory; the s3://BUCKET/PREFIX/ one was pushed t
 
 
 def _score(args) -> int:
-    from pipelines.models import resolve_model
+    from pipelines.clients.models import resolve_model
     from trainer.use.score import score
 
     model = resolve_model(args.model, max_connections=args.max_connections)
@@ -51,7 +51,7 @@ def _export_int8(args, model) -> int:
 
 
 def _export(args) -> int:
-    from pipelines.models import resolve_model
+    from pipelines.clients.models import resolve_model
     from trainer.errors import ExportError, InvalidParameterError
     from trainer.use.export import TOLERANCE, check_export, export
 

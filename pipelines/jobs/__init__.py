@@ -6,5 +6,5 @@ webhook refuse, and the platform's names) and `local` (`kfvision job run-local`)
 `config` (JobConfig, its options and checks, the pod both kinds run), `kinds` (what differs between
 the kinds for the runners, reading a manifest of either, which kind a cluster serves), `procs` and
 `faults` (local processes, fault drills), `cluster` (+ `podstatus`: submit/wait/logs/delete through
-pipelines/k8s.py). The `kfvision job ...` command line is pipelines/cli/job.py.
+pipelines/clients/k8s.py). The `kfvision job ...` command line is pipelines/cli/job.py.
 """

@@ -1,6 +1,7 @@
 """Run a PyTorchJob or TrainJob on a cluster: submit (or re-attach), wait, logs, delete. What
 differs between the two kinds (API group, pod labels, container, success) is read from their
-JobKind (pipelines/jobs/kinds.py); every API call goes through pipelines/k8s.py, which maps its
+JobKind (pipelines/jobs/kinds.py); every API call goes through pipelines/clients/k8s.py, which
+maps its
 failures. The Role in manifests/rbac.yaml grants exactly what is called here:
     pytorchjobs, trainjobs: create, get, delete    pods: list, get    pods/log: get
     clustertrainingruntimes, trainingruntimes: get (submit checks a TrainJob's runtime exists)
@@ -11,6 +12,8 @@ The launcher is idempotent: submitting a job that already exists re-attaches to 
 
 import threading
 
+from pipelines.clients.k8s import Api, EndpointError, KubernetesError, Resource
+from pipelines.clients.k8s import connect as connect_api
 from pipelines.jobs.errors import JobFailedError, JobTimeoutError
 from pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB, JobKind
 from pipelines.jobs.podstatus import (
@@ -19,13 +22,11 @@ from pipelines.jobs.podstatus import (
     pod_problems,
     split_lines,
 )
-from pipelines.k8s import Api, EndpointError, KubernetesError, Resource
-from pipelines.k8s import connect as connect_api
 
 
 def connect(namespace: str | None = None, out=None, kind: JobKind = PYTORCHJOB) -> "JobClient":
     """A JobClient (of `kind`) for the current kubeconfig context, or the in-cluster config
-    inside a pod (pipelines/k8s.py: connect).
+    inside a pod (pipelines/clients/k8s.py: connect).
 
     Raises:
         KubernetesError: no usable configuration.
@@ -36,7 +37,7 @@ def connect(namespace: str | None = None, out=None, kind: JobKind = PYTORCHJOB) 
 
 
 class JobClient:
-    """Jobs of one kind in one namespace, through `api` (a pipelines.k8s.Api)."""
+    """Jobs of one kind in one namespace, through `api` (a pipelines.clients.k8s.Api)."""
 
     def __init__(self, api: Api, kind: JobKind = PYTORCHJOB):
         self.api, self.kind = api, kind

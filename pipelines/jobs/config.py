@@ -26,9 +26,9 @@ from typing import NamedTuple
 
 import yaml
 
+from pipelines.clients.k8s import GPU_RESOURCE, dns1035_problem, dns1123_problem
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.pytorchjob.rules import RESTART_POLICIES
-from pipelines.k8s import GPU_RESOURCE, dns1035_problem, dns1123_problem
 from trainer.config import TrainConfig
 from trainer.errors import InvalidParameterError, ref
 from trainer.options import check_options, option, ref_of

@@ -1,11 +1,11 @@
-"""Named errors of the job commands (a refused or failed API call: pipelines/k8s.py). Each
+"""Named errors of the job commands (a refused or failed API call: pipelines/clients/k8s.py). Each
 message says what went wrong, where, and what to do.
 
 Exit codes stay in 1-127 so that a PyTorchJob with `restartPolicy: ExitCode` treats them as
 permanent failures (see ../shared/reference/README.md), like the trainer's own errors.
 """
 
-from pipelines.k8s import WaitTimeoutError
+from pipelines.clients.k8s import WaitTimeoutError
 from trainer.errors import InvalidParameterError, KfvisionError
 
 

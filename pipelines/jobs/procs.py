@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines.clients.k8s import GPU_RESOURCE
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
-from pipelines.k8s import GPU_RESOURCE
 
 # Launcher variables a parent process may have set; a pod starts without them.
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",

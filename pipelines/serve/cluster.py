@@ -1,11 +1,12 @@
-"""Apply, wait for and delete a KServe InferenceService, through pipelines/k8s.py (which maps
+"""Apply, wait for and delete a KServe InferenceService, through pipelines/clients/k8s.py (which
+maps
 every failure the same way for jobs, Experiments and InferenceServices). Exactly these calls,
 which manifests/rbac-deploy.yaml grants:
     inferenceservices: create, patch (it exists already: update it), get (wait), delete
 """
 
-from pipelines.k8s import Api, Resource, WaitTimeoutError
-from pipelines.k8s import connect as connect_api
+from pipelines.clients.k8s import Api, Resource, WaitTimeoutError
+from pipelines.clients.k8s import connect as connect_api
 from pipelines.serve.deploy import API_VERSION, KIND, MODEL_LOADED, READY_CONDITION
 
 GROUP, VERSION = API_VERSION.split("/")
@@ -36,7 +37,7 @@ def ready_state(isvc: dict) -> tuple[bool, str]:
 
 
 class DeployClient:
-    """InferenceServices of one namespace, through `api` (a pipelines.k8s.Api)."""
+    """InferenceServices of one namespace, through `api` (a pipelines.clients.k8s.Api)."""
 
     def __init__(self, api: Api):
         self.api, self.namespace = api, api.namespace

@@ -10,7 +10,7 @@ scrapes its /metrics.
 import re
 from dataclasses import dataclass
 
-from pipelines.k8s import GPU_RESOURCE, dns1123_problem, quantity
+from pipelines.clients.k8s import GPU_RESOURCE, dns1123_problem, quantity
 from trainer.errors import InvalidParameterError
 from trainer.options import check_options, option, ref_of
 

@@ -1,13 +1,13 @@
 """Run a Katib Experiment on a cluster: submit (or re-attach), wait, status, delete; the best
 trial's parameters and objective come from `status.currentOptimalTrial`. Every call goes through
-pipelines/k8s.py (one mapping of failures for jobs, Experiments and InferenceServices), and
+pipelines/clients/k8s.py (one mapping of failures for jobs, Experiments and InferenceServices), and
 manifests/rbac.yaml grants exactly these verbs:
     experiments: create, get, delete    trials: list, get (the best trial's model folder)
 """
 
+from pipelines.clients.k8s import Api, Resource, WaitTimeoutError
+from pipelines.clients.k8s import connect as connect_api
 from pipelines.jobs.errors import JobFailedError
-from pipelines.k8s import Api, Resource, WaitTimeoutError
-from pipelines.k8s import connect as connect_api
 from pipelines.tune.experiment import TRIAL_KINDS
 from pipelines.tune.katib_rules import EXPERIMENT_LABEL, GROUP, KIND, VERSION
 from pipelines.tune.katib_rules import TRIAL_KIND as TRIAL
@@ -60,7 +60,7 @@ def best_trial(experiment: dict) -> tuple | None:
 
 
 class ExperimentClient:
-    """Katib Experiments (and their trials) in one namespace, through `api` (pipelines.k8s.Api)."""
+    """Katib Experiments (and their trials) in one namespace, through `api` (clients.k8s.Api)."""
 
     def __init__(self, api: Api):
         self.api, self.namespace = api, api.namespace

@@ -20,6 +20,7 @@ has neither (see docs/jobs.md).
 
 from dataclasses import dataclass
 
+from pipelines.clients.k8s import dns1123_problem
 from pipelines.jobs.config import (
     LABELS,
     TRAIN_COMMAND,
@@ -42,7 +43,6 @@ from pipelines.jobs.trainjob.rules import (
     STOCK_RUNTIME,
     validate_trainjob,
 )
-from pipelines.k8s import dns1123_problem
 
 MANAGER = "kfvision.dev/render"  # owner of our runtimePatches entry (a domain-prefixed path)
 KFVISION_RUNTIME = "kfvision-torch"

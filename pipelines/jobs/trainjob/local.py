@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.clients.k8s import quantity
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.jobs.faults import FaultInjector
 from pipelines.jobs.procs import (
@@ -50,7 +51,6 @@ from pipelines.jobs.trainjob.rules import (
     runtime_jobs,
     validate_trainjob,
 )
-from pipelines.k8s import quantity
 from trainer.upstream import (
     TRAINER_CA_CERT_FILE,
     TRAINER_SERVER_CA_CERT,

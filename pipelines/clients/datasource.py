@@ -9,14 +9,14 @@ source URI and each object's ETag).
 
 PLACE keeps what was fetched: running again over an unchanged source downloads nothing (an
 archive is extracted again from the local copy); an object changed since is a
-ChangedDatasetError (pipelines.s3sync).
+ChangedDatasetError (pipelines.clients.s3sync).
 """
 
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines import s3, s3sync
+from pipelines.clients import s3, s3sync
 from trainer.errors import InvalidDatasetError
 
 LABELS_FOLDER = ".kfvision-labels"  # hidden: convert never takes it for images
@@ -47,7 +47,7 @@ def fetch_source(source: str, place, *, labels: str | None = None,
 
     Raises:
         InvalidDatasetError: an s3:// object that is not an archive kfvision reads. The errors of
-            pipelines.s3sync.fetch.
+            pipelines.clients.s3sync.fetch.
     """
     from trainer.data.archive import archive_kind
 

@@ -1,4 +1,5 @@
-"""Fetching and pushing over the object-storage layer (pipelines/s3.py): a resumable, checked,
+"""Fetching and pushing over the object-storage layer (pipelines/clients/s3.py): a
+resumable, checked,
 parallel fetch of a prefix or an object, a push of a folder, and the model cache.
 
     fetch("s3://bucket/photos/", dest)          # every object under the prefix, into dest/
@@ -27,7 +28,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from pipelines import s3
+from pipelines.clients import s3
 from trainer.errors import ChangedDatasetError, InvalidParameterError
 
 JOURNAL = ".kfvision-s3.jsonl"
@@ -139,7 +140,7 @@ def fetch(uri: str, dest, *, max_connections: int = s3.DEFAULT_CONNECTIONS,
     Raises:
         NoSuchBucketError, NoSuchObjectError (nothing there), ChangedDatasetError (an object
         changed since `dest` got it), EndpointUnreachableError, EndpointTLSError,
-        EndpointAuthError, ObjectStoreError (pipelines.s3).
+        EndpointAuthError, ObjectStoreError (pipelines.clients.s3).
     """
     from trainer.options import options_of
 

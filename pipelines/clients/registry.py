@@ -1,6 +1,7 @@
 """Model registries: MLflow's and Kubeflow's Model Registry ("Kubeflow Hub"). The one module of
 pipelines/ that talks to them (mlflow and model_registry are imported here only, and lazily); it
-maps their failures onto the named errors of pipelines.connect once, classifying MLflow's through
+maps their failures onto the named errors of pipelines.clients.endpoints once, classifying MLflow's
+through
 trainer.tracking.failure (the trainer's tracking client).
 
     kfvision register --model models/digits --name digits                  # MLflow
@@ -20,7 +21,11 @@ import re
 import shutil
 from pathlib import Path
 
-from pipelines.connect import EndpointAuthError, EndpointTLSError, EndpointUnreachableError
+from pipelines.clients.endpoints import (
+    EndpointAuthError,
+    EndpointTLSError,
+    EndpointUnreachableError,
+)
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, KfvisionError
 
 REGISTRIES = ("mlflow", "kubeflow")

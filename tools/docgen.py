@@ -1,7 +1,7 @@
 """The parts of the docs that the code already says, written from it: `make docs`.
 
-    python -m pipelines.docgen            # rewrite what differs (README.md, docs/*.md)
-    python -m pipelines.docgen --check    # exit 1, naming the files, if anything differs
+    python -m tools.docgen            # rewrite what differs (README.md, docs/*.md)
+    python -m tools.docgen --check    # exit 1, naming the files, if anything differs
 
 Each generated part sits between two marker comments in README.md or a docs/*.md file:
 
@@ -137,7 +137,7 @@ def storage_options(page: str) -> str:
 
 
 def s3_options(page: str) -> str:
-    from pipelines.s3 import S3Options
+    from pipelines.clients.s3 import S3Options
     from trainer.options import options_of
 
     return flag_table(options_of(S3Options))
@@ -278,7 +278,7 @@ def generate(root: Path = REPO) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.docgen", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tools.docgen", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if a page differs from what would be written")

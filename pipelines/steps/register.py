@@ -9,10 +9,10 @@
            model_uri (the s3:// copy the train step pushed) as where KServe reads the model.
            Without them the step says so and succeeds.
 
-Registering is idempotent by content (pipelines.registry): a retried step finds its version.
+Registering is idempotent by content (pipelines.clients.registry): a retried step finds its version.
 The step always runs (register_name '' is one of its reasons not to register) and writes what it
 did to `registration.json` in its output folder: the deploy step serves the registered version
-when there is one (pipelines.deploy_step).
+when there is one (pipelines.steps.deploy).
 """
 
 import json
@@ -53,7 +53,7 @@ def read_registration(out_dir) -> dict:
 
 def _register(model_dir, evaluation_dir, *, name, min_accuracy, pipeline_run, environ,
               out, registry="mlflow", storage_uri="") -> dict:
-    from pipelines import registry as registries
+    from pipelines.clients import registry as registries
 
     registries.check_registry(registry)
     env = os.environ if environ is None else environ
@@ -91,7 +91,7 @@ def _register(model_dir, evaluation_dir, *, name, min_accuracy, pipeline_run, en
 
 
 def _register_kubeflow(model_dir, name, env, pipeline_run, storage_uri, out) -> dict:
-    from pipelines import registry
+    from pipelines.clients import registry
 
     if not env.get(REGISTRY_URL) or not storage_uri:
         reason = (f"not registered: the Kubeflow Model Registry needs {REGISTRY_URL} (its "

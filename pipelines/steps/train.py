@@ -33,11 +33,41 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.jobs.config import Volume, to_yaml
-from pipelines.steps import job_config, job_kinds, render_job, resolve_mode
+from pipelines.jobs.config import JobConfig, Volume, job_name, to_yaml
+from pipelines.jobs.render import render_job
+from pipelines.params import JOB_KINDS, job_options
+from pipelines.steps.common import resolve_mode
 from pipelines.storage import DATA_MOUNT, data_place
 from trainer.config import TrainConfig
-from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
+from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, check_choice, ref
+
+JOB_PREFIX = "kfvision-train"
+
+
+def job_config(cfg: TrainConfig, *, run_id: str, volumes: tuple = (), env: tuple = (),
+               **settings) -> JobConfig:
+    """The job of a pipeline run (settings: params.job_settings); validated. (`kfvision job
+    render`'s flags give theirs through pipelines.cli.job.job_config_from_args.)
+
+    The job name derives from the run (see pipelines.jobs.config.job_name), so a retried step
+    finds its own job again. `volumes`: the PVCs (pipelines.jobs.config.Volume) mounted in
+    every pod, none in a local run; `env`: ((name, value), ...) for the training container
+    (pipelines.steps.train.tracking_env).
+    """
+    return JobConfig(name=job_name(JOB_PREFIX, run_id), train=cfg, **job_options(**settings),
+                     volumes=tuple(volumes), env=tuple(env)).validate()
+
+
+def job_kinds(job_kind: str, mode: str) -> tuple:
+    """The JobKinds `job_kind` may mean in `mode` (local or cluster): auto on a cluster is the
+    one the cluster serves (known only there), auto locally a PyTorchJob, as before TrainJobs."""
+    from pipelines.jobs.kinds import KINDS, PYTORCHJOB
+
+    check_choice(ref("job_kind"), job_kind, JOB_KINDS)
+    if job_kind != "auto":
+        return (next(k for k in KINDS.values() if k.kind.lower() == job_kind),)
+    return tuple(KINDS.values()) if mode == "cluster" else (PYTORCHJOB,)
+
 
 JOBS = "jobs"  # the jobs' folders in the run's data place
 STAGED_MARK = ".staged"
@@ -196,8 +226,8 @@ def job_volumes(client, workspace: str, pvc_name: str, nodes: int) -> tuple:
 def replace_failed_job(client, name: str, partial_out: Path, poll_s: float = 2.0,
                        timeout_s: float = 120.0) -> None:
     """Delete a Failed job of this name (and its partial output) so submit creates it anew."""
+    from pipelines.clients.k8s import KubernetesError
     from pipelines.jobs.cluster import job_state
-    from pipelines.k8s import KubernetesError
 
     try:
         job = client.get(name)

@@ -1,6 +1,6 @@
 """The one object-storage layer: the `s3://` calls kfvision makes (AWS S3 and what speaks its API:
 MinIO, Ceph RGW, SeaweedFS, the pipelines' own artifact store), and one mapping of their failures
-onto the named errors. No other module imports boto3 (pipelines/s3sync.py builds fetching,
+onto the named errors. No other module imports boto3 (pipelines/clients/s3sync.py builds fetching,
 pushing and the model cache on these calls).
 
 boto3 rather than fsspec/s3fs: boto3 is what AWS documents and what KServe's storage initializer
@@ -12,7 +12,7 @@ aiobotocore (pinned to one botocore) and an async layer for a job a thread pool 
 One mapping of failures, whichever command made the call (README, "Errors"):
     no such bucket                     NoSuchBucketError           2
     no such key, nothing under prefix  NoSuchObjectError           2
-    nothing answered, timed out, 5xx   EndpointUnreachableError   69  (pipelines/connect.py)
+    nothing answered, timed out, 5xx   EndpointUnreachableError   69  (clients/endpoints.py)
     TLS handshake failed               EndpointTLSError           76
     no, wrong or expired credentials,  EndpointAuthError          77
     access denied
@@ -28,7 +28,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.connect import EndpointAuthError, EndpointTLSError, EndpointUnreachableError
+from pipelines.clients.endpoints import (
+    EndpointAuthError,
+    EndpointTLSError,
+    EndpointUnreachableError,
+)
 from trainer.errors import ChangedDatasetError, InvalidParameterError, KfvisionError
 from trainer.options import option
 

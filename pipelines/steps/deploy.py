@@ -13,7 +13,7 @@
 registered  when the register step registered the model (its `registration` folder says so),
             the step serves that version: on a cluster its storage URI (an MLflow version's
             source when KServe can read it, or `model-registry://NAME/VERSION` as it is), locally
-            the version fetched from MLflow's registry (pipelines.registry.resolve_model).
+            the version fetched from MLflow's registry (pipelines.clients.registry.resolve_model).
             Otherwise, and where the registered copy cannot be served, the trained model, as
             when register is off; the step says which.
 
@@ -29,8 +29,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipelines.serve.check import deploy_decision, serve_and_check
-from pipelines.steps import DATA_MOUNT, resolve_mode
-from pipelines.train_step import is_mount
+from pipelines.steps.common import resolve_mode
+from pipelines.steps.train import is_mount
+from pipelines.storage import DATA_MOUNT
 from trainer.errors import InvalidModelDirectoryError
 
 MODELS = "kfvision-models"  # on the data PVC: the models InferenceServices serve
@@ -88,8 +89,8 @@ def registered_model(registration_dir, *, cluster: bool, environ=None, out=None)
     "storage_uri" (cluster) or "model_dir" (local, fetched once into the cache); {} when nothing
     was registered. A version that cannot be served here is said in one line, and the trained
     model is served instead (no "storage_uri" / "model_dir")."""
-    from pipelines import registry
-    from pipelines.register_step import read_registration
+    from pipelines.clients import registry
+    from pipelines.steps.register import read_registration
 
     got = read_registration(registration_dir)
     uri = got.get("uri") if got.get("registered") else None

@@ -9,7 +9,7 @@ second model of each object to keep in step, and every call is one we choose, so
 name kind/namespace/name and the Roles in manifests/ can list exactly these verbs.
 
 One mapping of failures, whichever command made the call (README, "Exit codes"):
-    nothing answered, timed out   EndpointUnreachableError  69  (pipelines/connect.py)
+    nothing answered, timed out   EndpointUnreachableError  69  (pipelines/clients/endpoints.py)
     TLS handshake failed          EndpointTLSError          76
     credentials refused (401)     EndpointAuthError         77
     any other refusal (403, 404,  KubernetesError            4   names kind/namespace/name and
@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.connect import EndpointAuthError, EndpointError, endpoint_error
+from pipelines.clients.endpoints import EndpointAuthError, EndpointError, endpoint_error
 from trainer.errors import KfvisionError
 
 # NVIDIA's device plugin resource (github.com/NVIDIA/k8s-device-plugin, `nvidia.com/gpu`)

@@ -1,0 +1,117 @@
+"""The check step: every pipeline parameter validated before any heavy work."""
+
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from pipelines.clients.s3 import is_s3, split_uri
+from pipelines.jobs.config import Volume
+from pipelines.jobs.render import render_job
+from pipelines.params import (
+    job_settings,
+    parameter_name,
+    pipeline_options,
+    train_options,
+)
+from pipelines.steps.common import resolve_mode
+from pipelines.steps.data import URL_SCHEMES
+from pipelines.steps.train import job_config, job_kinds
+from pipelines.storage import DATA_MOUNT
+from trainer.config import TrainConfig
+from trainer.errors import InvalidDatasetError, InvalidParameterError, ref
+
+REMOTE_SCHEMES = (*URL_SCHEMES, "s3")  # sources no step needs a path for
+
+
+def _check_source(name: str, source: str, required: bool, exists: bool) -> None:
+    if not source:
+        if required:
+            raise InvalidParameterError(f"{ref(name)} is empty: give a folder or archive of "
+                                        "labelled images (a path this step can read, an "
+                                        "http(s) URL or an s3:// URI).")
+        return
+    if urllib.parse.urlparse(source).scheme.lower() in REMOTE_SCHEMES or not exists:
+        return
+    if not Path(source).exists():
+        raise InvalidDatasetError(
+            f"{name} {source} does not exist as this step sees it. Locally give a path on this "
+            f"machine; on a cluster an http(s) URL, an s3:// URI, or a path on the data PVC "
+            f"(mounted at "
+            f"{DATA_MOUNT} when the pipeline is compiled with --data-pvc NAME).")
+
+
+def check_parameters(*, check_sources: bool = True, **params) -> str:
+    """Validate every pipeline parameter before any heavy work; return the model family.
+
+    `params`: every parameter of the pipeline (pipelines.params), by name. check_sources:
+    whether the sources must exist here (not when checking a cluster run from outside the
+    cluster).
+    Raises:
+        InvalidParameterError: a value out of range or not one of the choices (the message names
+            the parameter and the valid values). InvalidDatasetError: a source that is not there.
+    """
+    from trainer.model.arch import family_of
+
+    family = family_of(params["model_name"])
+    for name in ("train_source", "validation_source", "test_source"):
+        _check_source(name, params[name], required=name == "train_source", exists=check_sources)
+    fraction = params["fraction"]
+    try:
+        if not params["validation_source"] and not 0 < fraction < 1:
+            raise InvalidParameterError(
+                f"{ref('fraction')} = {fraction} is out of range: it must be 0 < "
+                f"{ref('fraction')} < 1 (the share of each class kept for training when no "
+                f"{ref('validation_source')} is given, e.g. 0.9).")
+        mode = resolve_mode(params["execution_mode"])
+        cfg = TrainConfig(model="model", train="train", val="val", out="out",
+                          **train_options(**params)).validate()
+        pvc = params["pvc_name"] if mode == "cluster" else ""
+        jobs = job_config(cfg, run_id="check", volumes=(Volume(pvc, DATA_MOUNT),) if pvc else (),
+                          **job_settings(**params))
+        for kind in job_kinds(params["job_kind"], mode):  # auto on a cluster: either may run
+            render_job(jobs, kind, params["trainer_runtime"])
+        check_deploy(params)
+        pipeline_options()["registry"].check(params.get("registry", "mlflow"))
+        check_model_uri(params.get("model_uri", ""))
+        if mode == "cluster" and check_sources:  # in a cluster step: what it has mounted
+            import os
+
+            from pipelines.storage import check_data_pvc_use
+
+            check_data_pvc_use(params, os.path.ismount(DATA_MOUNT))
+    except InvalidParameterError as e:  # named as the pipeline's parameters, not the fields
+        raise e.renamed(parameter_name) from e
+    return family
+
+
+def check_model_uri(model_uri: str) -> None:
+    """model_uri is '' or an s3:// prefix with a bucket."""
+    if not model_uri:
+        return
+    if not is_s3(model_uri):
+        raise InvalidParameterError(f"{ref('model_uri')} = {model_uri!r} is not an s3:// URI: "
+                                    "give s3://BUCKET/PREFIX/ (or '' for none).")
+    split_uri(model_uri)
+
+
+def check_deploy(params: dict) -> None:
+    """The deploy parameters: the accuracy bar in range; the name a valid InferenceService name
+    (checked only when deploying)."""
+    from pipelines.params import PipelineInputs
+    from pipelines.serve.deploy import DeployConfig
+    from trainer.options import options_of
+
+    for name in ("deploy_min_accuracy", "register_min_accuracy"):
+        bar = next(o for o in options_of(PipelineInputs) if o.name == name)
+        bar.check(params[name])
+    if params["register_name"]:
+        from pipelines.clients.registry import check_name
+
+        check_name(params["register_name"])
+    if params["deploy"]:
+        try:
+            DeployConfig(name=params["deploy_name"], model="pvc://x", image="x",
+                         service_account=params.get("deploy_service_account") or None).check()
+        except InvalidParameterError as e:  # named as the pipeline names it: deploy_name
+            pipeline = {o.name: o.param for o in options_of(DeployConfig)}
+            raise e.renamed(lambda f: pipeline.get(f) or f) from e

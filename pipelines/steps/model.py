@@ -1,0 +1,25 @@
+"""The model steps: the untrained model directory, and the trained one pushed to object storage."""
+
+
+
+
+
+def model_step(out, model_name: str, pretrained: bool, zero_init_residual: bool = False,
+               memory_efficient: bool = False) -> dict:
+    """Write an untrained model directory; returns its spec as a dict."""
+    from trainer.model.arch import write_untrained_model
+
+    spec = write_untrained_model(out, model_name, pretrained=pretrained,
+                                 zero_init_residual=zero_init_residual,
+                                 memory_efficient=memory_efficient)
+    return {"arch": spec.arch, "family": spec.family, "pretrained": spec.pretrained}
+
+
+def push_model_step(model_dir, model_uri: str) -> dict:
+    """Upload the trained model directory to `model_uri` (s3://, replacing what is there; its
+    checkpoints stay behind), for KServe and `--model s3://...`; returns {"model_uri", "files"}."""
+    from pipelines.clients.s3sync import push
+
+    keys = push(model_dir, model_uri, skip=("checkpoints",), last="model.json", overwrite=True)
+    print(f"pushed {len(keys)} file(s) of the trained model to {model_uri}", flush=True)
+    return {"model_uri": model_uri, "files": len(keys)}
