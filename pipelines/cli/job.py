@@ -5,7 +5,6 @@ import argparse
 import shlex
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from pipelines.jobs.config import JobConfig, to_yaml
@@ -122,10 +121,6 @@ def add_render(sub) -> None:
     r.set_defaults(func=_render)
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM (e.g. a cancelled pipeline step) cleans up like Ctrl-C
-
-
 def _fault(text: str) -> Fault:
     try:
         return Fault.parse(text)
@@ -136,33 +131,38 @@ def _fault(text: str) -> Fault:
 def _run_local(args) -> int:
     from pipelines.jobs.kinds import TRAINJOB, kind_of, read_job
     from pipelines.jobs.pytorchjob import local as pytorchjob_local
+    from pipelines.jobs.signals import STOP, Interrupted
     from pipelines.jobs.trainjob import local as trainjob_local
 
-    job = read_job(args.manifest)
-    name, trainjob = job["metadata"]["name"], kind_of(job) is TRAINJOB
-    log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
-    print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
-          f"machine's programs); logs in {log_dir}/", file=sys.stderr)
-    # Only the main thread may set handlers (a caller may run us from a worker thread).
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
-    try:
-        if trainjob:  # every node must succeed: no --grace
-            result = trainjob_local.run_local(job, log_dir, source=args.manifest,
-                                              quiet=args.quiet, faults=args.fault)
-        else:
-            result = pytorchjob_local.run_local(job, log_dir, source=args.manifest,
-                                                quiet=args.quiet, grace_s=args.grace,
-                                                faults=args.fault)
-    except KeyboardInterrupt:
-        print(f"interrupted: stopped every process of job {name}", file=sys.stderr)
-        return 130
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+    # From here on, a Ctrl-C or SIGTERM is heard whatever this process inherited (signals.py).
+    with STOP:
+        job = read_job(args.manifest)
+        name, trainjob = job["metadata"]["name"], kind_of(job) is TRAINJOB
+        log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
+        print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
+              f"machine's programs); logs in {log_dir}/", file=sys.stderr)
+        try:
+            if trainjob:  # every node must succeed: no --grace
+                result = trainjob_local.run_local(job, log_dir, source=args.manifest,
+                                                  quiet=args.quiet, faults=args.fault)
+            else:
+                result = pytorchjob_local.run_local(job, log_dir, source=args.manifest,
+                                                    quiet=args.quiet, grace_s=args.grace,
+                                                    faults=args.fault)
+        except Interrupted as e:
+            print(_stopped(e, len(STOP.received), name), file=sys.stderr)
+            return e.exit_code
     print(f"job {name} succeeded in {result.seconds:.1f} s ({result.restarts} restart(s)); "
           f"logs in {log_dir}/", file=sys.stderr)
     return 0
+
+
+def _stopped(e, signals: int, name: str) -> str:
+    """The last line of a run-local that a signal stopped (exit 130 or 143)."""
+    how = "interrupted" if e.signum == signal.SIGINT else f"terminated ({e})"
+    if signals > 1:
+        return f"{how} twice: killed every process of job {name} at once (SIGKILL)"
+    return f"{how}: stopped every process of job {name}"
 
 
 def _images(job: dict) -> str:

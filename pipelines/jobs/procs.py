@@ -26,6 +26,7 @@ from pathlib import Path
 
 from pipelines.clients.k8s import GPU_RESOURCE
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
+from pipelines.jobs.signals import STOP
 
 # Launcher variables a parent process may have set; a pod starts without them.
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -133,9 +134,27 @@ class ReplicaProcess:
             return []
 
 
+@contextlib.contextmanager
+def supervised(replicas: list):
+    """Run the block with SIGINT and SIGTERM recorded (pipelines/jobs/signals.py; the block calls
+    `STOP.check()` between its steps), and stop every replica on the way out, however it ends.
+    Raises Interrupted when a signal came, even one that came while stopping after success."""
+    with STOP:
+        STOP.check()  # one that came before any replica started
+        try:
+            yield
+        finally:
+            stop_all(replicas)
+        STOP.check()
+
+
 def stop_all(replicas: list, grace_s: float = 5.0) -> None:
     """SIGTERM every replica's process group and every descendant seen, SIGKILL what outlives
-    `grace_s`, then reap. Leaves no process behind that any replica started."""
+    `grace_s`, then reap. Leaves no process behind that any replica started.
+
+    A SIGINT or SIGTERM that comes meanwhile (a second Ctrl-C) ends the grace period: SIGKILL
+    at once."""
+    signals_before = len(STOP.received)
     table = proc_table()
     for r in replicas:
         r.remember_descendants(table)
@@ -152,7 +171,7 @@ def stop_all(replicas: list, grace_s: float = 5.0) -> None:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(ident[0], sig)
         if sig == signal.SIGTERM:
-            _wait_gone(replicas, grace_s)
+            _wait_gone(replicas, grace_s, until=lambda: len(STOP.received) > signals_before)
     for r in replicas:
         if r.proc is not None:
             reap(r.proc)
@@ -165,10 +184,11 @@ REAP_S = 5.0  # how long `reap` lets Popen.wait try before it calls waitpid itse
 
 
 def reap(proc: subprocess.Popen) -> None:
-    """Wait for a process that was sent SIGKILL. Popen.wait() alone can block for ever: a
-    KeyboardInterrupt (Ctrl-C) that lands inside Popen.poll() after it took its waitpid lock and
-    before its `try` (CPython 3.11 subprocess.py, _internal_poll) leaves the lock taken, and every
-    later wait() queues on it. Then the child is reaped with os.waitpid directly."""
+    """Wait for a process that was sent SIGKILL. Popen.wait() alone can block for ever: an
+    exception a signal handler raises (Python's own Ctrl-C handler, a test's timeout) inside
+    Popen.poll() after it took its waitpid lock and before its `try` (CPython 3.11
+    subprocess.py, _internal_poll) leaves the lock taken, and every later wait() queues on it.
+    Then the child is reaped with os.waitpid directly."""
     try:
         proc.wait(timeout=REAP_S)
     except subprocess.TimeoutExpired:
@@ -177,9 +197,9 @@ def reap(proc: subprocess.Popen) -> None:
             proc.returncode = os.waitstatus_to_exitcode(status)
 
 
-def _wait_gone(replicas: list, seconds: float) -> None:
+def _wait_gone(replicas: list, seconds: float, until=lambda: False) -> None:
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and not until():
         table = proc_table()
         if not any((r.proc is not None and r.proc.poll() is None)
                    or any(alive(i, table) for i in r.seen) for r in replicas):
