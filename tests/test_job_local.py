@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import run_job
+from test_trainjob_local import make_trainjob
 
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
@@ -182,7 +183,7 @@ ROUND = """
         signal.signal(signal.SIGTERM, lambda *_: print("got SIGTERM, going on", flush=True))
     subprocess.Popen(["sleep", "300"], start_new_session=True)
     print("training", flush=True)
-    if {master_ends} and os.environ["RANK"] == "0":
+    if {master_ends} and os.environ["RANK"] == "0":  # (PyTorchJobs only)
         print("master done", flush=True)
         sys.exit(0)
     while True:
@@ -192,10 +193,11 @@ ROUND = """
 # When the signal lands, by what run-local has printed: while the replicas start, during
 # training, during shutdown (the Master is done, run-local waits for the Worker), and while
 # run-local stops replicas that outlive SIGTERM (then a second signal: stop now).
-MOMENTS = {"start": ["running PyTorchJob t"],
-           "training": ["[master-0] training", "[worker-0] training"],
-           "shutdown": ["[master-0] master done", "[worker-0] training"],
-           "stopping": ["[master-0] got SIGTERM", "[worker-0] got SIGTERM"]}
+# ({0}, {1}: the replicas, {kind}: the job's kind)
+MOMENTS = {"start": ["running {kind} t"],
+           "training": ["[{0}] training", "[{1}] training"],
+           "shutdown": ["[{0}] master done", "[{1}] training"],
+           "stopping": ["[{0}] got SIGTERM", "[{1}] got SIGTERM"]}
 
 
 def _inherit(how: str):
@@ -268,18 +270,26 @@ class CliRun:
         return left
 
 
-def _stop_round(tmp_path, moment: str, signals: list, inherited: str, jitter: float = 0.0):
-    """run-local on a 2-node job; `signals` sent at `moment`. Returns (exit code, output, seconds
-    from the last signal to the exit, pids of the processes left)."""
-    job = make_job(nodes=2, script=ROUND.format(stubborn=moment == "stopping",
-                                               master_ends=moment == "shutdown"))
+def _stop_round(tmp_path, moment: str, signals: list, inherited: str, jitter: float = 0.0,
+                trainjob: bool = False):
+    """run-local on a 2-node PyTorchJob (or TrainJob); `signals` sent at `moment`. Returns (exit
+    code, output, seconds from the last signal to the exit, pids of the processes left)."""
+    script = ROUND.format(stubborn=moment == "stopping", master_ends=moment == "shutdown")
+    if trainjob:
+        job, names = make_trainjob(script=script), ("node-0-0", "node-0-1", "TrainJob")
+    else:
+        job, names = make_job(nodes=2, script=script), ("master-0", "worker-0", "PyTorchJob")
+
+    def when(moment):
+        return [text.format(*names[:2], kind=names[2]) for text in MOMENTS[moment]]
+
     run = CliRun(tmp_path, job, inherited)
     try:
-        run.wait_for(MOMENTS["training" if moment == "stopping" else moment])
+        run.wait_for(when("training" if moment == "stopping" else moment))
         time.sleep(jitter)
         for i, sig in enumerate(signals):
             if i:  # a second Ctrl-C once the replicas have shown they outlive the first's SIGTERM
-                run.wait_for(MOMENTS["stopping"])
+                run.wait_for(when("stopping"))
             run.kill_group(sig)
         sent = time.monotonic()
         code = run.proc.wait(timeout=60)
@@ -318,6 +328,12 @@ def _check_round(case, code, out, seconds, left):
 def test_ctrl_c_stops_every_process_it_started(tmp_path, case):
     moment, signals, inherited, _, _ = case
     _check_round(case, *_stop_round(tmp_path, moment, signals, inherited))
+
+
+def test_sigterm_stops_every_process_of_a_trainjob(tmp_path):
+    case = ("training", [signal.SIGTERM], "ignored", 143,
+            "terminated (SIGTERM): stopped every process of job t")
+    _check_round(case, *_stop_round(tmp_path, *case[:3], trainjob=True))
 
 
 @pytest.mark.slow
@@ -427,3 +443,13 @@ def test_stopping_reaps_a_replica_whose_popen_lock_an_interrupt_left_taken(tmp_p
     assert time.monotonic() - start < 10
     assert r.proc.returncode in (-signal.SIGTERM, -signal.SIGKILL)
     assert _alive([r.proc.pid]) == []
+
+
+def test_run_local_gives_back_the_signal_handling_it_found(tmp_path):
+    """run-local takes SIGINT and SIGTERM while it runs (pipelines/jobs/signals.py), then puts
+    back its caller's handlers and signal mask."""
+    both = (signal.SIGINT, signal.SIGTERM)
+    before = [signal.getsignal(s) for s in both], signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    run_local(make_job(nodes=1, script="pass"), tmp_path / "logs", quiet=True)
+    assert ([signal.getsignal(s) for s in both],
+            signal.pthread_sigmask(signal.SIG_BLOCK, [])) == before
