@@ -4,8 +4,9 @@ Every replica is started in a session of its own (its own process group), so a C
 terminal reaches only `run-local`, which then stops each tree on purpose. That is not enough on
 its own: torchrun starts every training process in a *new* session too
 (`torch.distributed.elastic...subprocess_handler`), so killing torchrun's group would leave them
-behind. We therefore remember every descendant we have seen (pid + start time, read from /proc)
-and signal those as well.
+behind. We therefore remember every descendant we have seen (pid + start time, read from /proc),
+and mark each replica's environment (`MARK_VAR`) to find those we never saw; all are signalled.
+Ctrl-C and SIGTERM are recorded, not raised, while replicas run (`supervised`, signals.py).
 
 Also what both kinds' local runners share: a pod's environment here (`pod_env`, `gpu_env`), its
 command (`container_argv`), the prefixed log printer, the failure report and the run's result.
