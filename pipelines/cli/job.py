@@ -12,6 +12,7 @@ from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
 from pipelines.jobs.kinds import KINDS as JOB_KINDS
 from pipelines.jobs.pytorchjob.build import build_pytorchjob
+from pipelines.jobs.signals import STOP
 from pipelines.jobs.trainjob.rules import RUNTIME_KINDS
 from trainer.options import HelpFormatter, add_flags, options_of
 
@@ -128,41 +129,43 @@ def _fault(text: str) -> Fault:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+@STOP  # SIGINT and SIGTERM heard from here on, whatever this process inherited (signals.py)
 def _run_local(args) -> int:
     from pipelines.jobs.kinds import TRAINJOB, kind_of, read_job
     from pipelines.jobs.pytorchjob import local as pytorchjob_local
-    from pipelines.jobs.signals import STOP, Interrupted
     from pipelines.jobs.trainjob import local as trainjob_local
 
-    # From here on, a Ctrl-C or SIGTERM is heard whatever this process inherited (signals.py).
-    with STOP:
-        job = read_job(args.manifest)
-        name, trainjob = job["metadata"]["name"], kind_of(job) is TRAINJOB
-        log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
-        print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
-              f"machine's programs); logs in {log_dir}/", file=sys.stderr)
-        try:
-            if trainjob:  # every node must succeed: no --grace
-                result = trainjob_local.run_local(job, log_dir, source=args.manifest,
-                                                  quiet=args.quiet, faults=args.fault)
-            else:
-                result = pytorchjob_local.run_local(job, log_dir, source=args.manifest,
-                                                    quiet=args.quiet, grace_s=args.grace,
-                                                    faults=args.fault)
-        except Interrupted as e:
-            print(_stopped(e, len(STOP.received), name), file=sys.stderr)
-            return e.exit_code
+    job = read_job(args.manifest)
+    name, trainjob = job["metadata"]["name"], kind_of(job) is TRAINJOB
+    log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
+    print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
+          f"machine's programs); logs in {log_dir}/", file=sys.stderr)
+    try:
+        if trainjob:  # every node must succeed: no --grace
+            result = trainjob_local.run_local(job, log_dir, source=args.manifest,
+                                              quiet=args.quiet, faults=args.fault)
+        else:
+            result = pytorchjob_local.run_local(job, log_dir, source=args.manifest,
+                                                quiet=args.quiet, grace_s=args.grace,
+                                                faults=args.fault)
+    except KeyboardInterrupt:
+        return _stopped(name)  # run_local raised Interrupted once every process was stopped
     print(f"job {name} succeeded in {result.seconds:.1f} s ({result.restarts} restart(s)); "
           f"logs in {log_dir}/", file=sys.stderr)
     return 0
 
 
-def _stopped(e, signals: int, name: str) -> str:
-    """The last line of a run-local that a signal stopped (exit 130 or 143)."""
-    how = "interrupted" if e.signum == signal.SIGINT else f"terminated ({e})"
-    if signals > 1:
-        return f"{how} twice: killed every process of job {name} at once (SIGKILL)"
-    return f"{how}: stopped every process of job {name}"
+def _stopped(name: str) -> int:
+    """Say that a signal stopped job `name`; its exit code: 128 + the first signal (130, 143)."""
+    signals = STOP.received or [signal.SIGINT]
+    how = "interrupted" if signals[0] == signal.SIGINT else (
+        f"terminated ({signal.Signals(signals[0]).name})")
+    if len(signals) > 1:
+        print(f"{how} twice: killed every process of job {name} at once (SIGKILL)",
+              file=sys.stderr)
+    else:
+        print(f"{how}: stopped every process of job {name}", file=sys.stderr)
+    return 128 + signals[0]
 
 
 def _images(job: dict) -> str:

@@ -21,6 +21,7 @@ A signal that comes while the processes are being stopped means "now": SIGKILL a
 than the grace period (`pipelines.jobs.procs.stop_all`).
 """
 
+import contextlib
 import signal
 import threading
 import time
@@ -36,14 +37,10 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
-    @property
-    def exit_code(self) -> int:
-        """128 + the signal, as a shell reports a program the signal ended: 130, 143."""
-        return 128 + self.signum
 
-
-class StopRequests:
-    """The SIGINT and SIGTERM received while `with STOP:` holds, in order.
+class StopRequests(contextlib.ContextDecorator):
+    """The SIGINT and SIGTERM received while `with STOP:` (or a function decorated `@STOP`) runs,
+    in order.
 
     Entering (in the main thread: only it may set handlers) installs the recording handler and
     unblocks both signals; leaving the outermost `with` puts back what was there. Entered from

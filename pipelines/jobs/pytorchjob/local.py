@@ -21,6 +21,7 @@ from pathlib import Path
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.jobs.faults import FaultInjector
 from pipelines.jobs.procs import (
+    STOP,
     LocalResult,
     Printer,
     ReplicaProcess,
@@ -38,7 +39,6 @@ from pipelines.jobs.pytorchjob.rules import (
     PORT_NAME,
     validate_pytorchjob,
 )
-from pipelines.jobs.signals import STOP
 
 LOCAL_BACKOFF_LIMIT = 6  # when the manifest sets none: what a Kubernetes Job uses, so we end
 

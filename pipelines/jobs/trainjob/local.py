@@ -26,6 +26,7 @@ from pipelines.clients.k8s import quantity
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.jobs.faults import FaultInjector
 from pipelines.jobs.procs import (
+    STOP,
     LocalResult,
     Printer,
     ReplicaProcess,
@@ -38,7 +39,6 @@ from pipelines.jobs.procs import (
     stop_all,
     supervised,
 )
-from pipelines.jobs.signals import STOP
 from pipelines.jobs.trainjob.build import KFVISION_RUNTIME, build_runtime
 from pipelines.jobs.trainjob.rules import (
     ANCESTOR_LABEL,
