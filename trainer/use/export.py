@@ -137,6 +137,12 @@ def _load(model_dir, fmt: str | None = None):
             "the exporters trace Python code it no longer holds. Serve or score the directory "
             "as it is, or have your script write model.pt2 (torch.export), which exports to "
             f"every format.")
+    if fmt is not None and getattr(model, "batch", None) is not None:
+        raise ExportNotSupportedError(
+            f"{model_dir}'s {info['model_file']} takes batches of exactly {model.batch} image(s), "
+            "and an export takes any number: have your script export it with a dynamic batch, "
+            'e.g. dynamic_shapes={"x": {0: torch.export.Dim("batch")}} (x: the forward\'s '
+            "argument).")
     return model, info
 
 
