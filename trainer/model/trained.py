@@ -8,7 +8,8 @@
     metrics.json   per-epoch history and final figures
 
 `load_model` also takes the model directory a user's own training script wrote (the network as
-TorchScript, torch.export or ONNX, and its class names: trainer/model/scripted.py), so scoring,
+TorchScript, torch.export or ONNX, and its class names: trainer/model/scripted.py and
+scriptnet.py), so scoring,
 serving and export read either kind through one function.
 """
 
@@ -21,7 +22,8 @@ import torch
 from trainer.errors import InvalidModelDirectoryError
 from trainer.fileio import atomic_write, atomic_write_bytes, atomic_write_json
 from trainer.model.arch import SPEC_FILE, WEIGHTS_FILE, ModelSpec, build_model, read_model_spec
-from trainer.model.scripted import has_script_model, load_script_model
+from trainer.model.scripted import has_script_model
+from trainer.model.scriptnet import load_script_model
 
 MODEL_FILE = "model.json"
 MODEL_FORMAT = "kfvision.trained-model"
