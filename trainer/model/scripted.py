@@ -6,6 +6,7 @@ directory `kfvision train` wrote (docs/scripts.md has the layout for script auth
       model.pt2      torch.export.save(torch.export.export(model, (x,)), path)   \\
       model.pt       torch.jit.save(torch.jit.script(model), path)               } one of them
       model.onnx     torch.onnx.export(model, (x,), path, dynamo=True)           /
+                     (with model.onnx.data beside it, unless external_data=False)
       classes.txt    one class name per line, in the order of the model's outputs
       kfvision.json  optional: {"classes", "image_size", "mean", "std", "eval_preset", "output",
                      "model"} (KEYS)

@@ -97,6 +97,10 @@ class OnnxNet(nn.Module):
             self.session = ort.InferenceSession(str(path), opts,
                                                 providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own types for a bad or foreign file
+            if "External data path" in str(e):
+                raise bad(path, "keeps its weights in a file beside it that is not there (" +
+                          str(e).rpartition(":")[2].strip()[:200] + "): copy every file "
+                          "torch.onnx.export wrote, or export with external_data=False") from e
             raise bad(path, f"is not an ONNX model onnxruntime can load ({type(e).__name__}: "
                        f"{str(e)[:300]}). Write it with\n    {SNIPPETS['onnx']}") from e
         inputs = self.session.get_inputs()
