@@ -111,7 +111,7 @@ def test_score_gives_the_eager_models_probabilities(fmt, net, script_models, mic
     assert [r["scored_label"] for r in rows] == [CLASSES[i] for i in want.argmax(1).tolist()]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", ["torch-export", "onnx"])  # each runtime once: a server is slow
 def test_served_as_deployed_answers_v1_and_v2_as_score_does(fmt, script_models, micro_digits,
                                                             tmp_path, capsys):
     """`kfvision serve` with the container arguments of the rendered InferenceService, the model
@@ -140,9 +140,28 @@ def test_served_as_deployed_answers_v1_and_v2_as_score_does(fmt, script_models, 
         assert status == 200 and [p["label"] for p in body["predictions"]] == \
             [r["scored_label"] for r in rows[:2]]
         runtime = "onnx" if fmt == "onnx" else "torch"
-        assert f"({runtime}, 10 classes)" in server.logs()
+        assert f"({runtime}, 10 classes)" in server.log.read_text()
     finally:
         server.stop()
+
+
+def test_the_predictor_serves_torchscript_as_score_scores_it(script_models, micro_digits,
+                                                            tmp_path):
+    """What the server runs, in process (the server itself: the test above, other formats)."""
+    from trainer.use.predict import Predictor
+
+    folder = script_models["torchscript"]
+    assert cli(["score", "--model", str(folder), "--data", str(micro_digits["val"]), "--out",
+                str(tmp_path / "s.csv"), "--quiet"]) == 0
+    _, want = scored(tmp_path / "s.csv")
+    predictor = Predictor(folder, threads=1)
+    assert predictor.runtime == "torch" and predictor.classes == CLASSES
+    imdir = read_image_directory(micro_digits["val"])
+    batch = torch.stack([predictor.preprocess((micro_digits["val"] / e.path).read_bytes())
+                         for e in imdir.images])
+    assert (torch.from_numpy(predictor.probabilities(batch)) - want).abs().max() < 1e-5
+    with pytest.raises(Exception, match="runtime = 'onnx' cannot run"):
+        Predictor(folder, runtime="onnx")
 
 
 def test_a_network_that_outputs_probabilities_says_so_and_scores_the_same(micro_digits,
