@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 import yaml
+from test_registry import fake_registry  # noqa: F401 - a fixture, used below
 from torch import nn
 
 from pipelines.cli import main as cli
@@ -233,6 +234,19 @@ def test_registered_in_mlflow_then_scored_as_models_uri(mlflow_server, script_mo
                     str(tmp_path / out), "--quiet"]) == 0
     texts = {(tmp_path / out).read_text() for out in ("dir.csv", "registered.csv", "cached.csv")}
     assert len(texts) == 1
+
+
+def test_registered_in_the_kubeflow_registry(fake_registry, script_models, capsys):  # noqa: F811
+    argv = ["register", "--model", str(script_models["onnx"]), "--name", "script-digits",
+            "--registry", "kubeflow", "--registry-url", fake_registry.url, "--storage-uri",
+            "pvc://kfvision-data/models/script-digits", "--author", "ci"]
+    assert cli(argv) == 0
+    assert "registered: script-digits version sha256-" in capsys.readouterr().out
+    (version,) = fake_registry.of("ModelVersion")
+    props = version["customProperties"]
+    assert props["image_size"]["int_value"] == str(SIZE)
+    assert props["model_format"]["string_value"] == "onnx"
+    assert json.loads(props["classes"]["string_value"]) == CLASSES
 
 
 def test_register_refuses_a_broken_script_directory(tmp_path, mlflow_server, monkeypatch,

@@ -209,6 +209,8 @@ def register_kubeflow(model_dir, name: str, *, storage_uri: str, url: str, autho
             return {"name": name, "version": version, "id": found.id, "created": False}
         metadata = {"classes": json.dumps(about["classes"]), "image_size": about["image_size"],
                     **{k: float(v) for k, v in about["metrics"].items()}}
+        if about.get("model_format"):  # a script's model directory: which file serves
+            metadata["model_format"] = about["model_format"]
         if pipeline_run:
             metadata["pipeline_run"] = pipeline_run
         registered = registry.register_model(

@@ -3,9 +3,9 @@ beside it. `kfvision score`, `serve`, `export`, `register` and `deploy` take it 
 directory `kfvision train` wrote (docs/scripts.md has the layout for script authors).
 
     MODEL_DIR/
-      model.pt2      torch.export.save(torch.export.export(model, (x,)), path)   \\
-      model.pt       torch.jit.save(torch.jit.script(model), path)               } one of them
-      model.onnx     torch.onnx.export(model, (x,), path, dynamo=True)           /
+      model.pt2      torch.export.save(torch.export.export(model, (x,), ...), path)  \\
+      model.pt       torch.jit.save(torch.jit.script(model), path)                   } one of them
+      model.onnx     torch.onnx.export(model, (x,), path, dynamo=True, ...)          /
                      (with model.onnx.data beside it, unless external_data=False)
       classes.txt    one class name per line, in the order of the model's outputs
       kfvision.json  optional: {"classes", "image_size", "mean", "std", "eval_preset", "output",
@@ -38,22 +38,24 @@ DEFAULT_IMAGE_SIZE = 224
 OUTPUTS = ("logits", "probabilities")
 KEYS = ("classes", "image_size", "mean", "std", "eval_preset", "output", "model")
 # How a script writes each format: what an error about a missing or wrong file shows.
+BATCH = 'dynamic_shapes=({0: torch.export.Dim("batch")},)'  # any batch size, not the example's
 SNIPPETS = {
-    "torch-export": 'torch.export.save(torch.export.export(model.eval(), (torch.randn(1, 3, 224, '
-                    '224),)), f"{model_dir}/model.pt2")',
+    "torch-export": "torch.export.save(torch.export.export(model.eval(), (torch.randn(2, 3, 224, "
+                    f'224),), {BATCH}), f"{{model_dir}}/model.pt2")',
     "torchscript": 'torch.jit.save(torch.jit.script(model.eval()), f"{model_dir}/model.pt")',
-    "onnx": 'torch.onnx.export(model.eval(), (torch.randn(1, 3, 224, 224),), '
-            'f"{model_dir}/model.onnx", dynamo=True)',
+    "onnx": 'torch.onnx.export(model.eval(), (torch.randn(2, 3, 224, 224),), '
+            f'f"{{model_dir}}/model.onnx", dynamo=True, {BATCH})',
 }
 CLASSES_SNIPPET = ('open(f"{model_dir}/classes.txt", "w").write("\\n".join(class_names) + "\\n")'
                    "  # in output order")
 
 
 def how_to_write() -> str:
-    """The lines a script adds to write a model directory kfvision serves."""
-    return "\n".join(["    " + SNIPPETS["torchscript"] + "   # or model.pt2 / model.onnx:",
-                      "    " + SNIPPETS["torch-export"],
-                      "    " + SNIPPETS["onnx"],
+    """The lines a script adds to write a model directory kfvision serves: one of the three
+    formats, and the class names."""
+    return "\n".join(["    " + SNIPPETS["torch-export"],
+                      "    # or: " + SNIPPETS["torchscript"],
+                      "    # or: " + SNIPPETS["onnx"],
                       "    " + CLASSES_SNIPPET,
                       "(docs/scripts.md)"])
 
