@@ -160,15 +160,25 @@ def _model_file(model_dir: Path, meta: dict) -> tuple[Path, str]:
     for name, fmt in MODEL_FILES.items():
         if (model_dir / name).is_file():
             return model_dir / name, fmt
+    raise InvalidModelDirectoryError(no_model(model_dir))
+
+
+def no_model(model_dir: Path) -> str:
+    """Why `model_dir` is no model directory at all, what it holds, and what to write."""
+    if not model_dir.is_dir():
+        return (f"{model_dir} is not a trained model directory, nor one a training script wrote: "
+                f"it {'is a file' if model_dir.exists() else 'does not exist'}. Give the folder "
+                "`kfvision train --out` or your script wrote.")
     others = sorted(p.name for p in model_dir.iterdir() if p.is_file())
     found = (f"it holds {', '.join(others[:8])}{' ...' if len(others) > 8 else ''}" if others
              else "it is empty")
-    raise InvalidModelDirectoryError(
-        f"{model_dir} holds no model kfvision can load ({found}). kfvision reads "
-        f"{', '.join(MODEL_FILES)} (torch.export, TorchScript, ONNX) with {CLASSES_FILE} beside "
-        "it, or a directory `kfvision train` wrote (model.json and weights.pt). A state_dict or a "
-        "pickled module (torch.save) cannot be loaded without your code. Add to your script:\n"
-        + how_to_write())
+    if "spec.json" in others:
+        found += " (spec.json: an untrained model; train it first)"
+    return (f"{model_dir} is not a trained model directory (model.json and weights.pt, which "
+            f"`kfvision train --out {model_dir}` writes), nor one a training script wrote "
+            f"({', '.join(MODEL_FILES)} with {CLASSES_FILE}): {found}. A state_dict or a pickled "
+            "module (torch.save) cannot be loaded without your code. Add to your script:\n"
+            + how_to_write())
 
 
 def _numbers(meta: dict, key: str, default: tuple, where: Path) -> tuple:
@@ -190,10 +200,7 @@ def read_script_model(model_dir) -> ScriptModel:
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
-        what = "a file" if model_dir.exists() else "not there"
-        raise InvalidModelDirectoryError(
-            f"{model_dir} is not a model directory (it is {what}): give the folder `kfvision "
-            "train` or your training script wrote")
+        raise InvalidModelDirectoryError(no_model(model_dir))
     meta = _read_meta(model_dir)
     path, fmt = _model_file(model_dir, meta)
     classes = _classes(model_dir, meta)

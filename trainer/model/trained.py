@@ -22,7 +22,7 @@ import torch
 from trainer.errors import InvalidModelDirectoryError
 from trainer.fileio import atomic_write, atomic_write_bytes, atomic_write_json
 from trainer.model.arch import SPEC_FILE, WEIGHTS_FILE, ModelSpec, build_model, read_model_spec
-from trainer.model.scripted import has_script_model
+from trainer.model.scripted import has_script_model, no_model
 from trainer.model.scriptnet import load_script_model
 
 MODEL_FILE = "model.json"
@@ -67,8 +67,7 @@ def load_model(model_dir, *, device: str = "cpu", threads: int | None = None):
     Raises:
         InvalidModelDirectoryError: neither kind, saying which file is missing and what to write.
     """
-    if is_trained_model(model_dir) or not has_script_model(model_dir) and (
-            Path(model_dir) / MODEL_FILE).is_file():
+    if not has_script_model(model_dir) or is_trained_model(model_dir):
         model, info = load_trained_model(model_dir)
         return model.to(torch.device(device)), info
     return load_script_model(model_dir, device=device, threads=threads)
@@ -83,11 +82,13 @@ def load_trained_model(model_dir) -> tuple[torch.nn.Module, dict]:
             f"{model_dir} holds a model a training script wrote (TorchScript, torch.export or "
             "ONNX); this needs a directory `kfvision train` wrote (model.json and "
             f"{WEIGHTS_FILE}). Score, serve, export or register the script's directory instead.")
-    if not path.is_file() or not (model_dir / WEIGHTS_FILE).is_file():
+    if path.is_file() != (model_dir / WEIGHTS_FILE).is_file():  # one of them: a broken one
         raise InvalidModelDirectoryError(
             f"{model_dir} is not a trained model directory (needs {MODEL_FILE} and "
             f"{WEIGHTS_FILE}). Train one with `kfvision train --out {model_dir} ...`."
         )
+    if not path.is_file():  # neither kind: say what either needs
+        raise InvalidModelDirectoryError(no_model(model_dir))
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
         if info.get("format") != MODEL_FORMAT:
