@@ -307,7 +307,15 @@ BROKEN = [
      InvalidModelDirectoryError, ["names 'model' = 'net.onnx', which is not in"]),
     ("an unknown output", _torchscript, {"classes.txt": "a\n", "kfvision.json":
                                          '{"output": "scores"}'},
-     Exception, ["output = 'scores' is not valid; choose one of: logits, probabilities"]),
+     InvalidModelDirectoryError,
+     ["'output' = 'scores' is not valid; choose one of: logits, probabilities"]),
+    ("grey-scale input", lambda f: torch.export.save(torch.export.export(
+        nn.Conv2d(1, 2, 3), (torch.randn(1, 1, 8, 8),)), f / "model.pt2"),
+     {"classes.txt": "a\nb\n"}, InvalidModelDirectoryError,
+     ["takes input of shape [1, 1, 8, 8]; kfvision gives [batch, 3, S, S]"]),
+    ("a size out of range", _torchscript, {"classes.txt": "a\n", "kfvision.json":
+                                           '{"image_size": 4}'},
+     InvalidModelDirectoryError, ["'image_size' = 4 must be a whole number of pixels, 8 to"]),
 ]
 
 

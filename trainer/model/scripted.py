@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.errors import InvalidModelDirectoryError, check_choice, check_range
+from trainer.errors import InvalidModelDirectoryError
 from trainer.presets import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
 
 # file name -> format; also the precedence where a directory holds several
@@ -70,8 +70,8 @@ class ScriptModel:
     image_size: int | None  # None: the file's own input size, else DEFAULT_IMAGE_SIZE
     mean: tuple = IMAGENET_MEAN
     std: tuple = IMAGENET_STD
-    eval_preset: str = "standard"
-    output: str = "logits"
+    eval_preset: str = AUGMENTATIONS[0]  # "standard": torchvision's ImageNet evaluation resize
+    output: str = OUTPUTS[0]
 
     def info(self, image_size: int) -> dict:
         """What scoring and serving read (the keys of a trained model's model.json they use)."""
@@ -206,13 +206,13 @@ def read_script_model(model_dir) -> ScriptModel:
     classes = _classes(model_dir, meta)
     where = model_dir / META_FILE
     size = meta.get("image_size")
-    if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool):
-            raise bad(where, f"'image_size' = {size!r} must be a whole number of pixels")
-        check_range(f"{where}: image_size", size, 8, 4096)
-    preset = meta.get("eval_preset", "standard")
-    check_choice(f"{where}: eval_preset", preset, AUGMENTATIONS)
-    output = meta.get("output", "logits")
-    check_choice(f"{where}: output", output, OUTPUTS)
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool)
+                             or not 8 <= size <= 4096):
+        raise bad(where, f"'image_size' = {size!r} must be a whole number of pixels, 8 to 4096")
+    for key, choices in (("eval_preset", AUGMENTATIONS), ("output", OUTPUTS)):
+        if meta.get(key, choices[0]) not in choices:
+            raise bad(where, f"'{key}' = {meta[key]!r} is not valid; choose one of: "
+                      f"{', '.join(choices)}")
+    preset, output = meta.get("eval_preset", AUGMENTATIONS[0]), meta.get("output", OUTPUTS[0])
     return ScriptModel(path, fmt, classes, size, _numbers(meta, "mean", IMAGENET_MEAN, where),
                        _numbers(meta, "std", IMAGENET_STD, where), preset, output)

@@ -49,14 +49,17 @@ def _not_what_it_says(path: Path, fmt: str) -> str:
            f"{what}. Write it with\n    {SNIPPETS[fmt]}"
 
 
-def _fixed_shape(shape) -> tuple:
-    """(batch, height, width) of an input shape, each an int where fixed, else None."""
+def _fixed_shape(path: Path, shape) -> tuple:
+    """(batch, height, width) of the model's input shape, each an int where fixed, else None.
+    Raises InvalidModelDirectoryError for an input kfvision cannot give: not [batch, 3, S, S]."""
     dims = [d if isinstance(d, int) and not isinstance(d, bool) else None for d in shape]
-    return tuple(dims) if len(dims) != 4 else (dims[0], dims[2], dims[3])
+    if len(dims) != 4 or dims[1] not in (3, None):
+        raise bad(path, f"takes input of shape {list(shape)}; kfvision gives [batch, 3, S, S] "
+                  "(RGB images, channels first)")
+    return dims[0], dims[2], dims[3]
 
 
 def _load_torchscript(path: Path, device: str):
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # TorchScript is deprecated, not gone
@@ -66,18 +69,18 @@ def _load_torchscript(path: Path, device: str):
 
 
 def _load_torch_export(path: Path, device: str):
-
     try:
         with open(path, "rb") as f:  # a file object: any name works, not only *.pt2
             program = torch.export.load(f)
-    except (RuntimeError, ValueError, KeyError) as e:
+    except (RuntimeError, ValueError, KeyError, OSError) as e:
         raise bad(path, _not_what_it_says(path, "torch-export")) from e
     inputs = [n for n in program.graph.nodes
               if n.op == "placeholder" and n.name in program.graph_signature.user_inputs]
     if len(inputs) != 1:
         raise bad(path, f"takes {len(inputs)} inputs; kfvision gives one, the image batch")
-    shape = getattr(inputs[0].meta.get("val"), "shape", ())
-    return program.module().to(device), _fixed_shape(shape)
+    shape = getattr(inputs[0].meta.get("val"), "shape", None)
+    fixed = (None, None, None) if shape is None else _fixed_shape(path, shape)
+    return program.module().to(device), fixed
 
 
 class OnnxNet(nn.Module):
@@ -109,7 +112,7 @@ class OnnxNet(nn.Module):
         if inputs[0].type != "tensor(float)":
             raise bad(path, f"takes {inputs[0].type}; kfvision gives float32 images, normalised "
                        "(a `kfvision export` file takes uint8: serve that file itself)")
-        self.input, self.shape = inputs[0].name, _fixed_shape(inputs[0].shape)
+        self.input, self.shape = inputs[0].name, _fixed_shape(path, inputs[0].shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.session.run(None, {self.input: x.contiguous().numpy()})[0]
@@ -161,7 +164,6 @@ def _image_size(spec: ScriptModel, height, width) -> int:
 
 def _check_output(spec: ScriptModel, net, size: int, device: str) -> None:
     """One forward pass on a blank batch: the output must be [batch, classes]."""
-
     x = torch.zeros(2, 3, size, size, device=device)
     try:
         with torch.inference_mode():
