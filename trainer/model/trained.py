@@ -8,9 +8,8 @@
     metrics.json   per-epoch history and final figures
 
 `load_model` also takes the model directory a user's own training script wrote (the network as
-TorchScript, torch.export or ONNX, and its class names: trainer/model/scripted.py and
-scriptnet.py), so scoring,
-serving and export read either kind through one function.
+TorchScript, torch.export or ONNX, and its class names: trainer/model/scripted.py, scriptnet.py),
+so scoring, serving and export read either kind through one function.
 """
 
 import dataclasses
