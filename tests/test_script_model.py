@@ -18,7 +18,12 @@ from pipelines.serve.client import Server, request, v1_body, v2_body
 from trainer.data.datasets import ImageDataset
 from trainer.data.imagedir import read_image_directory
 from trainer.data.transforms import Normalizer, eval_transform
-from trainer.errors import DeviceError, ExportNotSupportedError, InvalidModelDirectoryError
+from trainer.errors import (
+    DeviceError,
+    ExportNotSupportedError,
+    InvalidModelDirectoryError,
+    InvalidParameterError,
+)
 from trainer.model.trained import load_model, load_trained_model
 from trainer.presets import IMAGENET_MEAN, IMAGENET_STD
 
@@ -101,7 +106,7 @@ def scored(path) -> tuple[list[dict], torch.Tensor]:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_score_gives_the_eager_models_probabilities(fmt, net, script_models, micro_digits,
-                                                    tmp_path, capsys):
+                                                    tmp_path):
     out = tmp_path / "scored.csv"
     assert cli(["score", "--model", str(script_models[fmt]), "--data", str(micro_digits["val"]),
                 "--out", str(out), "--quiet", "--batch-size", "4"]) == 0
@@ -161,7 +166,7 @@ def test_the_predictor_serves_torchscript_as_score_scores_it(script_models, micr
     batch = torch.stack([predictor.preprocess((micro_digits["val"] / e.path).read_bytes())
                          for e in imdir.images])
     assert (torch.from_numpy(predictor.probabilities(batch)) - want).abs().max() < 1e-5
-    with pytest.raises(Exception, match="runtime = 'onnx' cannot run"):
+    with pytest.raises(InvalidParameterError, match="runtime = 'onnx' cannot run"):
         Predictor(folder, runtime="onnx")
 
 
