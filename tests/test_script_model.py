@@ -206,6 +206,17 @@ def test_export_where_the_file_allows_and_a_named_error_where_not(net, script_mo
         assert not (tmp_path / "refused").exists()
 
 
+def test_a_torch_export_model_exports_to_int8(script_models, micro_digits, tmp_path):
+    from trainer.use.predict import Predictor
+    from trainer.use.quantize import export_int8
+
+    out = tmp_path / "int8.onnx"
+    meta = export_int8(script_models["torch-export"], out, micro_digits["train"],
+                       micro_digits["val"], calibration=20, progress=False)
+    assert meta["quantization"]["calibration_images"] == 20 and meta["classes"] == CLASSES
+    assert Predictor(out).runtime == "openvino"
+
+
 def test_pushed_to_s3_then_scored_from_there(s3_bucket, script_models, micro_digits, tmp_path):
     uri = s3_bucket.uri("models/script/")
     assert cli(["push", str(script_models["onnx"]), uri]) == 0
