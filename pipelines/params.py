@@ -14,6 +14,7 @@ from pipelines.jobs.config import JobConfig
 from pipelines.jobs.kinds import KINDS
 from pipelines.jobs.trainjob.rules import STOCK_RUNTIME
 from trainer.config import TrainConfig
+from trainer.errors import ref
 from trainer.options import option, options_of
 
 EXECUTION_MODES = ("auto", "local", "cluster")
@@ -103,6 +104,15 @@ def parameter_name(field: str) -> str:
     """The pipeline's name of a config field (how its errors name it): lr -> learning_rate."""
     names = {o.name: o.param for o in (*TRAIN_OPTIONS, *JOB_OPTIONS)}
     return names.get(field) or _FROM.get(field, field)
+
+
+def parameter_ref(field: str) -> str:
+    """How an error names the parameter of config field `field` (see trainer.errors.ref): the
+    pipeline's name in a step's log (learning_rate), its option's flag on the command line
+    (--lr)."""
+    name = parameter_name(field)
+    opt = pipeline_options().get(name)
+    return ref(name, opt.flag_name if opt else None)
 
 
 def train_options(**params) -> dict:

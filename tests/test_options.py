@@ -71,7 +71,7 @@ def test_the_train_and_check_components_take_every_option_they_hand_on():
 def test_each_name_is_one_option():
     tables = [options_of(c) for c in (TrainConfig, JobConfig, PipelineInputs)]
     names = [o.name for t in tables for o in t]
-    flags = [o.flag_name for t in tables[:2] for o in t]
+    flags = [f for t in tables[:2] for o in t for f in o.flags]  # aliases too
     params = [o.param for t in tables for o in t if o.param]
     for listed in (names, flags, params):
         assert len(listed) == len(set(listed))
@@ -99,7 +99,7 @@ def _job(**over):
     (lambda: _job(tolerations=(Toleration("gpu", None, "NoRun"),)), "tolerations",
      "--toleration gpu: effect 'NoRun'", "tolerations gpu: effect 'NoRun'"),
     (lambda: _job(gpus_per_node=1, procs_per_node=2), "procs_per_node",
-     "--procs-per-node 2 is more than --gpus-per-node 1", "procs_per_node 2 is more than "
+     "--nproc-per-node 2 is more than --gpus-per-node 1", "procs_per_node 2 is more than "
      "gpus_per_node 1"),
 ])
 def test_errors_carry_the_field_and_each_front_end_names_it(make, field, flag, parameter):

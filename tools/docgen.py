@@ -70,9 +70,14 @@ def _range(opt, name_of) -> str:
     return f"{'(' if opt.low_open else '['}{low}, {high}]"
 
 
+def _also(flags) -> str:
+    """' (also `--a`, `--b`)' of the older spellings the parsers accept too; '' for none."""
+    return f" (also {', '.join(f'`{f}`' for f in flags)})" if flags else ""
+
+
 def _flag(opt) -> str:
     text = f"`{opt.flag_name}{' ' + opt.metavar if opt.metavar else ''}`"
-    return text + " (repeatable)" if opt.many else text
+    return text + (" (repeatable)" if opt.many else "") + _also(opt.flags[1:])
 
 
 def _flag_of(options):
@@ -144,8 +149,9 @@ def s3_options(page: str) -> str:
 
 
 def pipeline_parameters(page: str) -> str:
-    """Every parameter of the pipeline, in its signature's order, with the pipeline's default.
-    A training or job parameter links to its option's row (range and meaning are there)."""
+    """Every parameter of the pipeline, in its signature's order, with its flag in `kfvision
+    pipeline submit | run-local` and the pipeline's default. A training or job parameter links
+    to its option's row (range and meaning are there)."""
     from pipelines.params import JOB_OPTIONS, TRAIN_OPTIONS, pipeline_options
     from pipelines.pipeline import parameter_defaults
 
@@ -154,15 +160,16 @@ def pipeline_parameters(page: str) -> str:
                 for o in TRAIN_OPTIONS},
              **{o.param: ("kfvision job render", JOB_TABLE, "job options")
                 for o in JOB_OPTIONS}}
-    head = ["parameter", "type", "default", "range or choices", "meaning"]
+    head = ["parameter", "flag", "type", "default", "range or choices", "meaning"]
     rows = [_row(head), _row(["---"] * len(head))]
     for name, default in parameter_defaults().items():
         o = options[name]
-        cells = [f"`{name}`", o.type.__name__, _cell("required" if default is None
-                                                      else _value(default))]
+        flags = o.pipeline_flags
+        cells = [f"`{name}`", f"`{flags[0]}`{_also(flags[1:])}", o.type.__name__,
+                 _cell("required" if default is None else _value(default))]
         if name in where:
             command, table, title = where[name]
-            cells += ["", f"`{command} {o.flag_name}`: [{title}]({_link(table, page)})"]
+            cells += ["", f"as `{command}`'s: [{title}]({_link(table, page)})"]
         else:
             cells += [_cell(_range(o, lambda n: f"`{n}`")), _cell(o.help)]
         rows.append(_row(cells))

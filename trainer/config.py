@@ -9,7 +9,14 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from trainer.errors import InvalidParameterError, ref
-from trainer.options import HelpFormatter, add_flags, check_options, option, options_of
+from trainer.options import (
+    ArgumentParser,
+    HelpFormatter,
+    add_flags,
+    check_options,
+    option,
+    options_of,
+)
 from trainer.presets import AUGMENTATIONS, CPU_BF16_MIN_IMAGE_SIZE
 
 ON_OFF = ("on", "off")
@@ -121,7 +128,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     """The trainer's parser (`python -m trainer.train`); torch-free, for the command line."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
+        prog="python -m trainer.train",
         description="Train a ResNet/DenseNet image classifier with PyTorch DDP.",
         add_help=add_help, formatter_class=HelpFormatter)
     return add_train_arguments(parser)

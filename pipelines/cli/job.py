@@ -18,7 +18,7 @@ from trainer.options import HelpFormatter, add_flags, options_of
 
 EPILOG = """\
 the same job, three ways:
-  kfvision job render --name digits --image IMAGE --nodes 2 --procs-per-node 2 \\
+  kfvision job render --name digits --image IMAGE --nodes 2 --nproc-per-node 2 \\
       --model M --train T --val V --out O -o job.yaml
   kfvision job run-local job.yaml                 # on this machine, as the operator would
   kfvision job submit job.yaml --wait             # on the cluster of the current kubeconfig

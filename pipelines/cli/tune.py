@@ -9,7 +9,7 @@ from pathlib import Path
 from pipelines.tune.experiment import ALGORITHMS, EARLY_STOPPING, Search
 from pipelines.tune.space import check_space, parse_param
 from trainer.errors import InvalidParameterError
-from trainer.options import HelpFormatter
+from trainer.options import ArgumentParser, HelpFormatter
 from trainer.reporting import OBJECTIVES
 
 EPILOG = """\
@@ -188,7 +188,7 @@ def _job_render_parser() -> argparse.ArgumentParser:
     """`kfvision job render`'s parser: the job and training flags, declared there once."""
     from pipelines.cli import job
 
-    sub = argparse.ArgumentParser(add_help=False).add_subparsers()
+    sub = ArgumentParser(add_help=False).add_subparsers()
     job.add_render(sub)
     return sub.choices["render"]
 

@@ -106,7 +106,9 @@ class JobConfig:
     namespace: str | None = option(None, "namespace", unset="the one kubectl/submit uses")
     nodes: int = option(1, "pods: 1 Master + (N-1) Workers", low=1, high=10_000, pipeline=True)
     procs_per_node: int | None = option(None, "training processes per pod", low=1, high=1024,
-                                        unset="one per GPU, or 1", pipeline=True)
+                                        unset="one per GPU, or 1", pipeline=True,
+                                        flag="--nproc-per-node",  # torchrun's, as train's
+                                        aliases=("--procs-per-node",))
     gpus_per_node: int = option(0, f"{GPU_RESOURCE} per pod", low=0, high=64, pipeline=True)
     node_selector: tuple = option((), "node label the pods require", many=True,
                                   parse=parse_key_value, show="=".join, metavar="KEY=VALUE",
