@@ -150,16 +150,17 @@ def test_train_refuses_a_shortened_nproc_per_node_in_one_line(argv):
                           f"(see kfvision {command} --help)\n")
 
 
-def test_the_trainer_gets_its_flags_from_the_parsed_options(monkeypatch):
+def test_the_trainer_gets_its_flags_from_the_parsed_options(monkeypatch, tmp_path):
     """What `kfvision train` hands the trainer is written from the configuration its parser
-    built: an alias comes out under the option's own flag, and nothing of the command line is
-    passed on as typed."""
+    built (a --config file merged in), never a filtered copy of the command line."""
     from pipelines.cli import main
     from trainer import train
 
     got = []
     monkeypatch.setattr(train, "main", lambda argv: got.append(argv) or 0)
+    (tmp_path / "c.yaml").write_text("lr: 0.05\nepochs: 7\n")
     assert main(["train", "--model", "m", "--train", "t", "--val", "v", "--out", "o",
-                 "--learning-rate=0.05", "--nproc-per-node", "1", "--print-freq", "5"]) == 0
-    assert got == [["--model", "m", "--train", "t", "--val", "v", "--out", "o", "--lr", "0.05",
-                    "--print-freq", "5"]]
+                 f"--config={tmp_path / 'c.yaml'}", "--nproc-per-node", "1", "--epochs=2",
+                 "--print-freq", "5"]) == 0
+    assert got == [["--model", "m", "--train", "t", "--val", "v", "--out", "o", "--epochs", "2",
+                    "--lr", "0.05", "--print-freq", "5"]]
