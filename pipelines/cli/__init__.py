@@ -33,8 +33,8 @@ HELP = {
     "train": "train a model (one process, or N with --nproc-per-node)",
     "job": "train as a Kubeflow job, PyTorchJob (the default) or TrainJob: render, run-local, "
            "submit, logs, delete",
-    "pipeline": "the Kubeflow Pipelines pipeline (data to deployed model, registered on the "
-                "way): compile, submit, run-local",
+    "pipeline": "the Kubeflow Pipelines pipeline, images to a registered, deployed model: "
+                "compile, submit, run-local",
     "serve": "serve a trained model with KServe's model server (v1 and v2 protocols)",
     "deploy": "deploy a trained model on KServe: render, submit, delete an InferenceService",
     "tune": "hyperparameter search: run (on this machine, Optuna), render, submit, status, "
