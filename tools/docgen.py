@@ -10,11 +10,12 @@ Each generated part sits between two marker comments in README.md or a docs/*.md
     <!-- end generated -->
 
 and only those parts are rewritten: the option tables (training, job, pipeline parameters,
-storage, deploy) from the option() declarations, `job render`'s kind flags from its parser, the
-message of an out-of-range parameter, and the demo's training settings. A region on one line is
-written on one line (within a sentence). Each part appears in exactly one file; other pages link
-to it. tests/test_docs.py fails when a committed file differs from what this writes.
-Torch-free: it reads the declarations only (kfp is imported for the pipeline's defaults).
+storage, s3, deploy, serve, search) from the option() declarations, `job render`'s kind flags
+from its parser, the message of an out-of-range parameter, and the demo's training settings. A
+region on one line is written on one line (within a sentence). Each part appears in exactly one
+file; other pages link to it. tests/test_docs.py fails when a committed file differs from what
+this writes. Torch-free: it reads the declarations only (kfp is imported for the pipeline's
+defaults).
 """
 
 import argparse
@@ -97,6 +98,11 @@ def _row(cells) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _meaning(opt) -> str:
+    """The option's one-line help, then the rest of its explanation (`doc`)."""
+    return f"{opt.help}. {opt.doc}" if opt.doc else opt.help
+
+
 def flag_table(options) -> str:
     """A Markdown table of a config's options as flags: flag, type, default, range or choices,
     the pipeline parameter (when one of them is one), meaning."""
@@ -109,7 +115,7 @@ def flag_table(options) -> str:
         rows.append(_row([_flag(o), o.type.__name__, _cell(_default(o)),
                           _cell(_range(o, name_of)),
                           *([f"`{o.param}`" if o.param else ""] if pipeline else []),
-                          _cell(o.help)]))
+                          _cell(_meaning(o))]))
     return "\n".join(rows)
 
 
@@ -132,6 +138,20 @@ def deploy_options(page: str) -> str:
     from trainer.options import options_of
 
     return flag_table(options_of(DeployConfig))
+
+
+def serve_options(page: str) -> str:
+    from pipelines.serve.server import ServeOptions
+    from trainer.options import options_of
+
+    return flag_table(options_of(ServeOptions))
+
+
+def search_options(page: str) -> str:
+    from pipelines.tune.experiment import Search
+    from trainer.options import options_of
+
+    return flag_table(options_of(Search))
 
 
 def storage_options(page: str) -> str:
@@ -171,7 +191,7 @@ def pipeline_parameters(page: str) -> str:
             command, table, title = where[name]
             cells += ["", f"as `{command}`'s: [{title}]({_link(table, page)})"]
         else:
-            cells += [_cell(_range(o, lambda n: f"`{n}`")), _cell(o.help)]
+            cells += [_cell(_range(o, lambda n: f"`{n}`")), _cell(_meaning(o))]
         rows.append(_row(cells))
     return "\n".join(rows)
 
@@ -229,6 +249,8 @@ REGIONS = {
     "storage options": storage_options,
     "s3 options": s3_options,
     "deploy options": deploy_options,
+    "serve options": serve_options,
+    "search options": search_options,
     "range error example": range_error_example,
     "demo settings": demo_settings,
 }

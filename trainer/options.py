@@ -228,7 +228,9 @@ def add_flags(group, options, *, defaults: bool = True, pipeline: dict | None = 
             kwargs.update(action=argparse.BooleanOptionalAction,
                           default=default if defaults else None)
         else:
-            metavar = f"{opt.metavar},..." if opt.many else opt.metavar or dest.upper()
+            choices = "{" + ",".join(map(str, opt.choices)) + "}" if opt.choices else None
+            metavar = (f"{opt.metavar},..." if opt.many else
+                       opt.metavar or choices or dest.upper())
             kwargs.update(type=opt.type, metavar=metavar, required=required and defaults,
                           default=None if required or not defaults else default)
         group.add_argument(*(opt.flags if pipeline is None else opt.pipeline_flags), **kwargs)
