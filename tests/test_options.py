@@ -159,3 +159,24 @@ def test_the_demos_settings_are_pipeline_parameters():
     from pipelines.demo import DEMO_DEPLOY, DEMO_TRAIN
 
     assert set(DEMO_TRAIN) | set(DEMO_DEPLOY) <= set(TABLE)
+
+
+HELP_WIDTH = 100  # one line of `--help`, as torchvision's references keep it
+
+
+@pytest.mark.parametrize("command, parser", PARSERS, ids=[c for c, _ in PARSERS])
+def test_every_help_is_one_short_line(command, parser):
+    """An option's help (its default included) and a sub-command's are one line; the
+    explanation is in the generated tables (`doc` of an option) and the docs."""
+    formatter = parser._get_formatter()
+    actions = [*parser._actions, *(c for a in parser._actions
+                                   if isinstance(a, argparse._SubParsersAction)
+                                   for c in a._choices_actions)]
+    long = []
+    for action in actions:
+        if action.help in (None, argparse.SUPPRESS):
+            continue
+        text = formatter._expand_help(action)
+        if "\n" in text or len(text) > HELP_WIDTH:
+            long.append(f"{action.option_strings or action.dest}: {len(text)}: {text}")
+    assert not long, f"kfvision {command}:\n" + "\n".join(long)

@@ -31,14 +31,14 @@ typical run (no cluster needed):
 # The one-line help of the command groups whose flags are built only when they are named.
 HELP = {
     "train": "train a model (one process, or N with --nproc-per-node)",
-    "job": "train as a Kubeflow job, PyTorchJob (the default) or TrainJob: render, run-local, "
-           "submit, logs, delete",
+    "job": "train as a Kubeflow PyTorchJob or TrainJob: render, run-local, submit, logs, "
+           "delete",
     "pipeline": "the Kubeflow Pipelines pipeline, images to a registered, deployed model: "
                 "compile, submit, run-local",
     "serve": "serve a trained model with KServe's model server (v1 and v2 protocols)",
     "deploy": "deploy a trained model on KServe: render, submit, delete an InferenceService",
-    "tune": "hyperparameter search: run (on this machine, Optuna), render, submit, status, "
-            "delete (a Katib Experiment)",
+    "tune": "hyperparameter search: run (Optuna, here), render, submit, status, delete "
+            "(Katib)",
     "register": "register a trained model: a version in MLflow's or Kubeflow's model registry",
 }
 

@@ -99,7 +99,7 @@ def _add_kind_flags(g) -> None:
     g.add_argument("--kind", choices=KINDS, default="pytorchjob", help="PyTorchJob (Training "
                    "Operator v1.9) or TrainJob (Kubeflow Trainer v2)")
     g.add_argument("--runtime", help="TrainJob: the runtime to reference (default: the stock "
-                   "torch-distributed; kfvision-torch carries the exit-code contract)")
+                   "torch-distributed)")
     g.add_argument("--runtime-kind", choices=RUNTIME_KINDS,
                    help="TrainJob: the runtime's kind (default: ClusterTrainingRuntime)")
 
@@ -248,9 +248,8 @@ def register(subparsers, help: str) -> None:
                    help="seconds Workers may take to finish after the Master succeeded")
     r.add_argument("--fault", type=_fault, action="append", default=[],
                    metavar="TARGET:SIGNAL:PATTERN",
-                   help="fault drill (repeatable): once a log line matches PATTERN, send SIGNAL "
-                   "to TARGET, a replica (worker-0: the whole pod) or one training process "
-                   "(worker-0/0: local rank 0), e.g. 'worker-0/0:KILL:epoch 2 \\['")
+                   help="fault drill (repeatable): on a log line matching PATTERN, send SIGNAL "
+                   "to TARGET")
     r.set_defaults(func=_run_local)
     s = sub.add_parser("submit", formatter_class=fmt,
                        help="create the job on the cluster (re-attach if it exists)")
