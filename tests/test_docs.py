@@ -184,11 +184,33 @@ def _check(argv: list, whole: bool) -> str | None:
     return None if code in (None, 0) else err.strip()
 
 
+def _epilog_commands() -> list:
+    """(where, text) of each `kfvision ...` line of the examples `--help` prints (epilogs)."""
+    from parsers import every_parser
+
+    out = []
+    for words, parser in every_parser():
+        lines = (parser.epilog or "").splitlines()
+        for i, line in enumerate(lines):
+            text = line.strip()
+            if text.startswith("kfvision "):
+                while text.endswith("\\") and i + 1 < len(lines):
+                    i += 1
+                    text = text[:-1] + " " + lines[i].strip()
+                where = " ".join(("python -m trainer.train",) if words is None else
+                                 ("kfvision", *words, "--help"))
+                out.append((where, text))
+    return out
+
+
 def _documented():
     for path in docgen.pages():
         for line, text, block in documented_commands(path):
             for argv, whole in _words(text):
                 yield f"{path.relative_to(REPO).as_posix()}:{line}", argv, block and whole
+    for where, text in _epilog_commands():
+        for argv, whole in _words(text):
+            yield where, argv, whole
 
 
 DOCUMENTED = list(_documented())
