@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipelines.cli.train import NPROC_FLAG
 from pipelines.tune.experiment import Search
 from pipelines.tune.space import check_space
 from trainer.options import ArgumentParser, HelpFormatter, add_flags, options_of
@@ -181,7 +182,7 @@ def register(subparsers, help: str) -> None:
                            help="search on this machine (Optuna); --out is the search's folder",
                            formatter_class=HelpFormatter)
     _search_arguments(run)
-    run.add_argument("--nproc-per-node", type=int, default=1,
+    run.add_argument(NPROC_FLAG, type=int, default=1,
                      help="training processes per trial (torchrun when > 1)")
     run.set_defaults(func=_run)
     render = verbs.add_parser("render", parents=[_job_render_parser()], add_help=False,
