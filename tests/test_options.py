@@ -7,9 +7,9 @@ import inspect
 from dataclasses import MISSING
 
 import pytest
+from parsers import every_parser
 
 from pipelines import components
-from pipelines.cli import build_parser
 from pipelines.jobs.config import JobConfig, Toleration
 from pipelines.params import JOB_OPTIONS, TRAIN_OPTIONS, PipelineInputs, parameter_name
 from pipelines.params import pipeline_options as pipeline_table
@@ -111,19 +111,9 @@ def test_errors_carry_the_field_and_each_front_end_names_it(make, field, flag, p
 
 
 def _parsers():
-    """(command, parser) of every command and sub-command of `kfvision`."""
-    top = build_parser()
-    (sub,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
-    out = [("kfvision", top)]
-    for name in sub.choices:
-        todo = [(name, build_parser([name])._subparsers._group_actions[0].choices[name])]
-        while todo:
-            command, parser = todo.pop()
-            out.append((command, parser))
-            for action in parser._actions:
-                if isinstance(action, argparse._SubParsersAction):
-                    todo += [(f"{command} {n}", p) for n, p in action.choices.items()]
-    return out
+    """(command, parser) of every command and sub-command of `kfvision`, and the trainer's."""
+    return [("python -m trainer.train" if words is None else " ".join(words) or "kfvision", parser)
+            for words, parser in every_parser()]
 
 
 def _default_shown(action) -> bool:
