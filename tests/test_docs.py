@@ -162,9 +162,8 @@ def _check(argv: list, whole: bool) -> str | None:
                 argv[i + 1] = _sample(action)
             continue
         commands = sub_commands(parser if path else command_parser(word.split("|")[0]))
-        if not commands or (i and argv[i - 1].startswith("-")
-                            and parser._option_string_actions[argv[i - 1].partition("=")[0]]
-                            .nargs != 0 and "=" not in argv[i - 1]):
+        before = parser._option_string_actions.get(argv[i - 1]) if i else None
+        if not commands or (before is not None and before.nargs != 0):
             continue  # a positional argument or a flag's value
         names = re.split(r"[|/]", word)
         if _PLACEHOLDER.fullmatch(word):  # kfvision COMMAND --help
