@@ -1,5 +1,11 @@
 """The fast path: how data loading and compute run on this machine, resolved once at start-up.
 
+The processor is read in one place, `cpu_features` (`/proc/cpuinfo`'s flags less what
+ONEDNN_MAX_CPU_ISA hides from the kernels): its kind (AMX, AVX512_BF16, AVX-512, AVX2 only)
+and VNNI. Every CPU speed choice reads it, here (bf16, and channels_last with it) and for int8
+(`int8_reduce_range`); the resolved Runtime carries it (`cpu`) into metrics.json and config.yaml.
+docs/benchmarks.md says which choice depends on which feature.
+
 Every switch has an explicit on/off value in TrainConfig; `auto` picks what measured faster on that
 kind of device (docs/benchmarks.md), and is always numerically safe for training:
 - cache: decoded images kept in memory when they fit (auto: a quarter of the available memory
