@@ -67,20 +67,21 @@ def profile(arch: str, data, a) -> dict:
     x = norm(torch.stack([ds[i % len(ds)][0] for i in range(n)]), layout)
     y = torch.arange(n) % 10
     loss_fn = torch.nn.CrossEntropyLoss()
-    state = {}
-
-    def forward():
+    parts = {"forward": [], "backward": [], "optimizer": []}
+    for i in range(a.steps + 1):  # the first step builds the kernels: left out
+        t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            state["loss"] = loss_fn(model(x).float(), y)
-
-    def backward():
-        forward()  # the graph is freed by each backward: time both, subtract the forward
+            loss = loss_fn(model(x).float(), y)
+        t1 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        state["loss"].backward()
-
-    fwd = _timed(forward, a.steps)
-    bwd = _timed(backward, a.steps) - fwd
-    step = _timed(opt.step, a.steps)
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        if i:
+            for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2)):
+                parts[k].append(v)
+    fwd, bwd, step = (statistics.median(parts[k]) for k in parts)
     # a real epoch: the loader's worker decodes while the step runs on the same cores
     loader, _ = make_loader(ds, batch_size=n, workers=max(1, a.threads - 1), shuffle=True,
                             seed=1)
