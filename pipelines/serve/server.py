@@ -89,7 +89,7 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     """The loaded `ImageClassifier` for a trained model directory or an ONNX export."""
     _import_kserve()
     from pipelines.serve.batcher import Batcher
-    from pipelines.serve.metrics import timed_forward
+    from pipelines.serve.metrics import FAST_PATH, timed_forward
     from pipelines.serve.model import ImageClassifier
     from trainer.distributed import usable_cpus
     from trainer.use.predict import Predictor
@@ -107,6 +107,7 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     model_streams = model_streams or 1
     predictor = Predictor(model, runtime, device, threads=model_threads)
     name = name or default_name(model)
+    FAST_PATH.labels(name).info(predictor.fast_path())
     batcher = Batcher(timed_forward(predictor.probabilities, name), max_batch=max_batch_size,
                       max_wait_s=batch_wait_ms / 1000, decode_threads=workers,
                       streams=model_streams)
