@@ -228,6 +228,11 @@ def test_serve_offers_every_predictor_runtime():
     from pipelines.cli import build_parser
     from trainer.use.predict import RUNTIMES
 
+    from pipelines.serve.server import ServeOptions
+    from trainer.options import options_of
+
+    declared = next(o for o in options_of(ServeOptions) if o.name == "runtime")
+    assert tuple(declared.choices) == RUNTIMES
     serve = build_parser(["serve"])._subparsers._group_actions[0].choices["serve"]
-    runtime = next(a for a in serve._actions if a.dest == "runtime")
-    assert tuple(runtime.choices) == RUNTIMES
+    flag = next(a for a in serve._actions if a.dest == "runtime")
+    assert flag.metavar == "{" + ",".join(RUNTIMES) + "}"  # what --help shows
