@@ -184,23 +184,26 @@ def _importers(*packages: str) -> set:
     return found
 
 
-def test_one_module_talks_to_kubernetes():
-    """Every API call, and the one mapping of its failures, is pipelines/clients/k8s.py's."""
-    assert _importers("kubernetes") == {"pipelines.clients.k8s"}
+# Outside systems, one rule: each system's client libraries are imported by its one client module
+# under pipelines/clients/ (which maps its failures onto the named errors once), never elsewhere.
+# The one exception is the trainer's MLflow tracking (trainer/ cannot import pipelines/; the
+# registry client classifies MLflow's failures through trainer.tracking.failure).
+CLIENTS = "pipelines.clients."
+OUTSIDE_SYSTEMS = {  # system -> (its client libraries, the modules that may import them)
+    "Kubernetes API": (("kubernetes",), {"pipelines.clients.k8s"}),
+    "object storage": (("boto3", "botocore", "s3transfer", "s3fs"), {"pipelines.clients.s3"}),
+    "MLflow": (("mlflow",), {"pipelines.clients.registry", "trainer.tracking"}),
+    "Kubeflow Model Registry": (("model_registry",), {"pipelines.clients.registry"}),
+}
+OUTSIDE_THE_FOLDER = {"trainer.tracking"}
 
 
-def test_one_module_talks_to_object_storage():
-    """Every S3 call, and the one mapping of its failures, is pipelines/clients/s3.py's."""
-    assert _importers("boto3", "botocore", "s3transfer", "s3fs") == {"pipelines.clients.s3"}
-
-
-def test_one_module_talks_to_each_tracking_and_registry_server():
-    """MLflow's tracking API is trainer/tracking.py's (the trainer cannot import pipelines/), its
-    registry and Kubeflow's Model Registry are pipelines/clients/registry.py's; the registry module
-    classifies MLflow's failures through trainer.tracking.failure, so there is one mapping."""
-    assert _importers("mlflow") <= {"trainer.tracking", "pipelines.clients.registry"}
-    assert "trainer.tracking" in _importers("mlflow")
-    assert _importers("model_registry") <= {"pipelines.clients.registry"}
+@pytest.mark.parametrize("system", OUTSIDE_SYSTEMS)
+def test_each_outside_system_is_reached_through_its_client_module_only(system):
+    libraries, allowed = OUTSIDE_SYSTEMS[system]
+    found = _importers(*libraries)
+    assert found and found <= allowed
+    assert {m for m in found if not m.startswith(CLIENTS)} <= OUTSIDE_THE_FOLDER
 
 
 # Names other platforms define, and the one module of ours that may spell them (docs/upstream.md
