@@ -57,6 +57,10 @@ def render_argv(cfg: JobConfig) -> list:
 
 
 def _render(args) -> int:
+    from pipelines.cli import jobscript
+
+    if jobscript.check_mode(args):
+        return _render_script(args)
     cfg = job_config_from_args(args)
     job, kind_argv = build_job(args, cfg)
     header = ("Rendered by kfvision; edit the command, not this file:\n"
@@ -119,7 +123,25 @@ def add_render(sub) -> None:
     add_flags(g, JOB_OPTIONS)
     _add_kind_flags(g)
     g.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    # --- a user's own script (issue 31): pipelines/cli/jobscript.py ---
+    from pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
+
+    add_script_flags(r)
+    relax_trainer_paths(r)
     r.set_defaults(func=_render)
+
+
+def _render_script(args) -> int:
+    from pipelines.cli.jobscript import render_script, write_rendered
+
+    text, job, said = render_script(args, build_job)
+    write_rendered(text, args.output)
+    where = "standard output" if args.output in (None, "-") else args.output
+    for line in said:
+        print(line, file=sys.stderr)
+    print(f"wrote {job['kind']} {job['metadata']['name']} running your script to {where}",
+          file=sys.stderr)
+    return 0
 
 
 def _raise_interrupt(signum, frame):
