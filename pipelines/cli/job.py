@@ -156,11 +156,11 @@ def _fault(text: str) -> Fault:
 
 
 def _run_local(args) -> int:
-    from pipelines.jobs.kinds import TRAINJOB, kind_of, read_job
+    from pipelines.jobs.kinds import TRAINJOB, kind_of, read_manifest
     from pipelines.jobs.pytorchjob import local as pytorchjob_local
     from pipelines.jobs.trainjob import local as trainjob_local
 
-    job = read_job(args.manifest)
+    job, config_maps = read_manifest(args.manifest)  # ConfigMaps: a user's script's source
     name, trainjob = job["metadata"]["name"], kind_of(job) is TRAINJOB
     log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
     print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
@@ -171,11 +171,12 @@ def _run_local(args) -> int:
     try:
         if trainjob:  # every node must succeed: no --grace
             result = trainjob_local.run_local(job, log_dir, source=args.manifest,
-                                              quiet=args.quiet, faults=args.fault)
+                                              quiet=args.quiet, faults=args.fault,
+                                              config_maps=config_maps)
         else:
             result = pytorchjob_local.run_local(job, log_dir, source=args.manifest,
                                                 quiet=args.quiet, grace_s=args.grace,
-                                                faults=args.fault)
+                                                faults=args.fault, config_maps=config_maps)
     except KeyboardInterrupt:
         print(f"interrupted: stopped every process of job {name}", file=sys.stderr)
         return 130
@@ -205,10 +206,14 @@ def _namespace(args, job: dict | None = None) -> str | None:
 
 def _submit(args) -> int:
     from pipelines.jobs.cluster import connect, submit
-    from pipelines.jobs.kinds import kind_of, read_job
+    from pipelines.jobs.kinds import kind_of, read_manifest
 
-    job = read_job(args.manifest)
+    job, config_maps = read_manifest(args.manifest)
     client = connect(_namespace(args, job), kind=kind_of(job))
+    for cm in config_maps.values():  # a user's source first: the pods mount it
+        _, created = client.api.create_config_map(cm)
+        client.say(f"{'created' if created else 'reusing'} ConfigMap {client.namespace}/"
+                   f"{cm['metadata']['name']}")
     try:
         submit(client, job, wait=args.wait, timeout_s=args.timeout,
                keep_on_timeout=args.keep_on_timeout, poll_s=args.poll, logs=not args.no_logs)
