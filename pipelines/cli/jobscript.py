@@ -150,19 +150,20 @@ def _ship(snap, transport, output: str | None) -> str:
 
 def render_script(args, build_kind) -> tuple:
     """(YAML text, the job dict, lines to tell the user) of `job render --source`."""
-    from pipelines.cli.job import JOB_OPTIONS
     from pipelines.jobs.config import JobConfig, to_yaml
     from pipelines.script.job import (
-        _NO_TRAINER,
+        NO_TRAINER,
         build_script_job,
         choose_transport,
         encoded_size,
     )
     from pipelines.script.pack import pack
+    from trainer.options import options_of
 
+    JOB_OPTIONS = options_of(JobConfig)  # noqa: N806 (as pipelines/cli/job.py names them)
     given = {o.name: getattr(args, o.name) for o in JOB_OPTIONS}
     given.update({o.name: tuple(given[o.name]) for o in JOB_OPTIONS if o.many})
-    cfg = JobConfig(train=_NO_TRAINER, **given)
+    cfg = JobConfig(train=NO_TRAINER, **given)
     if args.kind == "pytorchjob" and (args.runtime or args.runtime_kind):
         build_kind(args, cfg)  # the built-in path's refusal, worded once
     snap = pack(args.source, include=args.include_secret)

@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipelines.jobs.trainjob.rules import PET_NAMES
 from pipelines.script import contract
 from pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
 from trainer import exitcodes
@@ -43,8 +44,8 @@ LAUNCHERS = ("torchrun", "python")
 DEFAULT_WORK = "/kfvision/work"  # an emptyDir of the pod (pipelines/script/job.py)
 # What the Training Operator v1.9.4 gives every pod (pkg/controller.v1/pytorch/envvar.go), made
 # here from the torch plugin's PET_* on a TrainJob (pipelines/jobs/trainjob/rules.py has them)
-CLASSIC = {"MASTER_ADDR": "PET_MASTER_ADDR", "MASTER_PORT": "PET_MASTER_PORT",
-           "RANK": "PET_NODE_RANK", "WORLD_SIZE": "PET_NNODES"}
+_NNODES, _, NODE_RANK, _ADDR, _PORT = PET_NAMES
+CLASSIC = {"MASTER_ADDR": _ADDR, "MASTER_PORT": _PORT, "RANK": NODE_RANK, "WORLD_SIZE": _NNODES}
 
 
 def say(text: str) -> None:
@@ -155,7 +156,7 @@ def _env_cache(work: Path) -> Path:
 def script_env(args, python: Path, dirs: dict, inputs: dict) -> dict:
     env = dict(os.environ)
     env.pop(contract.POD_ROOT, None)
-    node = int(env.get("PET_NODE_RANK", env.get("RANK", "0")) or 0)
+    node = int(env.get(NODE_RANK, env.get("RANK", "0")) or 0)
     hosts = args.hosts.split(",") if args.hosts else [f"node-{node}"]
     env.update(contract.contract_env(
         model=dirs["model"], outputs=dirs["outputs"], checkpoints=dirs["checkpoints"],
@@ -223,7 +224,7 @@ def boot(args) -> int:
     began = time.monotonic()
     code = run(argv, src, env)
     took = time.monotonic() - began
-    node = env.get("PET_NODE_RANK", env.get("RANK", "0"))
+    node = env.get(NODE_RANK, env.get("RANK", "0"))
     if code != 0:
         who = (f"rank {env.get('RANK', node)}" if args.launcher == "python"
                else "a rank (see the launch lines above)")

@@ -43,7 +43,7 @@ RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CHANNEL = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,62}")
 # The trainer flags a JobConfig carries are not used by a script's job: the command is replaced.
-_NO_TRAINER = TrainConfig(model="-", train="-", val="-", out="-")
+NO_TRAINER = TrainConfig(model="-", train="-", val="-", out="-")
 
 
 @dataclass(frozen=True)
@@ -153,12 +153,12 @@ def check_script(cfg: JobConfig, script: ScriptConfig, kind: str) -> None:
         raise InvalidJobError(f"--launcher python runs one process per pod, not "
                               f"--procs-per-node {cfg.procs_per_node}; use --launcher torchrun "
                               "for several.")
-    from pipelines.jobs.trainjob.rules import PET_NAMES
+    from pipelines.jobs.trainjob.rules import PET_NAMES, PET_PREFIX
 
     for name, _ in script.env:
         if not _ENV_NAME.fullmatch(name):
             raise InvalidJobError(f"--env {name}: not a variable name.")
-        if name.startswith("PET_") or name in RESERVED_ENV:
+        if name.startswith(PET_PREFIX) or name in RESERVED_ENV:
             who = (f"Kubeflow Trainer's webhook refuses {', '.join(PET_NAMES)} in trainer.env"
                    if kind == "trainjob" else "the Training Operator sets it")
             raise InvalidJobError(f"--env {name}: the platform sets it ({who}); drop it.")
@@ -214,7 +214,7 @@ def build_script_job(cfg: JobConfig, script: ScriptConfig, snap: Snapshot, trans
     check_script(cfg, script, kind)
     if script.launcher == "python":
         cfg = replace(cfg, procs_per_node=1)
-    cfg = replace(cfg, train=_NO_TRAINER, env=(*cfg.env, *script.env))
+    cfg = replace(cfg, train=NO_TRAINER, env=(*cfg.env, *script.env))
     hosts = hosts_of(cfg, kind)
     args = _boot_args(cfg, script, transport, snap.sha256, hosts)
     volumes, mounts = _mounts(transport, snap.sha256)
