@@ -303,3 +303,18 @@ def register(subparsers, help: str) -> None:
     d.add_argument("name", help="job name")
     d.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
     d.set_defaults(func=_delete)
+    # --- a user's own script in one step (issue 31): pipelines/cli/jobscript.py ---
+    from pipelines.cli.jobscript import add_run
+
+    add_run(sub, JOB_OPTIONS, _add_kind_flags, _run_script)
+
+
+def _run_script(args) -> int:
+    from pipelines.cli.jobscript import check_mode, run_args
+
+    if args.source is not None:
+        check_mode(args)
+    args.output = args.output or str(Path("build") / "jobs" / f"{args.name}.yaml")
+    then = run_args(args)
+    _render_script(args)
+    return _submit(then) if args.submit else _run_local(then)

@@ -196,3 +196,39 @@ def write_rendered(text: str, output: str | None) -> None:
     else:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(text, encoding="utf-8")
+
+
+def add_run(sub, job_options, add_kind_flags, func) -> None:
+    """`kfvision job run --source ...`: render, say where the YAML went, then run it here or
+    submit it."""
+    from trainer.options import HelpFormatter, add_flags
+
+    r = sub.add_parser("run", formatter_class=HelpFormatter, allow_abbrev=False,
+                       help="your own script in one step: render, then run-local (or submit)",
+                       description="Render a job for your own script (as `job render --source`),"
+                       " write it to -o (default build/jobs/NAME.yaml), then run it on this "
+                       "machine as `job run-local` does, or with --submit on the cluster.")
+    g = r.add_argument_group("job")
+    add_flags(g, job_options)
+    add_kind_flags(g)
+    g.add_argument("-o", "--output", help="YAML file to write (default: build/jobs/NAME.yaml)")
+    add_script_flags(r)
+    w = r.add_argument_group("where it runs")
+    w.add_argument("--submit", action="store_true", help="submit to the cluster instead of "
+                   "running here")
+    w.add_argument("--wait", action="store_true", help="--submit: wait for the end, "
+                   "streaming the log")
+    w.add_argument("--log-dir", help="here: per-replica logs (default: build/jobs/NAME)")
+    w.add_argument("--quiet", action="store_true", help="here: logs to files only")
+    r.set_defaults(func=func)
+
+
+def run_args(args) -> argparse.Namespace:
+    """The `run-local` / `submit` arguments of a `job run` (their defaults, its choices)."""
+    if args.source is None:
+        raise InvalidJobError("kfvision job run needs --source DIR (and --entry or --module): "
+                              "it runs your own script; the built-in trainer renders with "
+                              "`kfvision job render`.")
+    return argparse.Namespace(manifest=args.output, namespace=args.namespace, wait=args.wait,
+                              timeout=None, keep_on_timeout=False, poll=10.0, no_logs=False,
+                              log_dir=args.log_dir, quiet=args.quiet, grace=30.0, fault=[])
