@@ -336,3 +336,25 @@ def test_a_sagemaker_style_script_gets_its_channels_and_model_dir(tmp_path, caps
     metrics = json.loads((out / "outputs" / "metrics.json").read_text())
     assert metrics["hosts"] == ["demo-master-0"] and metrics["current_host"] == "demo-master-0"
     assert metrics["channels"] == ["train"]
+
+
+@pytest.mark.distributed
+def test_object_storage_end_to_end_snapshot_channel_and_results(tmp_path, capsys, s3_bucket,
+                                                                micro_digits):
+    """The snapshot through --source-store (uploaded once), an s3:// channel fetched by the
+    boot, and the model and outputs pushed to an s3:// --output-uri: moto's S3 server."""
+    from pipelines.clients import s3
+
+    s3_bucket.upload_folder(micro_digits["train"], "digits/")
+    argv = ["--source", str(SCRIPTS / "sagemaker_style"), "--entry", "train.py", "--launcher",
+            "python", "--source-store", s3_bucket.uri("src"), "--input",
+            f"train={s3_bucket.uri('digits/')}", "--output-uri", s3_bucket.uri("run1"),
+            ["--epochs", "1"]]
+    code, log, err = _run_local(tmp_path, argv, capsys)
+    assert code == 0, err + log
+    sha = pack(SCRIPTS / "sagemaker_style").sha256
+    assert f"uploaded to {s3_bucket.uri('src')}/{sha}.tar.gz" in err
+    keys = {o.key for o in s3.list_objects(s3_bucket.uri("run1/"))}
+    assert {"run1/model/model.pt", "run1/outputs/metrics.json"} <= keys
+    render(tmp_path, *argv[:-1], argv[-1])
+    assert f"at {s3_bucket.uri('src')}/{sha}.tar.gz (already there)" in capsys.readouterr().err
