@@ -358,3 +358,23 @@ def test_object_storage_end_to_end_snapshot_channel_and_results(tmp_path, capsys
     assert {"run1/model/model.pt", "run1/outputs/metrics.json"} <= keys
     render(tmp_path, *argv[:-1], argv[-1])
     assert f"at {s3_bucket.uri('src')}/{sha}.tar.gz (already there)" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_rank_killed_by_a_signal_is_retried_and_its_checkpoints_are_still_there(
+        tmp_path, capsys, micro_digits):
+    pvc = tmp_path / "pvc"
+    pvc.mkdir()
+    render(tmp_path, "--procs-per-node", "2", "--pvc", f"data:{pvc}", "--source",
+           str(SCRIPTS / "torchrun_ddp"), "--entry", "train.py",
+           ["--data", str(micro_digits["train"]), "--epochs", "3", "--pause", "3"])
+    code = main(["job", "run-local", str(tmp_path / "job.yaml"), "--log-dir",
+                 str(tmp_path / "logs"), "--fault", "master-0/1:KILL:rank 0/2 local_rank 0 "
+                 "epoch 0"])
+    log = capsys.readouterr().out
+    assert code == 0, log
+    assert "exited with 137 (killed by SIGKILL: retried)" in log or "exit code 137" in log
+    assert "--- restart 1 (exit code 137, restartPolicy ExitCode" in log
+    assert "rank 0 resumed from epoch 0" in log  # the checkpoint folder outlived the pod
+    assert (pvc / "kfvision" / "demo" / "checkpoints" / "last.pt").is_file()

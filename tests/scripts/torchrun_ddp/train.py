@@ -9,6 +9,7 @@ saves the model to $KFVISION_MODEL_DIR (or ./model) and a checkpoint per epoch.
 import argparse
 import json
 import os
+import time
 
 import inflection  # from requirements.txt: not in the image
 import torch
@@ -23,6 +24,7 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--tag", default="")
+    p.add_argument("--pause", type=float, default=0.0, help="seconds to wait after each epoch")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -35,7 +37,13 @@ def main():
     model = DDP(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, len(data.classes))))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     ckpt_dir = os.environ.get("KFVISION_CHECKPOINT_DIR", "checkpoints")
-    for epoch in range(args.epochs):
+    ckpt, first = os.path.join(ckpt_dir, "last.pt"), 0
+    if os.path.exists(ckpt):  # a restarted pod: go on from the last epoch
+        state = torch.load(ckpt, weights_only=True)
+        model.module.load_state_dict(state["model"])
+        first = state["epoch"] + 1
+        print(f"rank {rank} resumed from epoch {state['epoch']}", flush=True)
+    for epoch in range(first, args.epochs):
         sampler.set_epoch(epoch)
         for x, y in loader:
             opt.zero_grad()
@@ -43,9 +51,11 @@ def main():
             loss.backward()
             opt.step()
         if rank == 0:
-            torch.save(model.module.state_dict(), os.path.join(ckpt_dir, "last.pt"))
+            torch.save({"model": model.module.state_dict(), "epoch": epoch}, ckpt + ".tmp")
+            os.replace(ckpt + ".tmp", ckpt)
         print(f"rank {rank}/{world} local_rank {os.environ['LOCAL_RANK']} epoch {epoch} "
               f"loss={loss.item():.4f}", flush=True)
+        time.sleep(args.pause)
     if rank == 0:
         out = os.environ.get("KFVISION_MODEL_DIR", "model")
         os.makedirs(out, exist_ok=True)
