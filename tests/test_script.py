@@ -378,3 +378,45 @@ def test_a_rank_killed_by_a_signal_is_retried_and_its_checkpoints_are_still_ther
     assert "--- restart 1 (exit code 137, restartPolicy ExitCode" in log
     assert "rank 0 resumed from epoch 0" in log  # the checkpoint folder outlived the pod
     assert (pvc / "kfvision" / "demo" / "checkpoints" / "last.pt").is_file()
+
+
+def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch, capsys):
+    from kubernetes.client.rest import ApiException
+    from test_job_cluster import RUNNING, FakeCluster, fake_connect
+
+    from pipelines.jobs import cluster
+
+    class WithConfigMaps(FakeCluster):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.config_maps = {}
+
+        def create_namespaced_config_map(self, namespace, body, _preload_content=True):
+            self._serve("create", "configmaps")
+            if body["metadata"]["name"] in self.config_maps:
+                raise ApiException(status=409, reason="Conflict")
+            self.config_maps[body["metadata"]["name"]] = body
+            return _Response(body)
+
+        def read_namespaced_config_map(self, name, namespace, _preload_content=True):
+            self._serve("get", "configmaps")
+            return _Response(self.config_maps[name])
+
+    class _Response:
+        def __init__(self, body):
+            self.data = json.dumps(body).encode()
+
+    fake = WithConfigMaps([RUNNING])
+    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    src = tree(tmp_path / "src", {"train.py": "print('hi')\n"})
+    path = tmp_path / "job.yaml"
+    assert main(["job", "render", "--name", "digits", "--image", IMAGE, "--nodes", "3",
+                 "--source", str(src), "--entry", "train.py", "-o", str(path)]) == 0
+    for _ in range(2):
+        assert main(["job", "submit", str(path)]) == 0
+    name = f"kfvision-src-{pack(src).sha256}"
+    assert fake.calls[:2] == [("create", "configmaps"), ("create", "pytorchjobs")]
+    assert ("get", "configmaps") in fake.calls[2:]
+    assert fake.config_maps[name]["immutable"] is True
+    assert fake.jobs["digits"]["metadata"]["annotations"] == {
+        "kfvision.dev/source-sha256": pack(src).sha256}
