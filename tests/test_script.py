@@ -420,3 +420,26 @@ def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch,
     assert fake.config_maps[name]["immutable"] is True
     assert fake.jobs["digits"]["metadata"]["annotations"] == {
         "kfvision.dev/source-sha256": pack(src).sha256}
+
+
+def test_render_and_the_boot_load_neither_torch_nor_kubernetes(tmp_path):
+    import subprocess
+    import sys
+
+    src = tree(tmp_path / "src", {"train.py": ""})
+    code = ("import sys; from pipelines.cli import main; import pipelines.script.boot; "
+            f"main(['job', 'render', '--name', 'x', '--image', 'i', '--source', {str(src)!r}, "
+            f"'--entry', 'train.py', '-o', {str(tmp_path / 'j.yaml')!r}]); "
+            "print(sorted(m for m in ('torch', 'kubernetes', 'boto3') if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+
+
+def test_job_run_needs_a_source_and_expands_no_abbreviation(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["job", "run", "--name", "x", "--image", "i", "--sour", "d"])
+    assert e.value.code == 2 and "unrecognized arguments: --sour" in capsys.readouterr().err
+    assert main(["job", "run", "--name", "x", "--image", "i"]) == 2
+    assert "InvalidJobError: kfvision job run needs --source DIR" in capsys.readouterr().err
