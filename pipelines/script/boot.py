@@ -143,7 +143,10 @@ def _env_cache(work: Path) -> Path:
     given = os.environ.get(contract.ENV_CACHE)
     if given:
         return Path(given)
-    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kfvision" / "envs"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not os.path.isabs(base):  # a uid without a home (no HOME, no passwd entry)
+        return work / "envs"
+    home = Path(base) / "kfvision" / "envs"
     try:
         home.mkdir(parents=True, exist_ok=True)
         if os.access(home, os.W_OK):
