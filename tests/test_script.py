@@ -443,3 +443,18 @@ def test_job_run_needs_a_source_and_expands_no_abbreviation(capsys):
     assert e.value.code == 2 and "unrecognized arguments: --sour" in capsys.readouterr().err
     assert main(["job", "run", "--name", "x", "--image", "i"]) == 2
     assert "InvalidJobError: kfvision job run needs --source DIR" in capsys.readouterr().err
+
+
+def test_the_contract_names_each_folder_under_every_platforms_names():
+    env = contract.contract_env(model="/m", outputs="/o", checkpoints="/c", tensorboard="/t",
+                                inputs={"train-data": "/d"}, gpus=2, hosts=["h0", "h1"],
+                                current_host="h1", sha256="abc")
+    assert {k: env[k] for k in ("KFVISION_MODEL_DIR", "SM_MODEL_DIR", "AIP_MODEL_DIR")} == \
+        dict.fromkeys(("KFVISION_MODEL_DIR", "SM_MODEL_DIR", "AIP_MODEL_DIR"), "/m")
+    assert env["SM_OUTPUT_DATA_DIR"] == env["KFVISION_OUTPUT_DIR"] == "/o"
+    assert env["AIP_CHECKPOINT_DIR"] == env["KFVISION_CHECKPOINT_DIR"] == "/c"
+    assert env["AIP_TENSORBOARD_LOG_DIR"] == env["KFVISION_TENSORBOARD_DIR"] == "/t"
+    assert env["SM_CHANNEL_TRAIN_DATA"] == env["KFVISION_INPUT_TRAIN_DATA"] == "/d"
+    assert json.loads(env["SM_CHANNELS"]) == ["train-data"]
+    assert (env["SM_NUM_GPUS"], json.loads(env["SM_HOSTS"]), env["SM_CURRENT_HOST"]) == (
+        "2", ["h0", "h1"], "h1")
