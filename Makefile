@@ -36,7 +36,7 @@ test-fast: setup ## the suite without slow and distributed tests
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
-bench: setup ## throughput vs the usual way (input pipeline, training, serving, s3:// fetch) and the manifest path at 200,000 images, CPU
+bench: setup ## throughput vs the usual way (input pipeline, training, serving, s3:// fetch, your own script) and the manifest path at 200,000 images, CPU
 	$(PY) -m bench.inputs --images 1000 --rounds 3
 	$(PY) -m bench.train --dataset digits --rounds 3 --epochs 3
 	$(PY) -m bench.train --dataset jpeg --images 256 --archs resnet18 resnet50 \
@@ -44,6 +44,7 @@ bench: setup ## throughput vs the usual way (input pipeline, training, serving, 
 	$(PY) -m bench.serve --rounds 3 --seconds 10 --runtimes torch int8
 	$(PY) -m bench.manifest --images 20000 200000
 	$(PY) -m bench.s3 --images 1000 10000 --connections 4 16
+	$(PY) -m bench.script --rounds 4 --epochs 3 --files 2000
 
 # No `setup`: the GPU machines have torch/torchvision but no network; .venv's python if there is one
 bench-gpu: ## the GPU benchmark, ResNet-50 on JPEGs (bench/gpu.sh; needs only torch, torchvision)
