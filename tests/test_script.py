@@ -458,3 +458,20 @@ def test_the_contract_names_each_folder_under_every_platforms_names():
     assert json.loads(env["SM_CHANNELS"]) == ["train-data"]
     assert (env["SM_NUM_GPUS"], json.loads(env["SM_HOSTS"]), env["SM_CURRENT_HOST"]) == (
         "2", ["h0", "h1"], "h1")
+
+
+@pytest.mark.distributed
+def test_a_snapshot_on_a_pvc_is_written_there_and_read_by_the_pods(tmp_path, capsys):
+    pvc = tmp_path / "pvc"
+    (pvc / "src").mkdir(parents=True)
+    src = tree(tmp_path / "src", {"run.py": "import os, sys\nprint('cwd', os.getcwd(), "
+                                            "sys.argv[1:])\n"})
+    code, log, err = _run_local(tmp_path, ["--pvc", f"data:{pvc}", "--source", str(src),
+                                           "--entry", "run.py", "--launcher", "python",
+                                           "--source-pvc", str(pvc / "src"), ["x y"]], capsys)
+    assert code == 0, err + log
+    sha = pack(src).sha256
+    assert (pvc / "src" / f"{sha}.tar.gz").read_bytes() == pack(src).data
+    assert "/kfvision/work/src ['x y']" in log
+    assert [d["kind"] for d in yaml.safe_load_all((tmp_path / "job.yaml").read_text())] == [
+        "PyTorchJob"]

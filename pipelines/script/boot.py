@@ -229,10 +229,12 @@ def boot(args) -> int:
     took = time.monotonic() - began
     node = env.get(NODE_RANK, env.get("RANK", "0"))
     if code != 0:
-        who = (f"rank {env.get('RANK', node)}" if args.launcher == "python"
-               else "a rank (see the launch lines above)")
-        say(f"FAILED: {who} on node {node} exited with {code} ({exitcodes.describe(code)}) "
-            f"after {took:.1f} s")
+        if args.launcher == "python":
+            say(f"FAILED: rank {env.get('RANK', node)} on node {node} exited with {code} "
+                f"({exitcodes.describe(code)}) after {took:.1f} s")
+        else:  # torchrun's launcher named the rank above
+            say(f"FAILED: node {node} exited with {code} ({exitcodes.describe(code)}) after "
+                f"{took:.1f} s")
         return code
     say(f"node {node}: {target} succeeded in {took:.1f} s")
     if args.output_uri and node == "0":
