@@ -115,7 +115,10 @@ def test_secret_looking_files_are_left_out_unless_named(tmp_path, capsys):
     assert snap.left_out == (".aws/credentials", ".env", ".netrc", "certs/tls.key", "id_rsa",
                              "id_rsa.pub", "sa.json")
     assert pack(root, include=[".env"]).files == (".env", "conf.json", "train.py")
-    render(tmp_path, "--source", str(root), "--entry", "train.py", [])
+    docs = render(tmp_path, "--source", str(root), "--entry", "./train.py", [])
+    args = docs[-1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert args[args.index("--entry") + 1] == "train.py"
     err = capsys.readouterr().err
     assert "left out as secrets: .aws/credentials, .env, .netrc, certs/tls.key" in err
     with pytest.raises(Exception, match="--include-secret nope is not a file"):

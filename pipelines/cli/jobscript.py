@@ -97,6 +97,9 @@ def _script_config(args, snap):
     from pipelines.script.job import ScriptConfig
 
     files = set(snap.files)
+    for flag in ("entry", "requirements"):  # ./train.py is train.py
+        if getattr(args, flag):
+            setattr(args, flag, Path(getattr(args, flag)).as_posix())
     left = " (it is missing, or .gitignore/.kfvisionignore leaves it out)"
     if args.entry and args.entry not in files:
         raise InvalidJobError(f"--entry {args.entry} is not in --source {args.source}{left}: "
