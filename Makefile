@@ -56,8 +56,9 @@ clean: ## remove build outputs (keeps .venv)
 TRAINER_IMAGE ?= registry.example.com/kfvision-trainer:0.1.0
 .PHONY: golden-jobs golden-trainjobs manifests
 
-golden-jobs: setup ## regenerate tests/golden/job-*.yaml (rendered PyTorchJobs); review the diff
+golden-jobs: setup ## regenerate tests/golden/job-*.yaml and script-*.yaml (rendered jobs); review the diff
 	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_job_golden.py -k golden_render
+	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_script.py -k golden_render
 
 golden-trainjobs: setup ## regenerate tests/golden/trainjob-*.yaml and manifests/trainer-v2/ (TrainJobs, kfvision's runtimes); review the diff
 	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_trainjob.py -k "golden_render or shipped_runtimes"

@@ -478,3 +478,39 @@ def test_a_snapshot_on_a_pvc_is_written_there_and_read_by_the_pods(tmp_path, cap
     assert "/kfvision/work/src ['x y']" in log
     assert [d["kind"] for d in yaml.safe_load_all((tmp_path / "job.yaml").read_text())] == [
         "PyTorchJob"]
+
+
+@pytest.mark.parametrize("name,argv", [
+    ("script-pytorchjob-2x2", ["--nodes", "2", "--procs-per-node", "2"]),
+    ("script-trainjob-2x1-python", ["--kind", "trainjob", "--runtime", "kfvision-torch",
+                                    "--nodes", "2", "--launcher", "python"]),
+])
+def test_golden_render(name, argv, tmp_path, monkeypatch):
+    """The rendered file of a script job, reviewed in diffs (`make golden-jobs` rewrites it)."""
+    from test_job_golden import GOLDEN_DIR, UPDATE, assert_same_text
+
+    monkeypatch.chdir(REPO)  # the header names --source as given: relative, the same anywhere
+    path = tmp_path / "job.yaml"
+    assert main(["job", "render", "--name", "mnist", "--image",
+                 "registry.example.com/kfvision-trainer:0.1.0", *argv, "--pvc", "data:/data",
+                 "--source", "tests/scripts/torchrun_ddp", "--entry", "train.py", "--input",
+                 "train=pvc://data/digits/train", "--output-uri", "s3://models/mnist", "-o",
+                 str(path), "--", "--data", "/data/digits/train", "--epochs", "3"]) == 0
+    golden = GOLDEN_DIR / f"{name}.yaml"
+    if UPDATE:
+        golden.write_text(path.read_text())
+    assert_same_text(golden, path.read_text(), "make golden-jobs")
+
+
+@pytest.mark.distributed
+def test_a_requirement_pip_cannot_install_fails_the_job_at_once(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # the pods inherit it here: pip fails at once
+    src = tree(tmp_path / "src", {"run.py": "print('never')\n",
+                                  "requirements.txt": "no-such-package-kfvision==1.0\n"})
+    code, log, err = _run_local(tmp_path, ["--source", str(src), "--entry", "run.py",
+                                           "--launcher", "python", []], capsys)
+    assert code == 1
+    assert "master-0 exited with code 2 (restartPolicy ExitCode does not retry it)" in err
+    assert "cause: [kfvision script] error: RequirementsInstallError: pip could not install " \
+        "requirements.txt" in err
+    assert "never" not in log and "restart" not in log
