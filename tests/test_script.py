@@ -241,6 +241,9 @@ def test_render_without_source_still_needs_the_trainer_paths(capsys):
     assert main(["job", "render", "--name", "d", "--image", IMAGE]) == 2
     assert "the following arguments are required: --model, --train, --val, --out" in \
         capsys.readouterr().err
+    for flags in (["--launcher", "python"], ["--entry", "t.py"], ["--", "--lr", "1"]):
+        assert main(["job", "render", "--name", "d", "--image", IMAGE, *flags]) == 2
+        assert "need --source DIR" in capsys.readouterr().err
 
 
 # --- the boot ---

@@ -77,7 +77,8 @@ def check_mode(args) -> bool:
     trainer = [f.name for f in fields(TrainConfig) if getattr(args, f.name, None) is not None]
     trainer += ["config"] if getattr(args, "config", None) else []
     if args.source is None:
-        script = [n for n in SCRIPT_FLAGS if n != "launcher" and getattr(args, n)]
+        script = [n for n in SCRIPT_FLAGS if getattr(args, n)
+                  and (n != "launcher" or args.launcher != "torchrun")]
         if script or args.script_args:
             raise InvalidJobError(f"--{(script or ['source'])[0].replace('_', '-')} and script "
                                   "arguments need --source DIR (your own script).")
