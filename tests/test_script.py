@@ -386,11 +386,14 @@ def test_a_rank_killed_by_a_signal_is_retried_and_its_checkpoints_are_still_ther
     assert (pvc / "kfvision" / "demo" / "checkpoints" / "last.pt").is_file()
 
 
-def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch, capsys):
+def _fake_cluster_with_config_maps():
+    """tests/test_job_cluster.py's fake API, plus the two ConfigMap calls `submit` makes."""
     from kubernetes.client.rest import ApiException
-    from test_job_cluster import RUNNING, FakeCluster, fake_connect
+    from test_job_cluster import RUNNING, FakeCluster
 
-    from pipelines.jobs import cluster
+    class Response:
+        def __init__(self, body):
+            self.data = json.dumps(body).encode()
 
     class WithConfigMaps(FakeCluster):
         def __init__(self, *a, **kw):
@@ -402,17 +405,21 @@ def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch,
             if body["metadata"]["name"] in self.config_maps:
                 raise ApiException(status=409, reason="Conflict")
             self.config_maps[body["metadata"]["name"]] = body
-            return _Response(body)
+            return Response(body)
 
         def read_namespaced_config_map(self, name, namespace, _preload_content=True):
             self._serve("get", "configmaps")
-            return _Response(self.config_maps[name])
+            return Response(self.config_maps[name])
 
-    class _Response:
-        def __init__(self, body):
-            self.data = json.dumps(body).encode()
+    return WithConfigMaps([RUNNING])
 
-    fake = WithConfigMaps([RUNNING])
+
+def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch, capsys):
+    from test_job_cluster import fake_connect
+
+    from pipelines.jobs import cluster
+
+    fake = _fake_cluster_with_config_maps()
     monkeypatch.setattr(cluster, "connect", fake_connect(fake))
     src = tree(tmp_path / "src", {"train.py": "print('hi')\n"})
     path = tmp_path / "job.yaml"
@@ -426,6 +433,25 @@ def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch,
     assert fake.config_maps[name]["immutable"] is True
     assert fake.jobs["digits"]["metadata"]["annotations"] == {
         "kfvision.dev/source-sha256": pack(src).sha256}
+
+
+def test_job_run_submit_renders_says_where_and_submits(tmp_path, monkeypatch, capsys):
+    from test_job_cluster import fake_connect
+
+    from pipelines.jobs import cluster
+
+    fake = _fake_cluster_with_config_maps()
+    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.chdir(tmp_path)
+    src = tree(tmp_path / "src", {"train.py": "print('hi')\n"})
+    assert main(["job", "run", "--name", "digits", "--image", IMAGE, "--source", str(src),
+                 "--entry", "train.py", "--submit", "--", "--lr", "0.1"]) == 0
+    assert "running your script to build/jobs/digits.yaml" in capsys.readouterr().err
+    assert (tmp_path / "build" / "jobs" / "digits.yaml").is_file()
+    assert fake.calls[:2] == [("create", "configmaps"), ("create", "pytorchjobs")]
+    args = fake.jobs["digits"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert args[-3:] == ["--", "--lr", "0.1"]
 
 
 def test_render_and_the_boot_load_neither_torch_nor_kubernetes(tmp_path):
