@@ -345,6 +345,7 @@ def test_a_sagemaker_style_script_gets_its_channels_and_model_dir(tmp_path, caps
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_object_storage_end_to_end_snapshot_channel_and_results(tmp_path, capsys, s3_bucket,
                                                                 micro_digits):
     """The snapshot through --source-store (uploaded once), an s3:// channel fetched by the
