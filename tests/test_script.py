@@ -181,6 +181,17 @@ def test_rendered_configmap_and_job_pass_the_upstream_checks(tmp_path, kind, crd
     assert args[args.index("--state") + 1] == "/data/kfvision/demo"
 
 
+def test_a_configmap_too_big_for_client_side_apply_says_how_to_apply_it(tmp_path, capsys):
+    root = tree(tmp_path / "src", {"train.py": "", "w.bin": random.Random(3).randbytes(400_000)})
+    render(tmp_path, "--source", str(root), "--entry", "train.py", [])
+    err = capsys.readouterr().err
+    assert "is too big for client-side `kubectl apply`" in err
+    assert "# Rendered by kfvision from your own script: `kubectl apply --server-side -f`" in \
+        (tmp_path / "job.yaml").read_text()
+    render(tmp_path, "--source", str(SCRIPTS / "sagemaker_style"), "--entry", "train.py", [])
+    assert "client-side" not in capsys.readouterr().err
+
+
 def test_a_trainjob_with_pet_names_in_trainer_env_is_refused(tmp_path):
     (job,) = _docs_of(tmp_path, "trainjob", "--source-pvc", "/data/src")
     broken = copy.deepcopy(job)

@@ -160,6 +160,7 @@ def render_script(args, build_kind) -> tuple:
         build_script_job,
         choose_transport,
         encoded_size,
+        fits_client_side_apply,
     )
     from pipelines.script.pack import pack
     from trainer.options import options_of
@@ -186,7 +187,14 @@ def render_script(args, build_kind) -> tuple:
                     "pod")
     if not script.output_uri:
         said.append("note: no --output-uri, so the model directory stays in the pod")
-    header = ("Rendered by kfvision from your own script: `kubectl apply -f` this file creates "
+    apply = "kubectl apply -f"
+    if docs[0]["kind"] == "ConfigMap" and not fits_client_side_apply(docs[0]):
+        apply = "kubectl apply --server-side -f"
+        said.append(f"note: the ConfigMap ({encoded_size(snap) // 1024} KiB) is too big for "
+                    "client-side `kubectl apply` (its last-applied annotation may hold 256 KiB):"
+                    " use `kubectl apply --server-side -f`, `kubectl create -f` or `kfvision "
+                    "job submit`")
+    header = (f"Rendered by kfvision from your own script: `{apply}` this file creates "
               "the ConfigMap (if any) first, then the job.\n"
               f"source {args.source} (sha256 {snap.sha256}), {script.target} "
               f"{shlex.join(script.args)}".rstrip())

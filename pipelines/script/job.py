@@ -36,6 +36,12 @@ SHA_ANNOTATION = "kfvision.dev/source-sha256"
 # data and binaryData. We count the base64 text the manifest carries, not the decoded bytes: the
 # whole object must also pass etcd's request limit (--max-request-bytes, 1.5 MiB by default).
 CONFIGMAP_LIMIT = 1024 * 1024
+# Client-side `kubectl apply` copies the whole object into its annotation
+# kubectl.kubernetes.io/last-applied-configuration, and an object's annotations may hold at most
+# 256 KiB (Kubernetes v1.33.0 staging/src/k8s.io/apimachinery/pkg/api/validation/objectmeta.go,
+# totalAnnotationSizeLimitB): a bigger ConfigMap needs `kubectl apply --server-side`, `kubectl
+# create` or `kfvision job submit` (which creates it).
+CLIENT_APPLY_LIMIT = 256 * 1024
 # What a user's --env may not set: the launchers' and platforms' own variables (Kubeflow Trainer's
 # webhook refuses the PET_* names in trainer.env: pipelines/jobs/trainjob/rules.py PET_NAMES).
 RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -121,6 +127,14 @@ def config_map(snap: Snapshot, namespace: str | None = None) -> dict:
     metadata["annotations"] = {SHA_ANNOTATION: snap.sha256}
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "immutable": True,
             "binaryData": {ARCHIVE_NAME: base64.b64encode(snap.data).decode("ascii")}}
+
+
+def fits_client_side_apply(cm: dict) -> bool:
+    """Whether `kubectl apply -f` (client-side) can take the ConfigMap `cm`: its JSON, which
+    kubectl writes into an annotation, within the annotation limit (1 KiB kept for the rest)."""
+    import json
+
+    return len(json.dumps(cm, separators=(",", ":"))) + 1024 <= CLIENT_APPLY_LIMIT
 
 
 def _pvc_path(uri: str, cfg: JobConfig, what: str) -> str:
