@@ -5,7 +5,6 @@ import argparse
 import shlex
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from pipelines.jobs.config import JobConfig, to_yaml
@@ -13,6 +12,7 @@ from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
 from pipelines.jobs.kinds import KINDS as JOB_KINDS
 from pipelines.jobs.pytorchjob.build import build_pytorchjob
+from pipelines.jobs.signals import STOP
 from pipelines.jobs.trainjob.rules import RUNTIME_KINDS
 from trainer.options import HelpFormatter, add_flags, options_of
 
@@ -144,10 +144,6 @@ def _render_script(args) -> int:
     return 0
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM (e.g. a cancelled pipeline step) cleans up like Ctrl-C
-
-
 def _fault(text: str) -> Fault:
     try:
         return Fault.parse(text)
@@ -155,6 +151,7 @@ def _fault(text: str) -> Fault:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+@STOP  # SIGINT and SIGTERM heard from here on, whatever this process inherited (signals.py)
 def _run_local(args) -> int:
     from pipelines.jobs.kinds import TRAINJOB, kind_of, read_manifest
     from pipelines.jobs.pytorchjob import local as pytorchjob_local
@@ -165,9 +162,6 @@ def _run_local(args) -> int:
     log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
     print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
           f"machine's programs); logs in {log_dir}/", file=sys.stderr)
-    # Only the main thread may set handlers (a caller may run us from a worker thread).
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
     try:
         if trainjob:  # every node must succeed: no --grace
             result = trainjob_local.run_local(job, log_dir, source=args.manifest,
@@ -178,14 +172,23 @@ def _run_local(args) -> int:
                                                 quiet=args.quiet, grace_s=args.grace,
                                                 faults=args.fault, config_maps=config_maps)
     except KeyboardInterrupt:
-        print(f"interrupted: stopped every process of job {name}", file=sys.stderr)
-        return 130
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        return _stopped(name)  # run_local raised Interrupted once every process was stopped
     print(f"job {name} succeeded in {result.seconds:.1f} s ({result.restarts} restart(s)); "
           f"logs in {log_dir}/", file=sys.stderr)
     return 0
+
+
+def _stopped(name: str) -> int:
+    """Say that a signal stopped job `name`; its exit code: 128 + the first signal (130, 143)."""
+    signals = STOP.received or [signal.SIGINT]
+    how = "interrupted" if signals[0] == signal.SIGINT else (
+        f"terminated ({signal.Signals(signals[0]).name})")
+    if len(signals) > 1:
+        print(f"{how} twice: killed every process of job {name} at once (SIGKILL)",
+              file=sys.stderr)
+    else:
+        print(f"{how}: stopped every process of job {name}", file=sys.stderr)
+    return 128 + signals[0]
 
 
 def _images(job: dict) -> str:
