@@ -353,6 +353,11 @@ def test_a_sagemaker_style_script_gets_its_channels_and_model_dir(tmp_path, caps
     metrics = json.loads((out / "outputs" / "metrics.json").read_text())
     assert metrics["hosts"] == ["demo-master-0"] and metrics["current_host"] == "demo-master-0"
     assert metrics["channels"] == ["train"]
+    # the model folder is one kfvision scores (and serves): TorchScript + classes.txt
+    scored = tmp_path / "scored.csv"
+    assert main(["score", "--model", str(out / "model"), "--data", str(micro_digits["val"]),
+                 "--out", str(scored)]) == 0, capsys.readouterr().err
+    assert len(scored.read_text().splitlines()) == 1 + 10  # a header and the 10 images
 
 
 @pytest.mark.distributed
