@@ -7,7 +7,7 @@ DEMO_DIR ?= build/demo
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-fast lint bench bench-gpu clean
+.PHONY: help setup demo test test-fast lint bench bench-smoke bench-gpu clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -45,6 +45,12 @@ bench: setup ## throughput vs the usual way (input pipeline, training, serving, 
 	$(PY) -m bench.manifest --images 20000 200000
 	$(PY) -m bench.s3 --images 1000 10000 --connections 4 16
 	$(PY) -m bench.script --rounds 4 --epochs 3 --files 2000
+
+# Speed is never a pass/fail test: this prints the figures (and the processor) for a note
+bench-smoke: setup ## a few minutes: the training and serving ratios in small, with the processor kind (not in `make test`)
+	$(PY) -m bench.train --dataset digits --rounds 1 --epochs 1 --plain-workers 0
+	$(PY) -m bench.serve --untrained --rounds 1 --seconds 5 --images 6 --sizes imagenet \
+		--clients 1 4 16
 
 # No `setup`: the GPU machines have torch/torchvision but no network; .venv's python if there is one
 bench-gpu: ## the GPU benchmark, ResNet-50 on JPEGs (bench/gpu.sh; needs only torch, torchvision)

@@ -26,7 +26,7 @@ import torchvision
 from bench import publish
 from trainer.engine import make_sgd
 from trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
-from trainer.runtime import cpu_bf16_decision, describe_cpu
+from trainer.runtime import cpu_bf16_decision
 
 # name -> (bf16 autocast, channels_last, one-pixel convolutions as GEMM)
 VARIANTS = {"fp32": (False, False, True), "bf16": (True, True, True),
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    machine = f"{describe_cpu()}; torch {torch.__version__}, {torch.get_num_threads()} threads"
+    machine = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     print(machine, flush=True)
     base, others = args.variants[0], args.variants[1:]
     rows = ["| image size | `--amp auto` picks | " + " | ".join(f"{v} img/s" for v in args.variants)

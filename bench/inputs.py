@@ -38,7 +38,6 @@ from trainer.data.datasets import ImageDataset
 from trainer.data.imagedir import read_image_directory
 from trainer.data.pack import write_pack
 from trainer.data.transforms import Normalizer, train_transform
-from trainer.runtime import describe_cpu
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 EPOCHS = 5  # kfvision train's default
@@ -167,7 +166,7 @@ def main(argv=None) -> int:
     tables = [f(a) for f, count in ((imagenet_like, a.images), (photos, a.photos)) if count]
     out = "\n\n".join(tables) + (
         f"\n\nMedians over {a.rounds} rounds; a ratio is taken within each round. "
-        f"torch {torch.__version__}, torchvision {torchvision.__version__}. {describe_cpu()}.")
+        f"torch {torch.__version__}, torchvision {torchvision.__version__}.")
     publish(out, "inputs-cpu.md")
     return 0
 

@@ -40,6 +40,7 @@ import torch
 import bench
 from bench.jpegset import make_jpeg_set
 from bench.serve import bench_model
+from trainer.runtime import int8_reduce_range
 from trainer.use.quantize import quantize_onnx
 
 BENCH = bench.BENCH / "int8"
@@ -166,7 +167,9 @@ def build(work: Path, calibration: int, held_out: int) -> tuple[dict, np.ndarray
     if not fp32.exists():
         export(model, "onnx", fp32)
     t = time.perf_counter()
-    quantize_onnx(fp32, work / "ort-int8.onnx", calib, progress=False)
+    # the weights' width for this CPU, as `kfvision export` picks it (7-bit without VNNI)
+    quantize_onnx(fp32, work / "ort-int8.onnx", calib, progress=False,
+                  reduce_range=int8_reduce_range())
     print(f"ort quantize_static: {time.perf_counter() - t:.0f} s", flush=True)
     runners = {"torch-fp32": torch_runner(model), "ort-fp32": ort_runner(fp32),
                "ov-fp32": ov_runner(fp32), "ort-int8": ort_runner(work / "ort-int8.onnx"),

@@ -246,9 +246,7 @@ def main(argv=None) -> int:
     finally:
         if not a.keep:
             shutil.rmtree(a.work, ignore_errors=True)
-    from trainer.runtime import describe_cpu  # imports torch: not before the phases' processes
-
-    out = (table(rows) + f"\n\nPython {sys.version.split()[0]}, {describe_cpu()}, "
+    out = (table(rows) + f"\n\nPython {sys.version.split()[0]}, "
            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB.")
     publish(out, "manifest-cpu.md")
     return 0

@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     script_args = ["--data", str(data), "--epochs", str(args.epochs), "--tag", "Bench"]
     manifest = work / "job.yaml"
     subprocess.run([sys.executable, "-m", "pipelines.cli", "job", "render", "--name", "bench",
-                    "--image", "local", "--nodes", "2", "--procs-per-node", "2", "--source",
+                    "--image", "local", "--nodes", "2", "--nproc-per-node", "2", "--source",
                     str(SCRIPT), "--entry", "train.py", "-o", str(manifest), "--", *script_args],
                    env=env, check=True, capture_output=True)
     python = ensure_env(SCRIPT / "requirements.txt", work / "envs", say=lambda s: None)

@@ -251,9 +251,11 @@ def trained_model(out: Path = BENCH / "trained") -> tuple[Path, Path, Path]:
 def int8_model(model: Path, train: Path, check: Path) -> tuple[Path, dict]:
     """(path, its `quantization` metadata): `kfvision export --quantize int8` of `model`,
     calibrated on `train`, its top-1 checked on `check` against fp32; made once, cached."""
+    from trainer.runtime import int8_reduce_range
     from trainer.use.quantize import export_int8
 
-    out = BENCH / "resnet18-224-int8.onnx"
+    # one per weight width: an export for a CPU with VNNI is refused on one without
+    out = BENCH / f"resnet18-224-int8-{7 if int8_reduce_range() else 8}bit.onnx"
     meta_file = out.with_suffix(".json")
     if not (out.is_file() and meta_file.is_file()):
         meta = export_int8(model, out, train, check)
@@ -293,13 +295,18 @@ def main(argv=None) -> int:
     p.add_argument("--runtimes", nargs="+", choices=("torch", "onnx", "int8"),
                    default=["torch"])
     p.add_argument("--serve-args", default="", help="more `kfvision serve` flags, one string")
+    p.add_argument("--untrained", action="store_true",
+                   help="serve random weights (`bench_model`): no training first; not with int8")
     p.add_argument("--variants", nargs="*", default=[], metavar="NAME=FLAGS",
                    help="more kfvision contenders (PyTorch runtime) with these serve flags, "
                    "e.g. 's2=--model-streams 2 --model-threads 1'")
     a = p.parse_args(argv)
     BENCH.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
-    model, train, check = trained_model()
+    if a.untrained and "int8" in a.runtimes:
+        p.error("--untrained serves random weights; int8's accuracy check needs the trained model")
+    model, train, check = ((bench_model(BENCH / "untrained-224"), None, None) if a.untrained
+                           else trained_model())
     bodies = {size: [_body(b) for b in _images(size, a.images)] for size in a.sizes}
     servers = {"plain": Plain(model, BENCH / "plain.log")}
     sources, accuracy = _sources(model, a.runtimes, train, check)
@@ -333,18 +340,15 @@ def main(argv=None) -> int:
     finally:
         for s in servers.values():
             s.stop()
-    from trainer.runtime import describe_cpu
-
     text = (f"Serving ResNet-18 (224 px), one image per v1 request; median (range) over "
-            f"{a.rounds} rounds of {a.seconds:g} s per cell; {describe_cpu()}; "
+            f"{a.rounds} rounds of {a.seconds:g} s per cell; "
             f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, "
             f"{os.getloadavg()[0]:.1f} after. Images: "
             + "; ".join(f"{k}: {SIZES[k][1]}" for k in a.sizes) + "." + accuracy
             + "\n\n"
             + table(results, [n for n in names if n != "plain"] + ["plain"], a.sizes,
                     a.clients))
-    print("\n" + text)
-    (BENCH / "serve.md").write_text(text + "\n")
+    bench.publish(text, "serve/serve.md")
     (BENCH / "serve.json").write_text(json.dumps(results, indent=1))
     return 0
 

@@ -32,11 +32,11 @@ from pathlib import Path
 import torch
 import torchvision
 
+from bench import processor, publish
 from bench.jpegset import make_jpeg_set
 from trainer.data.convert import convert
 from trainer.data.split import split
 from trainer.model.arch import write_untrained_model
-from trainer.runtime import describe_cpu
 
 BENCH = Path("build/bench")
 # kfvision runs compared with the plain loop: name -> extra `trainer.train` flags
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     gpu_jpeg = args.device == "cuda" and args.dataset == "jpeg"
     args.variants = args.variants or (["default", "gpu-decode"] if gpu_jpeg else ["default"])
     machine = describe_machine(args.device)
-    print(machine, flush=True)
+    print(f"{machine} {processor()}", flush=True)
     raw, train, val = prepare(args)
     head = "".join(f" kfvision {v} img/s | ratio |" for v in args.variants)
     rows = [f"| {args.dataset} {args.image_size}px, batch {args.batch_size}, {args.device} "
@@ -153,22 +153,20 @@ def main(argv=None) -> int:
     note = (f"\n{args.epochs} epochs x {args.rounds} rounds; img/s are medians over rounds; a "
             "ratio is the median (and range) over rounds of kfvision / the plain loop's best of "
             f"{args.plain_workers} DataLoader workers in the same round. {machine}")
-    print("\n" + table + note)
-    BENCH.mkdir(parents=True, exist_ok=True)
-    (BENCH / f"train-{args.dataset}-{args.device}.md").write_text(table + "\n" + note + "\n")
+    publish(table + "\n" + note, f"train-{args.dataset}-{args.device}.md")
     return 0
 
 
 def describe_machine(device: str) -> str:
-    """Versions, the CPU and the GPU, for the result file; fails early when CUDA is asked for but
-    absent."""
+    """Versions and the GPU, for the result file (publish adds the CPU); fails early when CUDA
+    is asked for but absent."""
     versions = f"torch {torch.__version__}, torchvision {torchvision.__version__}"
     if device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit(f"--device cuda, but this torch ({versions}) sees no CUDA device. "
                              "Run the GPU benchmark on a machine with one, or use --device cpu.")
-        return f"{torch.cuda.get_device_name()}, {versions}. {describe_cpu()}."
-    return f"{versions}. {describe_cpu()}."
+        return f"{torch.cuda.get_device_name()}, {versions}."
+    return f"{versions}."
 
 
 if __name__ == "__main__":

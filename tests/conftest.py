@@ -97,6 +97,13 @@ def resnet18_dir(tmp_path_factory) -> Path:
     return out
 
 
+def fake_cpu(monkeypatch, flags, model: str = "a CPU") -> None:
+    """Make the running CPU (trainer.runtime.cpu_info, what every speed choice reads) `model`
+    with `flags`, its kernels uncapped (no ONEDNN_MAX_CPU_ISA)."""
+    monkeypatch.setattr("trainer.runtime.cpu_info", lambda: (model, frozenset(flags)))
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+
+
 def train_argv(model, data: dict, out, **options) -> list:
     """Flags for trainer.train.main / `kfvision train` (options as python names)."""
     argv = ["--model", str(model), "--train", str(data["train"]), "--val", str(data["val"]),

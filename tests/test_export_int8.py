@@ -2,18 +2,24 @@
 calibration on its training digits), checked on the validation digits, served by OpenVINO
 through Predictor and `kfvision serve`."""
 
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
+from conftest import fake_cpu
 
 from pipelines.cli import main
 from pipelines.serve.client import Server, request, v1_body, v2_body
 from trainer.data.imagedir import read_image_directory
-from trainer.errors import QuantizationError
+from trainer.errors import Int8CpuMismatchError, QuantizationError
+from trainer.runtime import cpu_features, int8_reduce_range
 from trainer.use import quantize
 from trainer.use.predict import Predictor, onnx_metadata
+
+MILAN = ("AMD EPYC 7763 64-Core Processor", {"avx", "avx2", "fma"})  # no AVX-512, no VNNI
+ZEN4 = ("AMD EPYC 9R14", {"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"})
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +48,78 @@ def test_the_export_carries_its_accuracy_figures(int8, tiny_digits):
     assert [p.name for p in int8.parent.iterdir()] == [int8.name]  # no temporary files left
 
 
+def _largest_weight(path) -> int:
+    """The largest |int8 weight| of the QDQ file's convolutions and matrix multiplies."""
+    import onnx
+    from onnx import numpy_helper
+
+    proto = onnx.load(str(path))
+    weights = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer
+               if t.data_type == onnx.TensorProto.INT8}
+    dq = [n.input[0] for n in proto.graph.node if n.op_type == "DequantizeLinear"]
+    return max(int(np.abs(weights[name].astype(np.int32)).max()) for name in dq
+               if name in weights)
+
+
+def test_the_export_quantizes_for_the_cpu_it_runs_on(int8):
+    """7-bit weights where this process's int8 kernels lack VNNI (a real AVX2 CPU, or this one
+    under ONEDNN_MAX_CPU_ISA=AVX2), full 8-bit ones with VNNI; the choice and the CPU recorded."""
+    q = onnx_metadata(int8)["quantization"]
+    assert q["reduce_range"] is int8_reduce_range() and q["cpu"] == cpu_features().to_dict()
+    # per-channel symmetric: every channel's largest weight is the range's end, 64 or 127
+    assert _largest_weight(int8) == (64 if q["reduce_range"] else 127)
+
+
+def test_an_export_on_a_cpu_without_vnni_has_7_bit_weights(trained_tiny, tiny_digits, tmp_path,
+                                                           monkeypatch):
+    fake_cpu(monkeypatch, MILAN[1], MILAN[0])
+    out = tmp_path / "milan.onnx"
+    meta = quantize.export_int8(trained_tiny, out, tiny_digits["train"], tiny_digits["val"],
+                                calibration=20, progress=False)
+    q = meta["quantization"]
+    assert q["reduce_range"] is True and onnx_metadata(out)["quantization"] == q
+    assert (q["cpu"]["model"], q["cpu"]["kind"], q["cpu"]["vnni"]) == (MILAN[0], "AVX2 only",
+                                                                       False)
+    assert _largest_weight(out) == 64
+    assert Predictor(out, threads=1).runtime == "openvino"  # served there
+
+
+def _with_choice(int8, tmp_path, reduce_range) -> object:
+    """A copy of the int8 export whose metadata says it was quantized with `reduce_range`
+    (None: an export from before the choice was recorded) on a Zen 4 EPYC."""
+    path = tmp_path / f"rr-{reduce_range}.onnx"
+    shutil.copy(int8, path)
+    meta = onnx_metadata(path)
+    q = meta["quantization"]
+    q.pop("reduce_range")
+    q["cpu"] = {"model": ZEN4[0], "kind": "AVX512_BF16", "vnni": True}
+    if reduce_range is not None:
+        q["reduce_range"] = reduce_range
+    quantize._set_metadata(path, meta)
+    return path
+
+
+@pytest.mark.parametrize("reduce_range, cpu, refused", [
+    (False, MILAN, True),
+    (None, MILAN, True),  # exported before the choice was recorded: 8-bit weights
+    (True, MILAN, False),
+    (False, ZEN4, False),
+    (True, ZEN4, False),
+])
+def test_predictor_refuses_8_bit_weights_on_a_cpu_without_vnni(int8, tmp_path, monkeypatch,
+                                                              reduce_range, cpu, refused):
+    path = _with_choice(int8, tmp_path, reduce_range)
+    fake_cpu(monkeypatch, cpu[1], cpu[0])
+    if not refused:
+        assert Predictor(path, threads=1).fast_path()["cpu_kind"] == cpu_features().kind
+        return
+    with pytest.raises(Int8CpuMismatchError) as e:
+        Predictor(path, threads=1)
+    message = str(e.value)
+    assert str(path) in message and ZEN4[0] in message and MILAN[0] in message
+    assert "no VNNI" in message and "Re-export on this machine" in message
+
+
 def test_predictor_serves_it_on_openvino_close_to_fp32(int8, trained_tiny_onnx, tiny_digits):
     files, labels = _val(tiny_digits["val"])
     fp32, q8 = Predictor(trained_tiny_onnx[0], threads=1), Predictor(int8, threads=1)
@@ -55,6 +133,9 @@ def test_predictor_serves_it_on_openvino_close_to_fp32(int8, trained_tiny_onnx, 
     # the accuracy export measured is the one Predictor serves
     top1 = float(np.mean([q8.classes[i] == y for i, y in zip(b.argmax(1), labels)]))
     assert top1 == pytest.approx(onnx_metadata(int8)["quantization"]["top1_int8"])
+    hints = q8.fast_path()
+    assert (hints["runtime"], hints["precision_hint"]) == ("openvino", "f32")
+    assert hints["int8_weights"] == ("7-bit" if int8_reduce_range() else "8-bit")
 
 
 def test_concurrent_callers_each_get_their_own_answers(int8, tiny_digits):

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from conftest import train_argv
+from conftest import fake_cpu, train_argv
 from PIL import Image
 from PIL.JpegImagePlugin import JpegImageFile
 from torchvision.io import read_file
@@ -23,7 +23,15 @@ from trainer.data.transforms import EvalResize, Normalizer, TrainCrop
 from trainer.distributed import DistContext
 from trainer.errors import InvalidDatasetError
 from trainer.presets import AUGMENTATIONS
-from trainer.runtime import cpu_bf16_kind, cpu_info, describe, describe_cpu, resolve_runtime
+from trainer.runtime import (
+    cpu_bf16_kind,
+    cpu_features,
+    cpu_info,
+    describe,
+    describe_cpu,
+    int8_reduce_range,
+    resolve_runtime,
+)
 from trainer.train import main
 
 BASE = {"epochs": 2, "image_size": 32, "batch_size": 16, "lr": 0.05, "augment": "light",
@@ -360,7 +368,7 @@ NEITHER = frozenset({"avx2", "avx512f", "avx512_vnni"})  # e.g. Ice Lake, or no 
 ])
 def test_auto_picks_per_machine_on_cpu(monkeypatch, flags, size, decoded, expect, why):
     """The decisions from the CPU's flags (mocked), whatever this machine is."""
-    monkeypatch.setattr("trainer.runtime.cpu_info", lambda: ("a CPU", flags))
+    fake_cpu(monkeypatch, flags)
     monkeypatch.setattr("trainer.runtime.cpus_per_process", lambda ctx: 2)
     cfg = _Cfg()
     cfg.image_size = size
@@ -368,12 +376,13 @@ def test_auto_picks_per_machine_on_cpu(monkeypatch, flags, size, decoded, expect
     assert {k: getattr(rt, k) for k in expect} == expect and not rt.compile
     assert rt.conv_gemm  # on CPU; CUDA: see test_devicedata's table
     assert why in describe(rt)
+    assert rt.cpu == cpu_features().to_dict() and rt.to_dict()["cpu"]["model"] == "a CPU"
 
 
 @pytest.mark.parametrize("flags", [AMX, AVX512_BF16, NEITHER])
 @pytest.mark.parametrize("amp, on", [("bf16", True), ("off", False)])
 def test_amp_on_or_off_is_what_it_says_on_every_cpu(monkeypatch, flags, amp, on):
-    monkeypatch.setattr("trainer.runtime.cpu_info", lambda: ("a CPU", flags))
+    fake_cpu(monkeypatch, flags)
     cfg = _Cfg()
     cfg.amp = amp
     rt = resolve_runtime(cfg, DistContext(0, 0, 1, 1, torch.device("cpu")), 10 << 20)
@@ -393,9 +402,54 @@ def test_the_cpu_is_read_from_proc_cpuinfo(monkeypatch, tmp_path):
     model, flags = cpu_info(tmp_path / "cpuinfo")
     assert model == "AMD EPYC 9R14" and flags == {"fpu", "avx2", "avx512_bf16"}
     assert cpu_info(tmp_path / "missing") == ("", frozenset())
-    monkeypatch.setattr("trainer.runtime.cpu_info", lambda: (model, flags))
-    assert describe_cpu().startswith("CPU: AMD EPYC 9R14, ")
-    assert "flags avx2 avx512_bf16 (bf16 for --amp auto: AVX512_BF16)" in describe_cpu()
+    fake_cpu(monkeypatch, flags, model)
+    assert describe_cpu().startswith("CPU: AMD EPYC 9R14 (AVX512_BF16), ")
+    assert ("flags avx2 avx512_bf16 (bf16 for --amp auto: AVX512_BF16; int8: no VNNI, 7-bit "
+            "weights)") in describe_cpu()
+
+
+MILAN = frozenset({"fpu", "avx", "avx2", "fma"})  # AMD EPYC Milan: no AVX-512, no VNNI
+ALDER_LAKE = frozenset({"avx2", "fma", "avx_vnni"})  # AVX-VNNI without AVX-512
+
+
+@pytest.mark.parametrize("flags, kind, vnni", [
+    (AMX, "AMX", True),
+    (AVX512_BF16, "AVX512_BF16", True),
+    (NEITHER, "AVX-512", True),
+    (frozenset({"avx2", "avx512f"}), "AVX-512", False),  # Skylake-SP: AVX-512 without VNNI
+    (ALDER_LAKE, "AVX2 only", True),
+    (MILAN, "AVX2 only", False),
+    (frozenset({"sse4_2"}), "older than AVX2", False),
+])
+def test_the_cpu_kind_and_the_int8_choice_follow_its_flags(monkeypatch, flags, kind, vnni):
+    fake_cpu(monkeypatch, flags)
+    cpu = cpu_features()
+    assert (cpu.kind, cpu.vnni) == (kind, vnni)
+    assert int8_reduce_range() is (not vnni) and int8_reduce_range(cpu) is (not vnni)
+    assert cpu.to_dict()["kind"] == kind and f"({kind})" in describe_cpu()
+
+
+@pytest.mark.parametrize("cap, kind, vnni, bf16", [
+    ("AVX2", "AVX2 only", False, None),
+    ("avx2", "AVX2 only", False, None),  # oneDNN reads it in any case
+    ("AVX2_VNNI", "AVX2 only", True, None),
+    ("AVX512_CORE", "AVX-512", False, None),
+    ("AVX512_CORE_VNNI", "AVX-512", True, None),
+    ("AVX512_CORE_BF16", "AVX512_BF16", True, "AVX512_BF16"),
+    ("AVX512_CORE_AMX", "AMX", True, "AMX"),
+    ("", "AMX", True, "AMX"),
+    ("NOT_AN_ISA", "AMX", True, "AMX"),  # oneDNN ignores what it does not know; so do we
+])
+def test_an_onednn_isa_cap_makes_the_choices_of_the_older_cpu(monkeypatch, cap, kind, vnni,
+                                                               bf16):
+    """ONEDNN_MAX_CPU_ISA=AVX2 on an AMX Xeon runs the kernels of an AVX2-only CPU: the choices
+    (bf16, int8 weights) must be that CPU's."""
+    fake_cpu(monkeypatch, AMX | {"avx_vnni", "avx512_vnni", "fma"})
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", cap)
+    cpu = cpu_features()
+    assert (cpu.kind, cpu.vnni, cpu_bf16_kind()) == (kind, vnni, bf16)
+    assert int8_reduce_range() is (not vnni)
+    assert (cpu.isa_cap is None) == (cap.upper() in ("", "NOT_AN_ISA"))
 
 
 @pytest.mark.parametrize("content, expected", [

@@ -131,7 +131,7 @@ def _docs_of(tmp_path, kind, *extra, script=("--epochs", "2", "--", "a b", "")):
     src = SCRIPTS / "torchrun_ddp"
     return render(tmp_path, "--kind", kind, *(["--runtime", "kfvision-torch"] if kind ==
                                                 "trainjob" else []),
-                  "--nodes", "2", "--procs-per-node", "2", "--pvc", "data:/data",
+                  "--nodes", "2", "--nproc-per-node", "2", "--pvc", "data:/data",
                   "--source", str(src), "--entry", "train.py", "--input", "train=pvc://data/d",
                   "--output-uri", "s3://bucket/run1", *extra, list(script))
 
@@ -229,7 +229,7 @@ def test_a_big_tree_goes_to_the_store_and_is_uploaded_once(tmp_path, monkeypatch
      "refuses PET_NNODES"),
     ({"train.py": ""}, ["--entry", "train.py", "--epochs", "3"],
      "InvalidJobError: --epochs is a flag of the built-in trainer"),
-    ({"train.py": ""}, ["--entry", "train.py", "--launcher", "python", "--procs-per-node", "2"],
+    ({"train.py": ""}, ["--entry", "train.py", "--launcher", "python", "--nproc-per-node", "2"],
      "InvalidJobError: --launcher python runs one process per pod"),
     ({"train.py": ""}, ["--entry", "train.py", "--input", "d=pvc://nope/x"],
      "claim 'nope' is not mounted"),
@@ -309,7 +309,7 @@ def _run_local(tmp_path, docs_argv, capsys, kind="pytorchjob") -> tuple:
 def test_a_torchrun_ddp_script_runs_2x2_with_a_requirement_the_image_lacks(tmp_path, capsys,
                                                                            micro_digits):
     out = tmp_path / "results"
-    code, log, err = _run_local(tmp_path, ["--nodes", "2", "--procs-per-node", "2",
+    code, log, err = _run_local(tmp_path, ["--nodes", "2", "--nproc-per-node", "2",
                                            "--source", str(SCRIPTS / "torchrun_ddp"),
                                            "--entry", "train.py", "--output-uri", str(out),
                                            ["--data", str(micro_digits["train"]), "--epochs",
@@ -389,7 +389,7 @@ def test_a_rank_killed_by_a_signal_is_retried_and_its_checkpoints_are_still_ther
         tmp_path, capsys, micro_digits):
     pvc = tmp_path / "pvc"
     pvc.mkdir()
-    render(tmp_path, "--procs-per-node", "2", "--pvc", f"data:{pvc}", "--source",
+    render(tmp_path, "--nproc-per-node", "2", "--pvc", f"data:{pvc}", "--source",
            str(SCRIPTS / "torchrun_ddp"), "--entry", "train.py",
            ["--data", str(micro_digits["train"]), "--epochs", "3", "--pause", "3"])
     code = main(["job", "run-local", str(tmp_path / "job.yaml"), "--log-dir",
@@ -527,7 +527,7 @@ def test_a_snapshot_on_a_pvc_is_written_there_and_read_by_the_pods(tmp_path, cap
 
 
 @pytest.mark.parametrize("name,argv", [
-    ("script-pytorchjob-2x2", ["--nodes", "2", "--procs-per-node", "2"]),
+    ("script-pytorchjob-2x2", ["--nodes", "2", "--nproc-per-node", "2"]),
     ("script-trainjob-2x1-python", ["--kind", "trainjob", "--runtime", "kfvision-torch",
                                     "--nodes", "2", "--launcher", "python"]),
 ])

@@ -279,3 +279,21 @@ def test_metrics_count_decodes_forward_passes_and_batch_images(server, scored):
     assert added("kfvision_batch_images_sum") == 5 and added("kfvision_forward_seconds_count") >= 1
     assert added("kfvision_forward_seconds_sum") > 0
     assert added("request_predict_seconds_count") == 1  # KServe's own, beside ours
+
+
+def test_metrics_name_the_cpu_and_the_speed_choices_taken_for_it(server):
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from trainer.runtime import cpu_features
+
+    with urlopen(server.url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    info = next(s.labels for family in text_string_to_metric_families(text)
+                for s in family.samples
+                if s.name == "kfvision_fast_path_info" and s.labels.get("model_name") == NAME)
+    cpu = cpu_features()  # the server runs in this environment, ONEDNN_MAX_CPU_ISA included
+    assert (info["runtime"], info["cpu_kind"], info["cpu_model"]) == ("torch", cpu.kind,
+                                                                      cpu.model)
+    assert info["vnni"] == str(cpu.vnni).lower() and info["graph"].startswith("batch norms")

@@ -110,6 +110,11 @@ def test_the_output_is_the_best_epochs_weights_with_history(tmp_path, resnet18_d
     assert result["accuracy"] == pytest.approx(m["final"]["val_top1"])
     cfg = (out / "config.yaml").read_text()
     assert "epochs: 4" in cfg and "world_size: 1" in cfg
+    # the speed choices, and the CPU they were taken for
+    from trainer.runtime import cpu_features
+
+    assert m["runtime"]["cpu"] == cpu_features().to_dict()
+    assert m["runtime"]["amp"] is False and m["runtime"]["workers"] >= 0  # 32 px: fp32 anywhere
 
 
 def test_same_seed_gives_the_same_model_and_another_seed_does_not(tmp_path, resnet18_dir,
@@ -125,11 +130,18 @@ def test_same_seed_gives_the_same_model_and_another_seed_does_not(tmp_path, resn
     assert not all(torch.equal(states["a"][k], states["c"][k]) for k in states["a"])
 
 
+@pytest.mark.parametrize("amp", ["off", "bf16"])
 def test_a_diverging_loss_stops_with_advice_and_keeps_the_history(tmp_path, resnet18_dir,
-                                                                  tiny_digits, capsys):
+                                                                  tiny_digits, capsys, amp):
+    """Diverges by construction, whatever the processor and precision: with lr x weight decay
+    = 10, SGD's decay term alone multiplies every weight by about (1 - 10) each step (momentum
+    only adds to it), so the weights grow ~9x a step whatever the gradients round to, and the
+    batch norms' squared activations overflow float32 within the first epoch (step 11 of 15 in
+    fp32). A large lr without weight decay is not enough: after batch norm the loss only grows
+    polynomially and stays finite in fp32."""
     out = tmp_path / "out"
     rc = main(train_argv(resnet18_dir, tiny_digits, out, epochs=3, lr=10, momentum=0.99,
-                         weight_decay=0, image_size=32, print_freq=1, augment="none"))
+                         weight_decay=1, image_size=32, print_freq=1, augment="none", amp=amp))
     err = capsys.readouterr().err
     assert rc == 3, err
     assert "became nan" in err.lower() or "became inf" in err.lower()

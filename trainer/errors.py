@@ -146,6 +146,11 @@ class QuantizationError(ExportError):
     not written."""
 
 
+class Int8CpuMismatchError(KfvisionError):
+    """An int8 export was quantized for CPUs whose int8 kernels accumulate in 32 bits (VNNI, AMX)
+    and the running CPU's kernels would saturate its full-range weights: re-export it here."""
+
+
 class OutputError(KfvisionError):
     """The output location cannot be written: read-only, not ours, or full. Nothing is left
     half-written (every file is written to a temporary name and renamed)."""

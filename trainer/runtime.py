@@ -1,5 +1,11 @@
 """The fast path: how data loading and compute run on this machine, resolved once at start-up.
 
+The processor is read in one place, `cpu_features` (`/proc/cpuinfo`'s flags less what
+ONEDNN_MAX_CPU_ISA hides from the kernels): its kind (AMX, AVX512_BF16, AVX-512, AVX2 only)
+and VNNI. Every CPU speed choice reads it, here (bf16, and channels_last with it) and for int8
+(`int8_reduce_range`); the resolved Runtime carries it (`cpu`) into metrics.json and config.yaml.
+docs/benchmarks.md says which choice depends on which feature.
+
 Every switch has an explicit on/off value in TrainConfig; `auto` picks what measured faster on that
 kind of device (docs/benchmarks.md), and is always numerically safe for training:
 - cache: decoded images kept in memory when they fit (auto: a quarter of the available memory
@@ -28,7 +34,7 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
 """
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -48,13 +54,15 @@ class Runtime:
     conv_gemm: bool = False
     dct_scaling: bool = False
     amp_reason: str = ""  # why amp is on or off, for the start-up line
+    cpu: dict = field(default_factory=dict)  # CpuFeatures.to_dict() of the CPU that chose
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def cpu_info(path="/proc/cpuinfo") -> tuple[str, frozenset]:
-    """(model name, flags) of the first processor in /proc/cpuinfo; ("", empty) where unknown."""
+    """(model name, flags) of the first processor in /proc/cpuinfo; ("", empty) where unknown.
+    The one place the processor is read (tests replace it to be any CPU)."""
     model, flags = "", frozenset()
     try:
         text = Path(path).read_text()
@@ -72,11 +80,81 @@ def cpu_info(path="/proc/cpuinfo") -> tuple[str, frozenset]:
     return model, flags
 
 
+# oneDNN's dispatcher control, read by the oneDNN in torch and in OpenVINO's CPU plugin (oneDNN
+# v3 docs, dev_guide_cpu_dispatcher_control: "ONEDNN_MAX_CPU_ISA"): the newest instructions its
+# kernels may use. A capped process runs the kernels of an older CPU, so its fast-path choices
+# must be that CPU's: each value keeps the flags below that its kernels may use.
+ONEDNN_MAX_CPU_ISA = "ONEDNN_MAX_CPU_ISA"
+_AVX2 = ("avx2", "fma")
+_AVX512 = (*_AVX2, "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd")
+_AMX = ("amx_tile", "amx_int8", "amx_bf16")
+_ISA_CAPS = {
+    "SSE41": (), "AVX": (), "AVX2": _AVX2, "AVX2_VNNI": (*_AVX2, "avx_vnni"),
+    "AVX2_VNNI_2": (*_AVX2, "avx_vnni"), "AVX512_CORE": _AVX512,
+    "AVX512_CORE_VNNI": (*_AVX512, "avx512_vnni"),
+    "AVX512_CORE_BF16": (*_AVX512, "avx512_vnni", "avx512_bf16"),
+    "AVX512_CORE_FP16": (*_AVX512, "avx512_vnni", "avx512_bf16", "avx512_fp16"),
+    "AVX512_CORE_AMX": (*_AVX512, "avx512_vnni", "avx512_bf16", "avx512_fp16", *_AMX),
+}
+_CAPPED = ("avx2", "fma", "avx_vnni", "avx512", "amx")  # the flags (prefixes) a cap can hide
+
+
+def onednn_isa_cap() -> str | None:
+    """The ONEDNN_MAX_CPU_ISA this process runs under (upper case), None when uncapped."""
+    cap = os.environ.get(ONEDNN_MAX_CPU_ISA, "").strip().upper()
+    return cap if cap in _ISA_CAPS else None
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """The running CPU as its kernels see it: /proc/cpuinfo's flags, less what ONEDNN_MAX_CPU_ISA
+    hides. Every CPU speed choice of kfvision is taken from one of these (docs/benchmarks.md,
+    "Which choice depends on which feature")."""
+
+    model: str
+    flags: frozenset
+    isa_cap: str | None = None
+    cores: int = 1
+
+    @property
+    def kind(self) -> str:
+        """"AMX", "AVX512_BF16", "AVX-512", "AVX2 only" or "older than AVX2": what the CPU's
+        matrix maths can use, newest first."""
+        if {"amx_tile", "amx_bf16"} <= self.flags:
+            return "AMX"
+        if "avx512_bf16" in self.flags:
+            return "AVX512_BF16"
+        if "avx512f" in self.flags:
+            return "AVX-512"
+        return "AVX2 only" if "avx2" in self.flags else "older than AVX2"
+
+    @property
+    def vnni(self) -> bool:
+        """u8 x s8 dot products accumulated in 32 bits (AVX512_VNNI, AVX-VNNI or AMX): without
+        them the int8 kernels add pairs of products in 16 bits, which saturate."""
+        return bool(self.flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+    def to_dict(self) -> dict:
+        shown = sorted(f for f in self.flags if f.startswith(_CAPPED))
+        return {"model": self.model, "kind": self.kind, "vnni": self.vnni, "flags": shown,
+                "isa_cap": self.isa_cap, "cores": self.cores}
+
+
+def cpu_features() -> CpuFeatures:
+    """The running CPU (`cpu_info`) under this process's ONEDNN_MAX_CPU_ISA."""
+    model, flags = cpu_info()
+    cap = onednn_isa_cap()
+    if cap is not None:
+        allowed = set(_ISA_CAPS[cap])
+        flags = frozenset(f for f in flags if not f.startswith(_CAPPED) or f in allowed)
+    return CpuFeatures(model, flags, cap, os.cpu_count() or 1)
+
+
 def cpu_bf16_kind(flags: frozenset | None = None) -> str | None:
     """The CPU's native bf16 matrix maths that oneDNN uses: "AMX" (tiles), "AVX512_BF16" (dot
     product instructions), or None (bf16 would be emulated through fp32: never faster)."""
     if flags is None:
-        flags = cpu_info()[1]
+        flags = cpu_features().flags
     if not torch.backends.mkldnn.is_available():
         return None
     if {"amx_bf16", "amx_tile"} <= flags:
@@ -86,9 +164,9 @@ def cpu_bf16_kind(flags: frozenset | None = None) -> str | None:
     return None
 
 
-def cpu_bf16_decision(image_size: int) -> tuple[bool, str]:
+def cpu_bf16_decision(image_size: int, cpu: CpuFeatures | None = None) -> tuple[bool, str]:
     """Whether `--amp auto` turns bf16 autocast on for this CPU at this image size, and why."""
-    kind = cpu_bf16_kind()
+    kind = cpu_bf16_kind((cpu or cpu_features()).flags)
     if kind is None:
         return False, "no native bf16 on this CPU (neither AMX nor AVX512_BF16)"
     least = CPU_BF16_MIN_IMAGE_SIZE[kind]
@@ -97,13 +175,24 @@ def cpu_bf16_decision(image_size: int) -> tuple[bool, str]:
     return True, f"{kind}, {image_size} px"
 
 
-def describe_cpu() -> str:
-    """The CPU model and the flags the fast path's CPU rules depend on, for benchmark results."""
-    model, flags = cpu_info()
-    shown = sorted(flags & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile",
-                            "amx_bf16", "amx_int8"})
-    return (f"CPU: {model or 'unknown'}, {os.cpu_count()} cores, flags {' '.join(shown) or '-'} "
-            f"(bf16 for --amp auto: {cpu_bf16_kind(flags) or 'none'})")
+def int8_reduce_range(cpu: CpuFeatures | None = None) -> bool:
+    """Whether int8 weights are quantized to 7 bits for this CPU: yes without VNNI, whose int8
+    kernels (oneDNN's in OpenVINO, MLAS's in onnxruntime) add pairs of u8 x s8 products in 16
+    bits that full-range weights saturate; onnxruntime's quantize_static documents reduce_range
+    for "non-VNNI" machines. With VNNI the eighth bit is kept (a little more accurate)."""
+    return not (cpu or cpu_features()).vnni
+
+
+def describe_cpu(cpu: CpuFeatures | None = None) -> str:
+    """The CPU model, its kind and the flags the fast path's CPU rules depend on, for benchmark
+    results and start-up lines."""
+    cpu = cpu or cpu_features()
+    shown = sorted(cpu.flags & {"avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni",
+                                "amx_tile", "amx_bf16", "amx_int8"})
+    cap = f", kernels capped at {ONEDNN_MAX_CPU_ISA}={cpu.isa_cap}" if cpu.isa_cap else ""
+    return (f"CPU: {cpu.model or 'unknown'} ({cpu.kind}{cap}), {cpu.cores} cores, flags "
+            f"{' '.join(shown) or '-'} (bf16 for --amp auto: {cpu_bf16_kind(cpu.flags) or 'none'}"
+            f"; int8: {'VNNI' if cpu.vnni else 'no VNNI, 7-bit weights'})")
 
 
 def available_memory() -> int:
@@ -124,6 +213,7 @@ def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float
     of the training images that are JPEG files.
     """
     cuda = ctx.device.type == "cuda"
+    cpu = cpu_features()
     fits = decoded_bytes <= available_memory() // (4 * ctx.local_world_size)
     cache = cfg.cache == "on" or (cfg.cache == "auto" and fits)
     cpus = cpus_per_process(ctx)
@@ -139,14 +229,14 @@ def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float
         amp = torch.cuda.is_bf16_supported()
         amp_reason = "CUDA" if amp else "this GPU has no bf16"
     else:
-        amp, amp_reason = cpu_bf16_decision(cfg.image_size)
+        amp, amp_reason = cpu_bf16_decision(cfg.image_size, cpu)
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and (cuda or amp))
     gpu_decode = cfg.gpu_decode == "on" or (cfg.gpu_decode == "auto" and cuda and not cache
                                             and jpeg_share > 0.5)
     conv_gemm = cfg.conv_gemm == "on" or (cfg.conv_gemm == "auto" and not cuda)
     dct_scaling = cfg.dct_scaling == "on" and not gpu_decode
     return Runtime(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm,
-                   dct_scaling, amp_reason)
+                   dct_scaling, amp_reason, cpu.to_dict())
 
 
 def describe(rt: Runtime) -> str:
@@ -159,4 +249,5 @@ def describe(rt: Runtime) -> str:
             f"{', training JPEGs decoded on the device' if rt.gpu_decode else ''}"
             f"{', one-pixel convolutions as GEMM' if rt.conv_gemm else ''}"
             f"{', JPEGs decoded at reduced size where the crops allow' if rt.dct_scaling else ''}; "
+            f"{rt.cpu.get('kind', 'CPU')}{' (capped)' if rt.cpu.get('isa_cap') else ''}, "
             f"{os.cpu_count()} cores")

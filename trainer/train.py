@@ -115,7 +115,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
                 tracker.log_epochs(history)
             if best_state is not None:
                 atomic_torch_save(best_state, out / WEIGHTS_FILE)
-            atomic_write_json(out / "metrics.json", {"status": "running", "history": history})
+            atomic_write_json(out / "metrics.json", {"status": "running", "history": history,
+                                                     "runtime": rt.to_dict()})
         except OSError as e:
             raise output_error(e, out) from e
         if status is not None:
@@ -135,7 +136,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
 
     def completed():
         try:
-            atomic_write_json(out / "metrics.json", {"status": "completed", **summary})
+            atomic_write_json(out / "metrics.json", {"status": "completed", **summary,
+                                                     "runtime": rt.to_dict()})
         except OSError as e:
             raise output_error(e, out) from e
 

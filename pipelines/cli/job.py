@@ -18,7 +18,7 @@ from trainer.options import HelpFormatter, add_flags, options_of
 
 EPILOG = """\
 the same job, three ways:
-  kfvision job render --name digits --image IMAGE --nodes 2 --procs-per-node 2 \\
+  kfvision job render --name digits --image IMAGE --nodes 2 --nproc-per-node 2 \\
       --model M --train T --val V --out O -o job.yaml
   kfvision job run-local job.yaml                 # on this machine, as the operator would
   kfvision job submit job.yaml --wait             # on the cluster of the current kubeconfig
@@ -103,7 +103,7 @@ def _add_kind_flags(g) -> None:
     g.add_argument("--kind", choices=KINDS, default="pytorchjob", help="PyTorchJob (Training "
                    "Operator v1.9) or TrainJob (Kubeflow Trainer v2)")
     g.add_argument("--runtime", help="TrainJob: the runtime to reference (default: the stock "
-                   "torch-distributed; kfvision-torch carries the exit-code contract)")
+                   "torch-distributed)")
     g.add_argument("--runtime-kind", choices=RUNTIME_KINDS,
                    help="TrainJob: the runtime's kind (default: ClusterTrainingRuntime)")
 
@@ -275,9 +275,8 @@ def register(subparsers, help: str) -> None:
                    help="seconds Workers may take to finish after the Master succeeded")
     r.add_argument("--fault", type=_fault, action="append", default=[],
                    metavar="TARGET:SIGNAL:PATTERN",
-                   help="fault drill (repeatable): once a log line matches PATTERN, send SIGNAL "
-                   "to TARGET, a replica (worker-0: the whole pod) or one training process "
-                   "(worker-0/0: local rank 0), e.g. 'worker-0/0:KILL:epoch 2 \\['")
+                   help="fault drill (repeatable): on a log line matching PATTERN, send SIGNAL "
+                   "to TARGET")
     r.set_defaults(func=_run_local)
     s = sub.add_parser("submit", formatter_class=fmt,
                        help="create the job on the cluster (re-attach if it exists)")

@@ -2,7 +2,7 @@
 PyTorchJob or TrainJob (docs/scripts.md). The flags are added to `job render` as one separate
 group; everything after `--` reaches the script's argv unchanged.
 
-    kfvision job render --name mnist --image IMAGE --nodes 2 --procs-per-node 2 \\
+    kfvision job render --name mnist --image IMAGE --nodes 2 --nproc-per-node 2 \\
         --source ./proj --entry train.py -o job.yaml -- --epochs 3 --lr 0.1
     kfvision job run-local job.yaml
 """

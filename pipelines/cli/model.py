@@ -47,14 +47,13 @@ def register(sub) -> None:
     m = sub.add_parser("model", help="write an untrained model directory (resnet, densenet)")
     msub = m.add_subparsers(dest="family", required=True, metavar="FAMILY")
     for family, names in ARCHITECTURES.items():  # torch-free names: cheap for every command
-        f = msub.add_parser(family, help=f"{family}: {', '.join(names)}",
+        f = msub.add_parser(family, help=f"{family}: {names[0]}, ... (--name)",
                             formatter_class=HelpFormatter)
         f.add_argument("out", help="output model directory")
         f.add_argument("--name", default=names[0], choices=names, help="architecture")
         w = f.add_mutually_exclusive_group()
         w.add_argument("--pretrained", action="store_true",
-                       help="start from torchvision's ImageNet weights (needs network or a warm "
-                       "torch hub cache; stored in the model directory)")
+                       help="start from torchvision's ImageNet weights (downloaded once)")
         w.add_argument("--weights", metavar="FILE", help="start from a local state_dict file")
         if family == "resnet":
             f.add_argument("--zero-init-residual", action="store_true",

@@ -25,6 +25,7 @@ from pipelines.jobs.config import LABELS, JobConfig
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.script.pack import ARCHIVE_NAME, Snapshot
 from trainer.config import TrainConfig
+from trainer.options import ref_of
 
 BOOT_COMMAND = ("python", "-m", "pipelines.script.boot")
 LAUNCHERS = ("torchrun", "python")
@@ -164,9 +165,9 @@ def check_script(cfg: JobConfig, script: ScriptConfig, kind: str) -> None:
         raise InvalidJobError(f"--launcher {script.launcher!r} is not one of "
                               f"{', '.join(LAUNCHERS)}.")
     if script.launcher == "python" and cfg.procs_per_node not in (None, 1):
-        raise InvalidJobError(f"--launcher python runs one process per pod, not "
-                              f"--procs-per-node {cfg.procs_per_node}; use --launcher torchrun "
-                              "for several.")
+        procs = ref_of(JobConfig, "procs_per_node")
+        raise InvalidJobError(f"--launcher python runs one process per pod, not {procs} "
+                              f"{cfg.procs_per_node}; use --launcher torchrun for several.")
     from pipelines.jobs.trainjob.rules import PET_NAMES, PET_PREFIX
 
     for name, _ in script.env:

@@ -7,7 +7,7 @@ They live in prometheus_client's default registry, the one KServe's `/metrics` w
 
 import time
 
-from prometheus_client import Histogram
+from prometheus_client import Histogram, Info
 
 DECODE_SECONDS = Histogram(
     "kfvision_decode_seconds", "seconds to decode one image (base64, file, resize) on a "
@@ -17,6 +17,11 @@ FORWARD_SECONDS = Histogram(
 BATCH_IMAGES = Histogram(
     "kfvision_batch_images", "images in one forward pass, across concurrent requests",
     ["model_name"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
+
+
+FAST_PATH = Info(
+    "kfvision_fast_path", "the CPU the model is served on and the speed choices taken for it "
+    "(runtime, threads, precision hint, int8 weights)", ["model_name"])
 
 
 def timed_decode(decode, model_name: str):

@@ -24,7 +24,7 @@ from PIL import Image
 
 from trainer.data.decode import load_rgb
 from trainer.data.transforms import Normalizer, eval_transform
-from trainer.errors import InvalidParameterError, KfvisionError, check_choice
+from trainer.errors import Int8CpuMismatchError, InvalidParameterError, KfvisionError, check_choice
 
 RUNTIMES = ("torch", "onnx", "openvino")
 
@@ -198,6 +198,40 @@ def openvino_model(path, threads: int):
     return run, onnx_metadata(path)
 
 
+LOADERS = {"onnx": onnx_session, "openvino": openvino_model}  # runtime -> (run, metadata)
+
+
+def check_int8_cpu(meta: dict, path, cpu=None) -> None:
+    """Refuse an int8 export whose weights this CPU's int8 kernels would saturate.
+
+    An export quantized with full 8-bit weights (on a CPU with VNNI or AMX: `int8_reduce_range`)
+    loses its checked accuracy on a CPU without VNNI, whose kernels add pairs of u8 x s8 products
+    in 16 bits (on the digits, agreement with fp32 fell from 100% to 83%). Re-checking here would
+    need the check data, which a server does not have; so the export is refused with what to do.
+    An export with 7-bit weights serves correctly on any CPU. Exports from before the choice was
+    recorded have full 8-bit weights.
+
+    Raises:
+        Int8CpuMismatchError: full-range int8 weights on a CPU without VNNI.
+    """
+    from trainer.runtime import cpu_features, describe_cpu
+
+    q = meta.get("quantization")
+    if not q or q.get("reduce_range", False):
+        return
+    cpu = cpu or cpu_features()
+    if cpu.vnni:
+        return
+    made_on = q.get("cpu", {})
+    raise Int8CpuMismatchError(
+        f"{path} was quantized with full 8-bit weights for a CPU with VNNI ("
+        f"{made_on.get('model') or 'another machine'}, {made_on.get('kind', 'kind not recorded')})"
+        f", but this one has no VNNI ({describe_cpu(cpu)}): its int8 kernels add pairs of "
+        "products in 16 bits and would saturate these weights, so the accuracy the export "
+        "checked would not hold. Re-export on this machine (kfvision export --quantize int8 "
+        "picks 7-bit weights here and checks them on these kernels), or serve the fp32 export.")
+
+
 class Predictor:
     """A trained model (or its ONNX export) with its classes and evaluation transform, loaded
     once: `preprocess` one file's bytes, `probabilities` of a uint8 batch.
@@ -234,8 +268,9 @@ class Predictor:
             self._normalize = Normalizer(tuple(info["mean"]), tuple(info["std"]))
             self._run = self._run_torch
         else:
-            load = onnx_session if runtime == "onnx" else openvino_model
-            self._run, info = load(model, threads or torch.get_num_threads())
+            check_int8_cpu(onnx_metadata(model), model)
+            self._run, info = LOADERS[runtime](model, threads or torch.get_num_threads())
+        self._meta = None if runtime == "torch" else info
         self.classes = list(info["classes"])
         self.image_size = int(info["image_size"])
         self.transform = eval_transform(info["eval_preset"], self.image_size)
@@ -260,3 +295,21 @@ class Predictor:
         """What a client needs to know: classes, input size, runtime."""
         return {"classes": self.classes, "image_size": self.image_size,
                 "runtime": self.runtime, "model": str(self.source)}
+
+    def fast_path(self) -> dict:
+        """The CPU speed choices this model is served with and the CPU they were taken for, as
+        strings (for the serving `/metrics`' kfvision_fast_path info)."""
+        from trainer.runtime import cpu_features
+
+        cpu = cpu_features()
+        choices = {"runtime": self.runtime, "cpu_model": cpu.model, "cpu_kind": cpu.kind,
+                   "isa_cap": cpu.isa_cap or "none", "vnni": str(cpu.vnni).lower(),
+                   "threads": str(self.threads or torch.get_num_threads())}
+        if self.runtime == "torch":
+            choices["graph"] = "batch norms folded, channels_last"
+        if self.runtime == "openvino":
+            choices["precision_hint"] = "f32"
+        q = self._meta.get("quantization") if self._meta else None
+        if q:
+            choices["int8_weights"] = "7-bit" if q.get("reduce_range") else "8-bit"
+        return choices

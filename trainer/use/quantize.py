@@ -9,8 +9,14 @@ them); OpenVINO runs it (`trainer.use.predict.openvino_model`), its int8 kernels
 times onnxruntime's on a CPU (bench/int8.py; docs/serving.md has the figures and why this
 pairing). The result is one ONNX file with the same input, output and metadata as the fp32
 export, plus `quantization`: the runtime and the top-1 accuracies of both on the check data,
-measured on the runtime that serves it. An int8 model that falls more than MAX_TOP1_DROP below
-fp32 is not written.
+measured on the runtime that serves it, on this CPU's kernels. An int8 model that falls more
+than MAX_TOP1_DROP below fp32 is not written.
+
+The weights are 7-bit (`reduce_range`) on a CPU without VNNI, whose int8 kernels add pairs of
+u8 x s8 products in 16 bits that full 8-bit weights saturate, and 8-bit where VNNI or AMX
+accumulates in 32 bits (`trainer.runtime.int8_reduce_range`). The choice and the CPU are
+recorded in `quantization`; a server on a CPU without VNNI refuses an 8-bit export
+(`trainer.use.predict.check_int8_cpu`).
 """
 
 import json
@@ -54,9 +60,11 @@ def calibration_images(data_dir, meta: dict, limit: int = CALIBRATION_IMAGES,
                      progress_bar(sorted(pick), "calibration images", "image", progress)])
 
 
-def quantize_onnx(fp32_path, out, images: np.ndarray, progress: bool | None = None) -> None:
+def quantize_onnx(fp32_path, out, images: np.ndarray, progress: bool | None = None, *,
+                  reduce_range: bool = False) -> None:
     """onnxruntime's static quantization of an fp32 ONNX export into `out`: QDQ, per-channel,
-    u8 activations (ranges: min-max over `images`) and s8 weights. Metadata is kept."""
+    u8 activations (ranges: min-max over `images`) and s8 weights, 7-bit ones with
+    `reduce_range` (for CPUs without VNNI: `int8_reduce_range`). Metadata is kept."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -78,9 +86,17 @@ def quantize_onnx(fp32_path, out, images: np.ndarray, progress: bool | None = No
     pre = Path(out).with_name(Path(out).name + ".pre.onnx")
     try:
         quant_pre_process(str(fp32_path), str(pre))
+        # the logits (the classifier's Gemm output) and the softmax stay float: logits rounded
+        # to 8 bits tie close classes (a 0.63 / 0.27 pair came out 0.46 / 0.46), for no speed
+        # (10-1000 values an image); the Gemm itself still multiplies in int8
+        import onnx
+
+        softmax = [n.name for n in onnx.load(str(pre)).graph.node if n.op_type == "Softmax"]
         quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                        nodes_to_exclude=softmax,
+                        extra_options={"OpTypesToExcludeOutputQuantization": ["Gemm"]},
                         per_channel=True, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8)
+                        weight_type=QuantType.QInt8, reduce_range=reduce_range)
     finally:
         pre.unlink(missing_ok=True)
 
@@ -134,8 +150,9 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
             classes. ExportError, InvalidModelDirectoryError: as `export`.
     """
     from trainer.distributed import usable_cpus
+    from trainer.runtime import cpu_features, int8_reduce_range
     from trainer.use.export import export
-    from trainer.use.predict import onnx_session, openvino_model
+    from trainer.use.predict import LOADERS
 
     check_range("calibration-images", calibration, 1, 100_000)
     out = Path(out)
@@ -144,10 +161,14 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
     try:
         meta = export(model_dir, "onnx", work / "fp32.onnx")
         images = calibration_images(calibrate, meta, calibration, progress)
-        quantize_onnx(work / "fp32.onnx", work / "int8.onnx", images, progress)
+        cpu = cpu_features()
+        reduce_range = int8_reduce_range(cpu)
+        quantize_onnx(work / "fp32.onnx", work / "int8.onnx", images, progress,
+                      reduce_range=reduce_range)
         threads = usable_cpus()
-        acc = top1({"fp32": onnx_session(work / "fp32.onnx", threads)[0],
-                    "int8": openvino_model(work / "int8.onnx", threads)[0]},
+        # int8 on the runtime and kernels that serve it (Predictor's loader, this CPU)
+        acc = top1({"fp32": LOADERS["onnx"](work / "fp32.onnx", threads)[0],
+                    "int8": LOADERS[RUNTIME](work / "int8.onnx", threads)[0]},
                    check, meta, limit=check_limit, progress=progress)
         if acc["int8"] < acc["fp32"] - MAX_TOP1_DROP:
             raise QuantizationError(
@@ -159,6 +180,7 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
                 "export without quantization (--quantize none).")
         meta["quantization"] = {"dtype": "int8", "method": "onnxruntime quantize_static, QDQ, "
                                 "per-channel s8 weights, u8 activations (min-max)",
+                                "reduce_range": reduce_range, "cpu": cpu.to_dict(),
                                 "runtime": RUNTIME, "calibration_images": len(images),
                                 "top1_fp32": acc["fp32"], "top1_int8": acc["int8"],
                                 "val_images": acc["images"]}
