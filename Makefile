@@ -36,7 +36,7 @@ test-fast: setup ## the suite without slow and distributed tests
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
-bench: setup ## throughput vs the usual way (input pipeline, training, serving, s3:// fetch) and the manifest path at 200,000 images, CPU
+bench: setup ## throughput vs the usual way (input pipeline, training, serving, s3:// fetch, your own script) and the manifest path at 200,000 images, CPU
 	$(PY) -m bench.inputs --images 1000 --rounds 3
 	$(PY) -m bench.train --dataset digits --rounds 3 --epochs 3
 	$(PY) -m bench.train --dataset jpeg --images 256 --archs resnet18 resnet50 \
@@ -44,6 +44,7 @@ bench: setup ## throughput vs the usual way (input pipeline, training, serving, 
 	$(PY) -m bench.serve --rounds 3 --seconds 10 --runtimes torch int8
 	$(PY) -m bench.manifest --images 20000 200000
 	$(PY) -m bench.s3 --images 1000 10000 --connections 4 16
+	$(PY) -m bench.script --rounds 4 --epochs 3 --files 2000
 
 # Speed is never a pass/fail test: this prints the figures (and the processor) for a note
 bench-smoke: setup ## a few minutes: the training and serving ratios in small, with the processor kind (not in `make test`)
@@ -61,8 +62,9 @@ clean: ## remove build outputs (keeps .venv)
 TRAINER_IMAGE ?= registry.example.com/kfvision-trainer:0.1.0
 .PHONY: golden-jobs golden-trainjobs manifests
 
-golden-jobs: setup ## regenerate tests/golden/job-*.yaml (rendered PyTorchJobs); review the diff
+golden-jobs: setup ## regenerate tests/golden/job-*.yaml and script-*.yaml (rendered jobs); review the diff
 	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_job_golden.py -k golden_render
+	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_script.py -k golden_render
 
 golden-trainjobs: setup ## regenerate tests/golden/trainjob-*.yaml and manifests/trainer-v2/ (TrainJobs, kfvision's runtimes); review the diff
 	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_trainjob.py -k "golden_render or shipped_runtimes"

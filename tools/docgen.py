@@ -229,6 +229,24 @@ def kind_flags(page: str) -> str:
     return "\n".join(rows)
 
 
+def script_flags(page: str) -> str:
+    """`kfvision job render`'s flags of a user's own script (docs/scripts.md), as its parser has
+    them."""
+    from pipelines.cli import build_parser
+    from pipelines.cli.jobscript import SCRIPT_FLAGS
+
+    render = _subcommand(_subcommand(build_parser(["job"]), "job"), "render")
+    rows = [_row(["flag", "default", "choices", "meaning"]), _row(["---"] * 4)]
+    for action in render._actions:
+        if action.dest in SCRIPT_FLAGS:
+            default = action.default if action.default not in (None, []) else None
+            rows.append(_row([f"`{', '.join(action.option_strings)}`",
+                              "" if default is None else _value(default),
+                              ", ".join(f"`{c}`" for c in action.choices or ()),
+                              _cell(action.help)]))
+    return "\n".join(rows)
+
+
 def demo_settings(page: str) -> str:
     """The training settings `make demo` (`kfvision demo`) gives the pipeline (inline)."""
     from pipelines.cli import build_parser
@@ -245,6 +263,7 @@ REGIONS = {
     "train options": train_options,
     "job options": job_options,
     "kind flags": kind_flags,
+    "script flags": script_flags,
     "pipeline parameters": pipeline_parameters,
     "storage options": storage_options,
     "s3 options": s3_options,

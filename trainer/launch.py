@@ -20,6 +20,7 @@ See docs/faults.md for the whole picture.
 """
 
 import sys
+import time
 
 from trainer import exitcodes
 
@@ -30,14 +31,20 @@ def _say(text: str) -> None:
     print(f"{PREFIX} {text}", file=sys.stderr, flush=True)
 
 
-def _failure_summary(err) -> int:
-    """Exit code for torchrun's ChildFailedError, with one line per failed process."""
+def _failure_summary(err, node_rank=None, started: float | None = None) -> int:
+    """Exit code for torchrun's ChildFailedError, with one line per failed process, then one
+    line naming the first failure: rank, node, code, how long after the start."""
     failures = err.failures  # global rank -> ProcessFailure
     code = exitcodes.for_failures([(f.exitcode, f.timestamp) for f in failures.values()])
     for rank, f in sorted(failures.items()):
         how = (f"was killed by {f.signal_name()}" if f.exitcode < 0
                else f"exited with {f.exitcode} ({exitcodes.describe(f.exitcode)})")
         _say(f"rank {rank} (local rank {f.local_rank}, pid {f.pid}) {how}")
+    if failures and started is not None:
+        rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
+        own = first.exitcode if first.exitcode > 0 else exitcodes.EXIT_SIGNAL_BASE - first.exitcode
+        _say(f"FAILED: rank {rank} on node {node_rank} exited with {own} "
+             f"({exitcodes.describe(own)}) after {max(0.0, first.timestamp - started):.0f} s")
     _say(f"exiting with {code}: {exitcodes.describe(code)}")
     return code
 
@@ -50,10 +57,11 @@ def main(argv=None) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
+    started = time.time()  # ProcessFailure.timestamp is wall-clock seconds
     try:
         torchrun.run(args)
     except ChildFailedError as e:
-        return _failure_summary(e)
+        return _failure_summary(e, args.node_rank, started)
     except SignalException as e:
         code = exitcodes.EXIT_SIGNAL_BASE + int(e.sigval)
         _say(f"got {e.sigval.name}: stopped the training processes; exiting with {code} "

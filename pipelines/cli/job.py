@@ -57,6 +57,10 @@ def render_argv(cfg: JobConfig) -> list:
 
 
 def _render(args) -> int:
+    from pipelines.cli import jobscript
+
+    if jobscript.check_mode(args):
+        return _render_script(args)
     cfg = job_config_from_args(args)
     job, kind_argv = build_job(args, cfg)
     header = ("Rendered by kfvision; edit the command, not this file:\n"
@@ -119,7 +123,25 @@ def add_render(sub) -> None:
     add_flags(g, JOB_OPTIONS)
     _add_kind_flags(g)
     g.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    # --- a user's own script (issue 31): pipelines/cli/jobscript.py ---
+    from pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
+
+    add_script_flags(r)
+    relax_trainer_paths(r)
     r.set_defaults(func=_render)
+
+
+def _render_script(args) -> int:
+    from pipelines.cli.jobscript import render_script, write_rendered
+
+    text, job, said = render_script(args, build_job)
+    write_rendered(text, args.output)
+    where = "standard output" if args.output in (None, "-") else args.output
+    for line in said:
+        print(line, file=sys.stderr)
+    print(f"wrote {job['kind']} {job['metadata']['name']} running your script to {where}",
+          file=sys.stderr)
+    return 0
 
 
 def _fault(text: str) -> Fault:
@@ -131,11 +153,11 @@ def _fault(text: str) -> Fault:
 
 @STOP  # SIGINT and SIGTERM heard from here on, whatever this process inherited (signals.py)
 def _run_local(args) -> int:
-    from pipelines.jobs.kinds import TRAINJOB, kind_of, read_job
+    from pipelines.jobs.kinds import TRAINJOB, kind_of, read_manifest
     from pipelines.jobs.pytorchjob import local as pytorchjob_local
     from pipelines.jobs.trainjob import local as trainjob_local
 
-    job = read_job(args.manifest)
+    job, config_maps = read_manifest(args.manifest)  # ConfigMaps: a user's script's source
     name, trainjob = job["metadata"]["name"], kind_of(job) is TRAINJOB
     log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
     print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
@@ -143,11 +165,12 @@ def _run_local(args) -> int:
     try:
         if trainjob:  # every node must succeed: no --grace
             result = trainjob_local.run_local(job, log_dir, source=args.manifest,
-                                              quiet=args.quiet, faults=args.fault)
+                                              quiet=args.quiet, faults=args.fault,
+                                              config_maps=config_maps)
         else:
             result = pytorchjob_local.run_local(job, log_dir, source=args.manifest,
                                                 quiet=args.quiet, grace_s=args.grace,
-                                                faults=args.fault)
+                                                faults=args.fault, config_maps=config_maps)
     except KeyboardInterrupt:
         return _stopped(name)  # run_local raised Interrupted once every process was stopped
     print(f"job {name} succeeded in {result.seconds:.1f} s ({result.restarts} restart(s)); "
@@ -186,10 +209,14 @@ def _namespace(args, job: dict | None = None) -> str | None:
 
 def _submit(args) -> int:
     from pipelines.jobs.cluster import connect, submit
-    from pipelines.jobs.kinds import kind_of, read_job
+    from pipelines.jobs.kinds import kind_of, read_manifest
 
-    job = read_job(args.manifest)
+    job, config_maps = read_manifest(args.manifest)
     client = connect(_namespace(args, job), kind=kind_of(job))
+    for cm in config_maps.values():  # a user's source first: the pods mount it
+        _, created = client.api.create_config_map(cm)
+        client.say(f"{'created' if created else 'reusing'} ConfigMap {client.namespace}/"
+                   f"{cm['metadata']['name']}")
     try:
         submit(client, job, wait=args.wait, timeout_s=args.timeout,
                keep_on_timeout=args.keep_on_timeout, poll_s=args.poll, logs=not args.no_logs)
@@ -278,3 +305,18 @@ def register(subparsers, help: str) -> None:
     d.add_argument("name", help="job name")
     d.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
     d.set_defaults(func=_delete)
+    # --- a user's own script in one step (issue 31): pipelines/cli/jobscript.py ---
+    from pipelines.cli.jobscript import add_run
+
+    add_run(sub, JOB_OPTIONS, _add_kind_flags, _run_script)
+
+
+def _run_script(args) -> int:
+    from pipelines.cli.jobscript import check_mode, run_args
+
+    if args.source is not None:
+        check_mode(args)
+    args.output = args.output or str(Path("build") / "jobs" / f"{args.name}.yaml")
+    then = run_args(args)
+    _render_script(args)
+    return _submit(then) if args.submit else _run_local(then)

@@ -295,6 +295,22 @@ class Api:
                                 self.namespace, label_selector=selector)["items"]
         return sorted(items, key=lambda p: p["metadata"]["name"])
 
+    def create_config_map(self, body: dict) -> tuple:
+        """Create the ConfigMap `body`, or reuse the one of that name: a user's source snapshot,
+        immutable and named by its sha256, so one name always holds the same bytes.
+        -> (object, created)."""
+        name = body["metadata"]["name"]
+        body = {**body, "metadata": {**body["metadata"], "namespace": self.namespace}}
+        try:
+            return self._core_json("create", "ConfigMap", name,
+                                   self.core.create_namespaced_config_map, self.namespace,
+                                   body), True
+        except KubernetesError as e:
+            if e.status != 409:  # 409 Conflict: AlreadyExists
+                raise
+        return self._core_json("get", "ConfigMap", name, self.core.read_namespaced_config_map,
+                               name, self.namespace), False
+
     def pod(self, name: str) -> dict:
         return self._core_json("get", "Pod", name, self.core.read_namespaced_pod, name,
                                self.namespace)

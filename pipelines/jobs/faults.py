@@ -118,11 +118,14 @@ class FaultInjector:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, fault.signal)
             return f"{sig} to every process of {fault.target} (pids {pids})"
-        # the training process of that local rank: a direct child of torchrun (DataLoader
-        # workers, its grandchildren, inherit LOCAL_RANK too)
+        # the training process of that local rank: the topmost process of the pod with that
+        # LOCAL_RANK, a child of torchrun (DataLoader workers, its children, inherit LOCAL_RANK
+        # too); torchrun is the pod's main process, or its child under a user's script's boot
         for _ in range(50):  # the children may still be starting
-            for pid, (ppid, _) in table.items():
-                if ppid == r.proc.pid and _local_rank(pid) == int(m["rank"]):
+            for pid in sorted(p for p, _ in descendants(r.proc.pid, table)):
+                ppid = table[pid][0]
+                if _local_rank(pid) == int(m["rank"]) and (
+                        ppid == r.proc.pid or _local_rank(ppid) is None):
                     os.kill(pid, fault.signal)
                     return (f"{sig} to {fault.target} (pid {pid}) after a line matched "
                             f"{fault.after!r}")

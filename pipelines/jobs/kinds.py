@@ -74,7 +74,24 @@ def read_job(path) -> dict:
     against its kind's rules.
 
     Raises:
-        InvalidJobError: unreadable file, not YAML, not exactly one object, or a broken rule.
+        InvalidJobError: unreadable file, not YAML, not exactly one job, or a broken rule; a
+            file that also holds ConfigMaps (a user's script: read_manifest).
+    """
+    job, config_maps = read_manifest(path)
+    if config_maps:
+        raise InvalidJobError(f"{path} also holds ConfigMap(s) {', '.join(config_maps)}: use "
+                              "`kfvision job run-local` or `submit`, which create them too.")
+    return job
+
+
+def read_manifest(path) -> tuple:
+    """(the one PyTorchJob or TrainJob, {name: ConfigMap}) of the YAML file `path` ("-":
+    standard input): a job as `kfvision job render` writes it, with the ConfigMaps that carry a
+    user's source (`render --source`, written before the job).
+
+    Raises:
+        InvalidJobError: unreadable file, not YAML, not exactly one job, another kind of
+            object, or a broken rule.
     """
     import sys
     from pathlib import Path
@@ -87,12 +104,21 @@ def read_job(path) -> dict:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except (OSError, yaml.YAMLError) as e:
         raise InvalidJobError(f"cannot read the job manifest {source}: {e}") from e
-    if len(docs) != 1:
-        raise InvalidJobError(f"{source} holds {len(docs)} YAML documents; expected exactly one "
-                              "PyTorchJob or TrainJob (as `kfvision job render` writes).")
-    if kind_of(docs[0], source) is TRAINJOB:
-        return trainjob_rules.validate_trainjob(docs[0], source)
-    return pytorchjob_rules.validate_pytorchjob(docs[0], source)
+    config_maps = {}
+    for d in docs:
+        if isinstance(d, dict) and d.get("apiVersion") == "v1" and d.get("kind") == "ConfigMap":
+            name = (d.get("metadata") or {}).get("name")
+            if not name:
+                raise InvalidJobError(f"{source}: a ConfigMap without metadata.name.")
+            config_maps[name] = d
+    jobs = [d for d in docs if not (isinstance(d, dict) and d.get("kind") == "ConfigMap")]
+    if len(jobs) != 1:
+        raise InvalidJobError(f"{source} holds {len(jobs)} job documents; expected exactly one "
+                              "PyTorchJob or TrainJob (as `kfvision job render` writes), "
+                              "optionally after the ConfigMaps of its source.")
+    if kind_of(jobs[0], source) is TRAINJOB:
+        return trainjob_rules.validate_trainjob(jobs[0], source), config_maps
+    return pytorchjob_rules.validate_pytorchjob(jobs[0], source), config_maps
 
 
 def served_kinds(api) -> list:

@@ -39,6 +39,7 @@ from pipelines.jobs.pytorchjob.rules import (
     PORT_NAME,
     validate_pytorchjob,
 )
+from pipelines.jobs.volumes import materialize
 
 LOCAL_BACKOFF_LIMIT = 6  # when the manifest sets none: what a Kubernetes Job uses, so we end
 
@@ -190,7 +191,8 @@ def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> t
 
 
 def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, quiet: bool = False,
-              grace_s: float = 30.0, restart_delay_s: float = 1.0, faults=()) -> LocalResult:
+              grace_s: float = 30.0, restart_delay_s: float = 1.0, faults=(),
+              config_maps: dict | None = None) -> LocalResult:
     """Run the PyTorchJob `job` (a dict) on this machine, the way the Training Operator would.
 
     Args:
@@ -200,6 +202,8 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
         grace_s: once the Master succeeded, how long Workers may take to finish by themselves.
         restart_delay_s: pause before restarting a failed replica (kubelet backs off 10 s+).
         faults: Fault(target, after, signal) to inject, each once (pipelines/jobs/faults.py).
+        config_maps: {name: ConfigMap} of the same file, for the pods' ConfigMap volumes
+            (pipelines/jobs/volumes.py).
     Returns:
         LocalResult (seconds, restarts, exit codes of the replicas that ended by themselves).
     Raises:
@@ -213,6 +217,10 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
     log_dir.mkdir(parents=True, exist_ok=True)
     printer = FaultInjector(faults, Printer(out or sys.stdout, quiet))
     commands = [replica_command(job, p, plans, port, source) for p in plans]
+    for plan, (_, env) in zip(plans, commands, strict=True):  # the pod's ConfigMaps, emptyDirs
+        pod = job["spec"]["pytorchReplicaSpecs"][plan.rtype]["template"]["spec"]
+        env.update(materialize(pod.get("volumes") or [], plan.container.get("volumeMounts") or [],
+                               config_maps or {}, log_dir / "pods" / plan.name, source))
     procs = []
     for plan, (argv, env) in zip(plans, commands, strict=True):
         path = log_dir / f"{plan.name}.log"

@@ -53,6 +53,7 @@ from pipelines.jobs.trainjob.rules import (
     runtime_jobs,
     validate_trainjob,
 )
+from pipelines.jobs.volumes import materialize, trainjob_pod
 from trainer.upstream import (
     TRAINER_CA_CERT_FILE,
     TRAINER_SERVER_CA_CERT,
@@ -302,12 +303,15 @@ class _Supervisor:
 
 def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
               quiet: bool = False, restart_delay_s: float = 1.0, faults=(),
-              status: StatusEndpoint | None = None) -> LocalResult:
+              status: StatusEndpoint | None = None,
+              config_maps: dict | None = None) -> LocalResult:
     """Run the TrainJob `job` (a dict) on this machine, as Kubeflow Trainer and its runtime would.
 
     Args and result as pipelines.jobs.pytorchjob.local.run_local (logs in LOG_DIR/node-0-<i>.log);
     `status`: the status server the nodes report progress to, as with Kubeflow Trainer's
-    TrainJobStatus feature gate on (None: the gate off, nothing is injected).
+    TrainJobStatus feature gate on (None: the gate off, nothing is injected); `config_maps`:
+    {name: ConfigMap} of the same file, for the pods' ConfigMap volumes
+    (pipelines/jobs/volumes.py).
     Raises:
         InvalidJobError: the manifest breaks a rule, names an unknown runtime, or cannot run here.
         JobFailedError: the runtime's failure policy failed the job, or the deadline passed.
@@ -321,6 +325,8 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
     procs = []
     for plan in plans:
         argv, env = _node_command(job, plan, plans, port, source, runtime, status)
+        env.update(materialize(*trainjob_pod(job), config_maps or {},
+                               log_dir / "pods" / plan.name, source))  # ConfigMaps, emptyDirs
         (log_dir / f"{plan.name}.log").write_text("")
         procs.append(ReplicaProcess(plan.name, argv, env, log_dir / f"{plan.name}.log", printer))
     printer.attach(procs)

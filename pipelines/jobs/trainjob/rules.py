@@ -37,6 +37,7 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # label and annot
 # What the torch plugin injects into container `node`; trainer.env may not set them.
 PET_NAMES = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",  # this order
              "PET_MASTER_PORT")
+PET_PREFIX = "PET_"  # torchrun reads every PET_<FLAG> as its flag's default
 NO_ENV_PATCH = (NODE, "dataset-initializer", "model-initializer")  # env goes in trainer.env
 MANAGED_BY = ("trainer.kubeflow.org/trainjob-controller", "kueue.x-k8s.io/multikueue")
 # The stock torch-distributed runtime's shape: replicated job -> its containers.

@@ -1,0 +1,246 @@
+"""`kfvision job render --source DIR ...` and `kfvision job run`: a user's own script as a
+PyTorchJob or TrainJob (docs/scripts.md). The flags are added to `job render` as one separate
+group; everything after `--` reaches the script's argv unchanged.
+
+    kfvision job render --name mnist --image IMAGE --nodes 2 --nproc-per-node 2 \\
+        --source ./proj --entry train.py -o job.yaml -- --epochs 3 --lr 0.1
+    kfvision job run-local job.yaml
+"""
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from pipelines.jobs.errors import InvalidJobError
+
+SCRIPT_FLAGS = ("source", "entry", "module", "requirements", "launcher", "input", "output_uri",
+                "source_store", "source_pvc", "include_secret", "env")
+
+
+def _pair(flag: str):
+    def parse(text: str) -> tuple:
+        name, sep, value = text.partition("=")
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r} is not NAME=VALUE")
+        return name, value
+    parse.__name__ = flag
+    return parse
+
+
+def add_script_flags(parser, *, positional: bool = True) -> None:
+    """The flags of a user's script (one group), and the script's arguments after `--`."""
+    from pipelines.script.job import LAUNCHERS
+
+    g = parser.add_argument_group("your own script (instead of the built-in trainer; "
+                                  "docs/scripts.md)")
+    g.add_argument("--source", metavar="DIR", help="folder of your training code, packed "
+                   "into the job")
+    g.add_argument("--entry", metavar="FILE", help="the script to run, relative to --source")
+    g.add_argument("-m", "--module", metavar="NAME", help="or the module to run (python -m)")
+    g.add_argument("--requirements", metavar="FILE", help="pip requirements, relative to "
+                   "--source (default: requirements.txt beside the entry)")
+    g.add_argument("--launcher", choices=LAUNCHERS, default="torchrun", help="torchrun (one "
+                   "process per GPU) or python (one per pod, the operator's RANK/WORLD_SIZE)")
+    g.add_argument("--input", type=_pair("--input"), action="append", default=[],
+                   metavar="NAME=URI", help="data channel: s3://, pvc://CLAIM/PATH or a pod "
+                   "path (repeatable)")
+    g.add_argument("--output-uri", metavar="URI", help="where model/ and outputs/ go after "
+                   "success: s3://, pvc://CLAIM/PATH or a pod path")
+    g.add_argument("--source-store", metavar="S3_URI", help="object-store prefix for a "
+                   "snapshot too big for a ConfigMap")
+    g.add_argument("--source-pvc", metavar="DIR", help="or a folder on a --pvc mount that "
+                   "holds the snapshot")
+    g.add_argument("--include-secret", action="append", default=[], metavar="PATH",
+                   help="pack this secret-looking file anyway (repeatable)")
+    g.add_argument("--env", type=_pair("--env"), action="append", default=[],
+                   metavar="NAME=VALUE", help="environment variable for the script (repeatable)")
+    if positional:
+        g.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS",
+                       help="the script's own arguments, after --")
+
+
+def relax_trainer_paths(parser) -> None:
+    """The built-in trainer's four paths are required only without --source (checked in
+    `check_mode`)."""
+    for action in parser._actions:
+        if action.dest in ("model", "train", "val", "out"):
+            action.required = False
+
+
+def check_mode(args) -> bool:
+    """True for a script job; raises InvalidJobError for a mix of the two modes."""
+    from dataclasses import fields
+
+    from trainer.config import TrainConfig
+
+    trainer = [f.name for f in fields(TrainConfig) if getattr(args, f.name, None) is not None]
+    trainer += ["config"] if getattr(args, "config", None) else []
+    if args.source is None:
+        script = [n for n in SCRIPT_FLAGS if getattr(args, n)
+                  and (n != "launcher" or args.launcher != "torchrun")]
+        if script or args.script_args:
+            raise InvalidJobError(f"--{(script or ['source'])[0].replace('_', '-')} and script "
+                                  "arguments need --source DIR (your own script).")
+        missing = [f"--{n}" for n in ("model", "train", "val", "out") if n not in trainer]
+        if missing:
+            raise InvalidJobError(f"the following arguments are required: {', '.join(missing)} "
+                                  "(or --source DIR to run your own script).")
+        return False
+    if trainer:
+        raise InvalidJobError(f"--{trainer[0].replace('_', '-')} is a flag of the built-in "
+                              "trainer; with --source, give your script's own arguments after "
+                              "--.")
+    return True
+
+
+def _script_config(args, snap):
+    from pipelines.script.job import ScriptConfig
+
+    files = set(snap.files)
+    for flag in ("entry", "requirements"):  # ./train.py is train.py
+        if getattr(args, flag):
+            setattr(args, flag, Path(getattr(args, flag)).as_posix())
+    left = " (it is missing, or .gitignore/.kfvisionignore leaves it out)"
+    if args.entry and args.entry not in files:
+        raise InvalidJobError(f"--entry {args.entry} is not in --source {args.source}{left}: "
+                              f"the snapshot holds {len(files)} file(s).")
+    if args.module:
+        base = args.module.replace(".", "/")
+        if not {f"{base}.py", f"{base}/__main__.py", f"{base}/__init__.py"} & files:
+            raise InvalidJobError(f"--module {args.module} is not in --source {args.source}"
+                                  f"{left}.")
+    requirements = args.requirements
+    if requirements and requirements not in files:
+        raise InvalidJobError(f"--requirements {requirements} is not in --source "
+                              f"{args.source}{left}.")
+    if not requirements:
+        beside = str(Path(args.entry or "x").parent / "requirements.txt").removeprefix("./")
+        requirements = beside if beside in files else None
+    return ScriptConfig(source=args.source, entry=args.entry, module=args.module,
+                        args=tuple(args.script_args), requirements=requirements,
+                        launcher=args.launcher, inputs=tuple(args.input),
+                        output_uri=args.output_uri, env=tuple(args.env))
+
+
+def _ship(snap, transport, output: str | None) -> str:
+    """Put the snapshot where `transport` says (s3: upload unless there; pvc: write it here
+    when the folder is, else beside the YAML); a line saying what was done."""
+    if transport.how == "configmap":
+        return "in the ConfigMap beside the job"
+    if transport.how == "s3":
+        import tempfile
+
+        from pipelines.clients import s3
+
+        if s3.head(transport.where) is not None:
+            return f"at {transport.where} (already there)"
+        bucket, key = s3.split_uri(transport.where)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "source.tar.gz"
+            path.write_bytes(snap.data)
+            s3.upload(path, bucket, key)
+        return f"uploaded to {transport.where}"
+    target = Path(transport.where)
+    if not target.parent.is_dir():
+        target = Path(output or ".").parent / target.name
+        target.write_bytes(snap.data)
+        return (f"written to {target}: copy it to {transport.where} on the claim before the "
+                "job starts")
+    if not target.is_file():
+        target.write_bytes(snap.data)
+    return f"at {transport.where}"
+
+
+def render_script(args, build_kind) -> tuple:
+    """(YAML text, the job dict, lines to tell the user) of `job render --source`."""
+    from pipelines.jobs.config import JobConfig, to_yaml
+    from pipelines.script.job import (
+        NO_TRAINER,
+        build_script_job,
+        choose_transport,
+        encoded_size,
+        fits_client_side_apply,
+    )
+    from pipelines.script.pack import pack
+    from trainer.options import options_of
+
+    JOB_OPTIONS = options_of(JobConfig)  # noqa: N806 (as pipelines/cli/job.py names them)
+    given = {o.name: getattr(args, o.name) for o in JOB_OPTIONS}
+    given.update({o.name: tuple(given[o.name]) for o in JOB_OPTIONS if o.many})
+    cfg = JobConfig(train=NO_TRAINER, **given)
+    if args.kind == "pytorchjob" and (args.runtime or args.runtime_kind):
+        build_kind(args, cfg)  # the built-in path's refusal, worded once
+    snap = pack(args.source, include=args.include_secret)
+    script = _script_config(args, snap)
+    transport = choose_transport(snap, args.source_store, args.source_pvc)
+    docs = build_script_job(cfg, script, snap, transport, kind=args.kind, runtime=args.runtime)
+    job = docs[-1]
+    said = [f"source {args.source}: {len(snap.files)} file(s), {snap.size:,} bytes packed "
+            f"({encoded_size(snap):,} as base64), sha256 {snap.sha256}; "
+            f"{_ship(snap, transport, getattr(args, 'output', None))}"]
+    if snap.left_out:
+        said.append(f"left out as secrets: {', '.join(snap.left_out)} (--include-secret PATH "
+                    "packs one anyway)")
+    if not cfg.volumes:
+        said.append("note: no --pvc, so the checkpoint directory does not outlive a restarted "
+                    "pod")
+    if not script.output_uri:
+        said.append("note: no --output-uri, so the model directory stays in the pod")
+    apply = "kubectl apply -f"
+    if docs[0]["kind"] == "ConfigMap" and not fits_client_side_apply(docs[0]):
+        apply = "kubectl apply --server-side -f"
+        said.append(f"note: the ConfigMap ({encoded_size(snap) // 1024} KiB) is too big for "
+                    "client-side `kubectl apply` (its last-applied annotation may hold 256 KiB):"
+                    " use `kubectl apply --server-side -f`, `kubectl create -f` or `kfvision "
+                    "job submit`")
+    header = (f"Rendered by kfvision from your own script: `{apply}` this file creates "
+              "the ConfigMap (if any) first, then the job.\n"
+              f"source {args.source} (sha256 {snap.sha256}), {script.target} "
+              f"{shlex.join(script.args)}".rstrip())
+    text = to_yaml(docs[0], header) + "".join("---\n" + to_yaml(d) for d in docs[1:])
+    return text, job, said
+
+
+def write_rendered(text: str, output: str | None) -> None:
+    if output in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(text, encoding="utf-8")
+
+
+def add_run(sub, job_options, add_kind_flags, func) -> None:
+    """`kfvision job run --source ...`: render, say where the YAML went, then run it here or
+    submit it."""
+    from trainer.options import HelpFormatter, add_flags
+
+    r = sub.add_parser("run", formatter_class=HelpFormatter, allow_abbrev=False,
+                       help="your own script in one step: render, then run-local (or submit)",
+                       description="Render a job for your own script (as `job render --source`),"
+                       " write it to -o (default build/jobs/NAME.yaml), then run it on this "
+                       "machine as `job run-local` does, or with --submit on the cluster.")
+    g = r.add_argument_group("job")
+    add_flags(g, job_options)
+    add_kind_flags(g)
+    g.add_argument("-o", "--output", help="YAML file to write (default: build/jobs/NAME.yaml)")
+    add_script_flags(r)
+    w = r.add_argument_group("where it runs")
+    w.add_argument("--submit", action="store_true", help="submit to the cluster instead of "
+                   "running here")
+    w.add_argument("--wait", action="store_true", help="--submit: wait for the end, "
+                   "streaming the log")
+    w.add_argument("--log-dir", help="here: per-replica logs (default: build/jobs/NAME)")
+    w.add_argument("--quiet", action="store_true", help="here: logs to files only")
+    r.set_defaults(func=func)
+
+
+def run_args(args) -> argparse.Namespace:
+    """The `run-local` / `submit` arguments of a `job run` (their defaults, its choices)."""
+    if args.source is None:
+        raise InvalidJobError("kfvision job run needs --source DIR (and --entry or --module): "
+                              "it runs your own script; the built-in trainer renders with "
+                              "`kfvision job render`.")
+    return argparse.Namespace(manifest=args.output, namespace=args.namespace, wait=args.wait,
+                              timeout=None, keep_on_timeout=False, poll=10.0, no_logs=False,
+                              log_dir=args.log_dir, quiet=args.quiet, grace=30.0, fault=[])

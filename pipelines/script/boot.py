@@ -1,0 +1,276 @@
+"""The container command of a user's-script job: unpack the source, install its requirements,
+lay out the contract's folders, then run the script unchanged.
+
+    python -m pipelines.script.boot --sha256 SHA --snapshot /kfvision/source/source.tar.gz \\
+        --entry train.py [--launcher torchrun|python] [--requirements requirements.txt] \\
+        [--input NAME=URI ...] [--output-uri URI] -- SCRIPT ARGS
+
+`kfvision job render --source` writes this command (pipelines/script/job.py); nobody needs to
+type it. Steps, once per pod:
+1. read the snapshot (a file of the ConfigMap volume or of a PVC, or an `s3://` object), check
+   its sha256, unpack it into WORK/src, the script's working folder;
+2. install the requirements into a cached environment that keeps the image's torch
+   (pipelines/script/env.py);
+3. fetch `s3://` input channels once into WORK/input/NAME (a path is passed as it is);
+4. run the script with the contract's variables (pipelines/script/contract.py): through
+   `python -m trainer.launch` (torchrun that keeps exit codes) by default, or one `python` per
+   pod with the Training Operator's classic variables (`--launcher python`; on a TrainJob they
+   are made from the torch plugin's `PET_*`);
+5. after success, node 0 copies the model and outputs folders to `--output-uri`.
+
+The exit code is the script's own (a signal N: 128 + N), so the job's restart policy retries
+128-255 and fails 1-127 at once, as for the built-in trainer; the boot's own errors (a changed
+snapshot, a requirement pip cannot install) exit 2. A failure ends with one line saying which
+rank on which node failed, with what code, after how long.
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipelines.jobs.trainjob.rules import PET_NAMES
+from pipelines.script import contract
+from pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
+from trainer import exitcodes
+from trainer.errors import KfvisionError
+
+PREFIX = "[kfvision script]"
+LAUNCHERS = ("torchrun", "python")
+DEFAULT_WORK = "/kfvision/work"  # an emptyDir of the pod (pipelines/script/job.py)
+# What the Training Operator v1.9.4 gives every pod (pkg/controller.v1/pytorch/envvar.go), made
+# here from the torch plugin's PET_* on a TrainJob (pipelines/jobs/trainjob/rules.py has them)
+_NNODES, _, NODE_RANK, _ADDR, _PORT = PET_NAMES
+CLASSIC = {"MASTER_ADDR": _ADDR, "MASTER_PORT": _PORT, "RANK": NODE_RANK, "WORLD_SIZE": _NNODES}
+
+
+def say(text: str) -> None:
+    print(f"{PREFIX} {text}", file=sys.stderr, flush=True)
+
+
+def pod_path(path: str) -> Path:
+    """`path` as this pod sees it: under run-local's stand-in for the pod's own volumes when it
+    is there (contract.POD_ROOT), else as it is."""
+    root = os.environ.get(contract.POD_ROOT)
+    if root and path.startswith("/"):
+        local = Path(root) / path.lstrip("/")
+        if local.exists():
+            return local
+    return Path(path)
+
+
+def read_snapshot(where: str, sha256: str) -> bytes:
+    """The archive's bytes from a file (ConfigMap or PVC) or an s3:// object, hash-checked."""
+    if where.startswith("s3://"):
+        import tempfile
+
+        from pipelines.clients import s3
+
+        bucket, key = s3.split_uri(where)
+        obj = s3.head(where)
+        if obj is None:
+            raise InvalidSourceError(f"the source snapshot {where} is not there; render the "
+                                     "job again (it uploads the snapshot).")
+        with tempfile.TemporaryDirectory() as tmp:
+            target = Path(tmp) / ARCHIVE_NAME
+            s3.download(obj, bucket, target)
+            data = target.read_bytes()
+    else:
+        path = pod_path(where)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise InvalidSourceError(f"cannot read the source snapshot {where}: {e}") from e
+    verify(data, sha256, where)
+    return data
+
+
+def parse_input(text: str) -> tuple:
+    name, sep, uri = text.partition("=")
+    if not sep or not name or not uri:
+        raise argparse.ArgumentTypeError(f"--input {text!r} is not NAME=URI")
+    return name, uri
+
+
+def fetch_inputs(inputs: list, work: Path) -> dict:
+    """{name: folder} of the channels: s3:// fetched once into WORK/input/NAME, paths as given."""
+    out = {}
+    for name, uri in inputs:
+        if uri.startswith("s3://"):
+            from pipelines.clients import s3sync
+
+            fetched = s3sync.fetch(uri, work / "input" / name, progress=False)
+            say(f"input {name}: {fetched.summary()}")
+            path = fetched.path if fetched.path.is_dir() else fetched.path.parent
+            out[name] = str(path)
+        else:
+            out[name] = uri
+    return out
+
+
+def save_outputs(uri: str, folders: dict) -> None:
+    """Copy each {name: folder} to URI/name (s3:// or a path)."""
+    for name, folder in folders.items():
+        if not any(Path(folder).iterdir()):
+            continue
+        target = f"{uri.rstrip('/')}/{name}"
+        if uri.startswith("s3://"):
+            from pipelines.clients import s3sync
+
+            keys = s3sync.push(folder, target + "/", overwrite=True)
+            say(f"{name}: {len(keys)} file(s) to {target}/")
+        else:
+            shutil.copytree(folder, target, dirs_exist_ok=True)
+            say(f"{name}: copied to {target}")
+
+
+def _requirements(args, src: Path) -> Path | None:
+    if args.requirements:
+        path = src / args.requirements
+        if not path.is_file():
+            raise InvalidSourceError(f"--requirements {args.requirements} is not a file of the "
+                                     "source snapshot.")
+        return path
+    beside = src / Path(args.entry or "").parent / "requirements.txt"
+    return beside if args.entry and beside.is_file() else None
+
+
+def _env_cache(work: Path) -> Path:
+    given = os.environ.get(contract.ENV_CACHE)
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not os.path.isabs(base):  # a uid without a home (no HOME, no passwd entry)
+        return work / "envs"
+    home = Path(base) / "kfvision" / "envs"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK):
+            return home
+    except OSError:  # a pod's read-only root filesystem: the environment lives with the pod
+        pass
+    return work / "envs"
+
+
+def script_env(args, python: Path, dirs: dict, inputs: dict) -> dict:
+    env = dict(os.environ)
+    env.pop(contract.POD_ROOT, None)
+    node = int(env.get(NODE_RANK, env.get("RANK", "0")) or 0)
+    hosts = args.hosts.split(",") if args.hosts else [f"node-{node}"]
+    env.update(contract.contract_env(
+        model=dirs["model"], outputs=dirs["outputs"], checkpoints=dirs["checkpoints"],
+        tensorboard=dirs["tensorboard"], inputs=inputs, gpus=args.gpus, hosts=hosts,
+        current_host=hosts[node] if node < len(hosts) else hosts[-1], sha256=args.sha256))
+    if args.launcher == "python":
+        for classic, pet in CLASSIC.items():
+            if classic not in env and pet in env:
+                env[classic] = env[pet]
+    env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def command(args, python: Path) -> list:
+    target = ["-m", args.module] if args.module else [args.entry]
+    if args.launcher == "torchrun":
+        return [str(python), "-m", "trainer.launch", *target, *args.script_args]
+    return [str(python), *target, *args.script_args]
+
+
+def run(argv: list, cwd: Path, env: dict) -> int:
+    """Run the launcher, passing SIGTERM/SIGINT on (a deleted pod); its exit status (128 + N for
+    a signal N)."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env)
+
+    def forward(signum, frame):
+        proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return 128 - code if code < 0 else code
+
+
+def boot(args) -> int:
+    start = time.monotonic()
+    work = pod_path(args.work)
+    src = work / "src"
+    if src.exists():
+        shutil.rmtree(src)  # a restarted container starts from the snapshot again
+    files = unpack(read_snapshot(args.snapshot, args.sha256), src)
+    target = args.module or args.entry
+    say(f"source {args.sha256[:12]}: {len(files)} file(s) into {src}")
+    if args.entry and not (src / args.entry).is_file():
+        raise InvalidSourceError(f"--entry {args.entry} is not in the source snapshot.")
+    requirements = _requirements(args, src)
+    python = Path(sys.executable)
+    if requirements is not None:
+        from pipelines.script.env import ensure_env
+
+        python = ensure_env(requirements, _env_cache(work), say=say)
+    state = pod_path(args.state) if args.state else work / "state"
+    dirs = {"model": work / "model", "outputs": src / "outputs",
+            "checkpoints": state / "checkpoints", "tensorboard": state / "tensorboard"}
+    for d in dirs.values():
+        d.mkdir(parents=True, exist_ok=True)
+    inputs = fetch_inputs(args.input, work)
+    env = script_env(args, python, {k: str(v) for k, v in dirs.items()}, inputs)
+    argv = command(args, python)
+    say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
+    began = time.monotonic()
+    code = run(argv, src, env)
+    took = time.monotonic() - began
+    node = env.get(NODE_RANK, env.get("RANK", "0"))
+    if code != 0:
+        if args.launcher == "python":
+            say(f"FAILED: rank {env.get('RANK', node)} on node {node} exited with {code} "
+                f"({exitcodes.describe(code)}) after {took:.1f} s")
+        else:  # torchrun's launcher named the rank above
+            say(f"FAILED: node {node} exited with {code} ({exitcodes.describe(code)}) after "
+                f"{took:.1f} s")
+        return code
+    say(f"node {node}: {target} succeeded in {took:.1f} s")
+    if args.output_uri and node == "0":
+        save_outputs(args.output_uri, {"model": dirs["model"], "outputs": dirs["outputs"]})
+    return 0
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipelines.script.boot", allow_abbrev=False,
+                                description="Run a user's script in a kfvision job's pod.")
+    p.add_argument("--sha256", required=True, help="the snapshot's sha256")
+    p.add_argument("--snapshot", required=True, help="the snapshot: a file path or s3:// URI")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--entry", help="the script, relative to the source folder")
+    where.add_argument("-m", "--module", help="the module to run (python -m)")
+    p.add_argument("--requirements", help="requirements file, relative to the source folder")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="torchrun", help="how to start it")
+    p.add_argument("--work", default=DEFAULT_WORK, help="the pod's scratch folder")
+    p.add_argument("--state", help="folder that outlives the pod (checkpoints, TensorBoard)")
+    p.add_argument("--input", type=parse_input, action="append", default=[],
+                   metavar="NAME=URI", help="data channel (repeatable)")
+    p.add_argument("--output-uri", help="where node 0 copies model/ and outputs/ after success")
+    p.add_argument("--hosts", help="the pods' host names, node 0 first (SM_HOSTS)")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs per pod (SM_NUM_GPUS)")
+    p.add_argument("script_args", nargs="*", help="the script's arguments, after --")
+    return p
+
+
+def main(argv=None) -> int:
+    args = get_parser().parse_args(argv)
+    try:
+        return boot(args)
+    except KfvisionError as e:
+        say(exitcodes.error_line(e))
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
