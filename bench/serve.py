@@ -45,7 +45,8 @@ import torch
 
 import bench
 from bench.jpegset import PHOTO, make_jpeg_set
-from pipelines.serve.client import Server, free_port, request
+from pipelines.clients.endpoints import free_port
+from pipelines.serve.client import Server, request
 from trainer.model.arch import WEIGHTS_FILE, build_model, read_model_spec, write_untrained_model
 from trainer.model.trained import atomic_torch_save, write_model_files
 

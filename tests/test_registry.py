@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.cli import main as cli
 from pipelines.clients import registry
-from pipelines.clients.endpoints import EndpointUnreachableError
+from pipelines.clients.endpoints import EndpointUnreachableError, free_port
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
 
 
@@ -57,8 +57,6 @@ def test_bad_names_and_registries_are_named_errors(argv, message, trained_tiny, 
 
 
 def test_an_unreachable_registry_is_exit_69(trained_tiny, monkeypatch, capsys):
-    from conftest import free_port
-
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     with pytest.raises(EndpointUnreachableError):
         registry.register_mlflow(trained_tiny, "x",
@@ -274,8 +272,6 @@ def test_deploy_render_checks_model_registry_uris_when_the_registry_answers(
         fake_registry, trained_tiny, monkeypatch, capsys):
     """Against the fake of the Kubeflow Model Registry: a version it holds is checked, one it
     lacks is a RegistryError; with no registry URL, or none answering, it goes out unchecked."""
-    from conftest import free_port
-
     got = registry.register_kubeflow(trained_tiny, "digits", storage_uri="s3://models/digits/",
                                      url=fake_registry.url, author="ci")
     base = ["deploy", "render", "--name", "digits", "--image", "registry.example.com/kfv:1",

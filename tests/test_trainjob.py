@@ -92,7 +92,7 @@ def test_shipped_runtimes_are_current_and_pass_their_crd(file):
     options = RUNTIME_FILES[file]
     runtime = build_runtime(IMAGE, **options)
     text = "".join(f"# {line}\n" for line in RUNTIME_HEADER.splitlines())
-    from pipelines.jobs.config import to_yaml
+    from pipelines.clients.k8s import to_yaml
 
     text += to_yaml(runtime)
     if UPDATE:

@@ -41,7 +41,8 @@ def _check_kubeflow(uri: str) -> None:
 
 
 def _render(args) -> int:
-    from pipelines.serve.deploy import build_inference_service, to_yaml
+    from pipelines.clients.k8s import to_yaml
+    from pipelines.serve.deploy import build_inference_service
 
     if args.model.startswith("models:/"):  # MLflow's registry: the version's storage URI
         from pipelines.clients.registry import storage_uri

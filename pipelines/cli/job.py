@@ -8,7 +8,8 @@ import sys
 import threading
 from pathlib import Path
 
-from pipelines.jobs.config import JobConfig, to_yaml
+from pipelines.clients.k8s import to_yaml
+from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
 from pipelines.jobs.kinds import KINDS as JOB_KINDS

@@ -128,8 +128,9 @@ def pvc_model_uri(pvc_name: str, name: str, run_key: str) -> tuple[Path, str]:
 
 def _deploy_on_cluster(model_dir, out_dir: Path, name, image, pvc_name, run_key, connect,
                        out, model_uri: str = "", service_account: str = "") -> dict:
+    from pipelines.clients.k8s import to_yaml
     from pipelines.serve import cluster
-    from pipelines.serve.deploy import DeployConfig, build_inference_service, to_yaml
+    from pipelines.serve.deploy import DeployConfig, build_inference_service
 
     isvc_cfg = DeployConfig(name=name, model="pvc://x", image=image,
                             service_account=service_account or None).check()  # before copying

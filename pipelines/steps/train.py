@@ -33,7 +33,8 @@ from pathlib import Path
 
 import yaml
 
-from pipelines.jobs.config import JobConfig, Volume, job_name, to_yaml
+from pipelines.clients.k8s import to_yaml
+from pipelines.jobs.config import JobConfig, Volume, job_name
 from pipelines.jobs.render import render_job
 from pipelines.params import JOB_KINDS, job_options
 from pipelines.steps.common import resolve_mode
