@@ -29,6 +29,8 @@ from pipelines.clients.endpoints import (
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, KfvisionError
 
 REGISTRIES = ("mlflow", "kubeflow")
+REGISTRY_URL = "KFVISION_REGISTRY_URL"  # ours: the Kubeflow Model Registry, https://HOST[:PORT]
+REGISTRY_TOKEN = "KFVISION_REGISTRY_TOKEN"  # ours: its bearer token
 FORMAT = "kfvision"  # the model format name in the Kubeflow registry
 HASH_TAG = "kfvision.content_sha256"
 SKIP = ("checkpoints",)  # never part of a registered model
