@@ -67,8 +67,8 @@ def test_not_a_model_directory_and_bad_uris_are_named(tmp_path):
     with pytest.raises(InvalidModelDirectoryError):
         registry.describe_model(tmp_path)
     with pytest.raises(InvalidParameterError, match="models:/NAME/VERSION"):
-        registry.resolve_model("models:/digits", tracking_uri="http://127.0.0.1:1")
-    assert registry.resolve_model(tmp_path) == tmp_path
+        registry.fetch_mlflow_version("models:/digits", tracking_uri="http://127.0.0.1:1",
+                                      cache=tmp_path)
 
 
 # --- Kubeflow Model Registry ------------------------------------------------------------------
@@ -123,15 +123,17 @@ class FakeModelRegistry:
                 spec_path, args, query = self._route("GET")
                 fake.calls.append(("GET", spec_path))
                 kind = {"/registered_model": "RegisteredModel", "/model_version": "ModelVersion",
+                        "/model_artifact": "ModelArtifact",
                         "/registered_models": "list"}.get((spec_path or "")[len(SPEC_PREFIX):])
                 if kind == "list":
                     items = [o for o in fake.objects.values() if o["_kind"] == "RegisteredModel"]
                     return self._answer(200, {"items": items, "size": len(items),
                                               "pageSize": int(query.get("pageSize", 100)),
                                               "nextPageToken": ""})
+                parent = "modelVersionId" if kind == "ModelArtifact" else "registeredModelId"
                 for o in fake.objects.values():
                     if (kind and o["_kind"] == kind and o["name"] == query.get("name") and
-                            o.get("registeredModelId") == query.get("parentResourceId")):
+                            o.get(parent) == query.get("parentResourceId")):
                         return self._answer(200, o)
                 self._answer(404, {"code": "404", "message": "not found"})
 

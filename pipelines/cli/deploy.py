@@ -22,8 +22,7 @@ def _check_kubeflow(uri: str) -> None:
     import os
 
     from pipelines.clients.endpoints import EndpointUnreachableError
-    from pipelines.clients.registry import check_kubeflow_uri
-    from pipelines.steps.register import REGISTRY_TOKEN, REGISTRY_URL
+    from pipelines.clients.registry import REGISTRY_TOKEN, REGISTRY_URL, check_kubeflow_uri
 
     url = os.environ.get(REGISTRY_URL)
     if not url:

@@ -14,7 +14,7 @@
 registered  when the register step registered the model (its `registration` folder says so),
             the step serves that version: on a cluster its storage URI (an MLflow version's
             source when KServe can read it, or `model-registry://NAME/VERSION` as it is), locally
-            the version fetched from MLflow's registry (pipelines.clients.registry.resolve_model).
+            the version fetched from its registry (pipelines.clients.models.resolve_model).
             Otherwise, and where the registered copy cannot be served, the trained model, as
             when register is off; the step says which.
 
@@ -91,6 +91,7 @@ def registered_model(registration_dir, *, cluster: bool, environ=None, out=None)
     was registered. A version that cannot be served here is said in one line, and the trained
     model is served instead (no "storage_uri" / "model_dir")."""
     from pipelines.clients import registry
+    from pipelines.clients.models import ModelURIError, resolve_model
     from pipelines.steps.register import read_registration
 
     got = read_registration(registration_dir)
@@ -99,22 +100,17 @@ def registered_model(registration_dir, *, cluster: bool, environ=None, out=None)
         return {}
     env = os.environ if environ is None else environ
     served = {"registered_model": uri}
-    if uri.startswith("model-registry://"):
-        if cluster:  # KServe's Model Registry storage initializer resolves it on the cluster
-            served["storage_uri"] = uri
+    try:
+        if cluster and uri.startswith(registry.KUBEFLOW_SCHEME):
+            served["storage_uri"] = uri  # KServe's Model Registry storage initializer reads it
+        elif cluster:
+            served["storage_uri"] = registry.storage_uri(
+                uri, tracking_uri=env.get("MLFLOW_TRACKING_URI"))
         else:
-            print(f"serving the trained model: {uri} is resolved by KServe on a cluster only",
-                  file=out, flush=True)
+            served["model_dir"] = resolve_model(uri, environ=env, out=out)
+    except (registry.RegistryError, ModelURIError) as e:  # stored where only KServe or MLflow
+        print(f"serving the trained model, not {uri}: {e}", file=out, flush=True)  # read it
         return served
-    tracking = env.get("MLFLOW_TRACKING_URI")
-    if cluster:
-        try:
-            served["storage_uri"] = registry.storage_uri(uri, tracking_uri=tracking)
-        except registry.RegistryError as e:  # stored where only MLflow reads: the PVC copy
-            print(f"serving the trained model, not {uri}: {e}", file=out, flush=True)
-            return served
-    else:
-        served["model_dir"] = registry.resolve_model(uri, tracking_uri=tracking)
     print(f"serving the registered version {uri}", file=out, flush=True)
     return served
 
