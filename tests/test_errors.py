@@ -3,6 +3,9 @@ and trainer/ concerns a model directory (its message says so), so whoever search
 looks in the right place; storage, parameter and evaluation problems have their own errors."""
 
 import ast
+import io
+import re
+import tokenize
 
 import pytest
 from conftest import REPO
@@ -71,3 +74,40 @@ def test_giving_pretrained_and_weights_is_a_parameter_error(tmp_path):
 
     with pytest.raises(InvalidParameterError, match="not both"):
         write_untrained_model(tmp_path / "m", "resnet18", pretrained=True, weights="w.pt")
+
+
+# --- comments say why, not where a reason was once discussed ---------------------------------
+# A reader of the repository cannot open an issue tracker's number, and a date says nothing of why:
+# comments and docstrings write the reason itself.
+CITATION = re.compile(r"\bissues?\s*#?\d+|\bthe issue('s)?\b|#\d+\b|\b20\d\d-\d\d-\d\d\b",
+                      re.IGNORECASE)
+PROSE_FOLDERS = ("pipelines", "trainer", "tests", "bench", "tools")
+
+
+def prose(path):
+    """(line, text) of every comment and docstring in a Python file."""
+    text = path.read_text(encoding="utf-8")
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            yield tok.start[0], tok.string.lstrip("#")
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                yield getattr(node, "lineno", 1), doc
+
+
+def test_no_comment_or_docstring_cites_an_issue_or_a_date():
+    found = [f"{path.relative_to(REPO)}:{line}: {CITATION.search(text).group()}"
+             for folder in PROSE_FOLDERS for path in sorted((REPO / folder).rglob("*.py"))
+             for line, text in prose(path) if CITATION.search(text)]
+    assert found == []
+
+
+@pytest.mark.parametrize("text, cites", [
+    ("a resumed run drifted (issue 26)", True), ("see #12", True), ("the issue's bar", True),
+    ("quarantined on 2026-11-24", True), ("the issuer of the certificate", False),
+    ("colour #1f77b4", False), ("DDP buckets differ on the first step", False),
+])
+def test_the_citation_pattern(text, cites):
+    assert bool(CITATION.search(text)) is cites

@@ -26,7 +26,7 @@ from trainer import exitcodes
 TRAINER_V2 = SHARED_REFERENCE / "trainer-v2"
 RUNTIMES = REPO / "manifests" / "trainer-v2"
 KFV = ["--kind", "trainjob", "--runtime", "kfvision-torch"]
-GOLDEN = {  # the four shapes: 1x1 CPU, 2x2 CPU, 3x4 GPU, 4x8 GPU
+GOLDEN = {  # nodes x processes: 1x1 and 2x2 on CPU, 3x4 and 4x8 on GPUs (one node, many, both)
     "trainjob-cpu-1x1": ["--kind", "trainjob", "--name", "digits", "--image", IMAGE, *DATA,
                          "--epochs", "15", "--image-size", "32", "--batch-size", "32"],
     "trainjob-cpu-2x2": [*KFV, "--name", "digits-2x2", "--image", IMAGE, "--nodes", "2",
