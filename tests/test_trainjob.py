@@ -19,7 +19,7 @@ from test_least_privilege import restricted_problems
 from pipelines.cli import main
 from pipelines.jobs.config import JobConfig, Toleration, Volume
 from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.trainjob.build import PERMANENT_CODES, Runtime, build_runtime, build_trainjob
+from pipelines.jobs.trainjob.build import PERMANENT_CODES, RuntimeRef, build_runtime, build_trainjob
 from pipelines.jobs.trainjob.rules import runtime_jobs, validate_trainjob, webhook_problems
 from trainer import exitcodes
 
@@ -71,7 +71,7 @@ def trainjob_schema() -> dict:
 def job_of(runtime=None, **kwargs) -> dict:
     return build_trainjob(JobConfig(**{"name": "digits", "train": TRAIN,
                                        "image": "registry.example.com/kfvision:0.1", **kwargs}),
-                          runtime or Runtime())
+                          runtime or RuntimeRef())
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -177,8 +177,8 @@ def test_rendered_trainjob_passes_the_crd_and_its_pods_are_restricted(config, tr
     (dict(restart_policy="OnFailure"), "--restart-policy does not apply to a TrainJob"),
     (dict(backoff_limit=5), "--backoff-limit does not apply"),
     (dict(ttl=60), "--ttl does not apply"),
-    (dict(runtime=Runtime("x", "JobSet")), "--runtime-kind 'JobSet'"),
-    (dict(runtime=Runtime("Bad_Name")), "--runtime 'Bad_Name'"),
+    (dict(runtime=RuntimeRef("x", "JobSet")), "--runtime-kind 'JobSet'"),
+    (dict(runtime=RuntimeRef("Bad_Name")), "--runtime 'Bad_Name'"),
 ])
 def test_render_refuses_what_the_cluster_would(kwargs, message):
     with pytest.raises(InvalidJobError, match=message):
