@@ -108,8 +108,9 @@ def registered_model(registration_dir, *, cluster: bool, environ=None, out=None)
                 uri, tracking_uri=env.get("MLFLOW_TRACKING_URI"))
         else:
             served["model_dir"] = resolve_model(uri, environ=env, out=out)
-    except (registry.RegistryError, ModelURIError) as e:  # stored where only KServe or MLflow
-        print(f"serving the trained model, not {uri}: {e}", file=out, flush=True)  # read it
+    except (registry.RegistryError, ModelURIError) as e:
+        # stored where only KServe or MLflow reads it, or no registry is configured here
+        print(f"serving the trained model, not {uri}: {e}", file=out, flush=True)
         return served
     print(f"serving the registered version {uri}", file=out, flush=True)
     return served
