@@ -38,7 +38,7 @@ from trainer.presets import CPU_BF16_MIN_IMAGE_SIZE
 
 
 @dataclass(frozen=True)
-class Runtime:
+class FastPath:
     cache: bool
     workers: int
     amp: bool
@@ -117,7 +117,7 @@ def available_memory() -> int:
     return 4 << 30
 
 
-def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float = 0.0) -> Runtime:
+def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float = 0.0) -> FastPath:
     """The concrete fast-path settings from the config's auto/on/off values and this machine.
 
     `decoded_bytes`: of the training and validation images decoded; `jpeg_share`: the fraction
@@ -145,11 +145,11 @@ def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float
                                             and jpeg_share > 0.5)
     conv_gemm = cfg.conv_gemm == "on" or (cfg.conv_gemm == "auto" and not cuda)
     dct_scaling = cfg.dct_scaling == "on" and not gpu_decode
-    return Runtime(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm,
-                   dct_scaling, amp_reason)
+    return FastPath(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm,
+                    dct_scaling, amp_reason)
 
 
-def describe(rt: Runtime) -> str:
+def describe(rt: FastPath) -> str:
     cache = ("on (validation only)" if rt.gpu_decode else "on") if rt.cache else "off"
     return (f"cache {cache}, workers {rt.workers}, "
             f"{'bf16 autocast' if rt.amp else 'fp32'}"
