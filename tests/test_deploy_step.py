@@ -85,10 +85,10 @@ def test_on_a_cluster_the_model_goes_to_the_pvc_and_the_inferenceservice_waits_f
 
 def test_on_a_cluster_without_the_pvc_the_step_says_so(trained_tiny, tiny_digits, evaluation,
                                                        tmp_path, monkeypatch):
-    from trainer.errors import KfvisionError
+    from trainer.errors import StorageError
 
     monkeypatch.setattr(step, "DATA_MOUNT", str(tmp_path))  # a folder, not a mount
-    with pytest.raises(KfvisionError, match="is not mounted in this step.*pvc_name"):
+    with pytest.raises(StorageError, match="is not mounted in this step.*pvc_name"):
         step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / "d",
                          name="digits", min_accuracy=0.0, mode="cluster", image="img:1",
                          pvc_name="data", run_key="r")
