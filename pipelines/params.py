@@ -14,6 +14,7 @@ from pipelines.jobs.config import JobConfig
 from pipelines.jobs.kinds import KINDS
 from pipelines.jobs.trainjob.rules import STOCK_RUNTIME
 from trainer.config import TrainConfig
+from trainer.errors import ref
 from trainer.options import option, options_of
 
 EXECUTION_MODES = ("auto", "local", "cluster")
@@ -24,65 +25,68 @@ JOB_KINDS = ("auto", *(k.lower() for k in KINDS))  # auto, trainjob, pytorchjob
 class PipelineInputs:
     """The parameters that only the pipeline has: its sources, the model, where training runs."""
 
-    train_source: str = option(help="labelled images: a folder or archive (.zip/.tar[.gz|.bz2]) "
-                               "of class folders, or an http(s) URL of one; on a cluster a path "
-                               "on the data PVC (pvc_name), referenced there", pipeline=True)
+    train_source: str = option(help="labelled images: a folder, an archive or an http(s) URL",
+                               doc="Class folders, as a folder or a .zip/.tar[.gz|.bz2] archive; "
+                               "on a cluster a path on the data PVC (pvc_name), referenced "
+                               "there.", pipeline=True)
     validation_source: str = option("", "labelled validation images (empty: split the training "
                                     "images)", pipeline=True)
     test_source: str = option("", "images to score and evaluate (empty: the validation images)",
                               pipeline=True)
     fraction: float = option(0.9, "share of each class kept for training when splitting",
                              pipeline=True)
-    model_name: str = option("resnet18", "torchvision architecture: resnet18 ... resnet152, "
-                             "resnext*, wide_resnet*, densenet121/161/169/201", pipeline=True)
+    model_name: str = option("resnet18", "torchvision architecture", doc="resnet18 ... resnet152, "
+                             "resnext*, wide_resnet*, densenet121/161/169/201.", pipeline=True)
     pretrained: bool = option(False, "start from torchvision's ImageNet weights (downloaded: "
                               "needs network)", pipeline=True)
     zero_init_residual: bool = option(False, "ResNet: zero-init the last BN of each residual "
                                       "block", pipeline=True)
     memory_efficient: bool = option(False, "DenseNet: gradient checkpointing (less memory, "
                                     "slower)", pipeline=True)
-    pvc_name: str = option("", "the PVC that holds your data on a cluster, mounted at "
-                           "/kfvision-data in the steps and the job (only in a pipeline compiled "
-                           "with --data-pvc, whose name is then the default)", pipeline=True)
-    model_uri: str = option("", "s3://BUCKET/PREFIX/ the train step also writes the trained "
-                            "model to (replacing what is there; its KFP Model artifact stays); "
-                            "with deploy on a cluster, the InferenceService's storageUri, so no "
-                            "data PVC is needed. '': none", pipeline=True)
-    s3_secret: str = option("", "the Secret holding the AWS_* variables (credentials, "
-                            "AWS_ENDPOINT_URL) that the steps reading s3:// sources or writing "
-                            "model_uri get as environment (only in a pipeline compiled with "
-                            "--s3-credentials, whose name is then the default)", pipeline=True)
+    pvc_name: str = option("", "the PVC that holds your data on a cluster", doc="Mounted at "
+                           "/kfvision-data in the steps and the job; only in a pipeline compiled "
+                           "with --data-pvc, whose name is then the default.", pipeline=True)
+    model_uri: str = option("", "s3://BUCKET/PREFIX/ the trained model is also written to",
+                            doc="Replacing what is there; its KFP Model artifact stays. With "
+                            "deploy on a cluster, the InferenceService's storageUri, so no data "
+                            "PVC is needed. '': none.", pipeline=True)
+    s3_secret: str = option("", "the Secret of AWS_* variables of the steps using s3://",
+                            doc="Credentials and AWS_ENDPOINT_URL, which the steps reading s3:// "
+                            "sources or writing model_uri get as environment; only in a pipeline "
+                            "compiled with --s3-credentials, whose name is then the default.",
+                            pipeline=True)
     execution_mode: str = option("auto", "where training runs: auto (cluster inside "
                                  "Kubernetes), local or cluster", choices=EXECUTION_MODES,
                                  pipeline=True)
-    job_kind: str = option("auto", "the Kubeflow job the train step runs: trainjob (Kubeflow "
-                           "Trainer v2), pytorchjob (Training Operator v1.9), or auto (on a "
-                           "cluster the one it serves, TrainJob first; locally a PyTorchJob)",
+    job_kind: str = option("auto", "the Kubeflow job the train step runs", doc="trainjob "
+                           "(Kubeflow Trainer v2), pytorchjob (Training Operator v1.9), or auto: "
+                           "on a cluster the one it serves, TrainJob first; locally a PyTorchJob.",
                            choices=JOB_KINDS, pipeline=True)
-    trainer_runtime: str = option(STOCK_RUNTIME, "the TrainJob's ClusterTrainingRuntime: the "
-                                  "stock torch-distributed, or kfvision-torch (manifests/"
-                                  "trainer-v2/: retries lost peers, fails bad input at once)",
+    trainer_runtime: str = option(STOCK_RUNTIME, "the TrainJob's ClusterTrainingRuntime",
+                                  doc="The stock torch-distributed, or kfvision-torch (manifests/"
+                                  "trainer-v2/: retries lost peers, fails bad input at once).",
                                   pipeline=True)
-    deploy: bool = option(False, "after evaluation, deploy the model: on a cluster a KServe "
-                          "InferenceService; locally serve it and check the served labels",
+    deploy: bool = option(False, "after evaluation, deploy the model", doc="On a cluster a "
+                          "KServe InferenceService; locally serve it and check the served labels.",
                           pipeline=True)
     deploy_name: str = option("image-classifier", "the InferenceService's (and served model's) "
                               "name", pipeline=True)
-    deploy_service_account: str = option("", "the InferenceService's ServiceAccount (for an "
-                                         "s3:// model_uri: the one KServe's S3 credentials are "
-                                         "attached to). '': the namespace's default",
+    deploy_service_account: str = option("", "the InferenceService's ServiceAccount",
+                                         doc="For an s3:// model_uri: the one KServe's S3 "
+                                         "credentials are attached to. '': the namespace's "
+                                         "default.",
                                          pipeline=True)
     deploy_min_accuracy: float = option(0.0, "deploy only when the evaluated accuracy reaches "
                                         "this", low=0.0, high=1.0, pipeline=True)
-    register_name: str = option("", "after evaluation, register the trained model as a version "
-                                "of this name in MLflow's registry at MLFLOW_TRACKING_URI (KFP "
-                                "2.17 with MLflow; locally the demo's store); '' registers "
-                                "nothing", pipeline=True)
+    register_name: str = option("", "after evaluation, register the model under this name",
+                                doc="A version of this name in `registry`; MLflow's at "
+                                "MLFLOW_TRACKING_URI (KFP 2.17 with MLflow; locally the demo's "
+                                "store). '' registers nothing.", pipeline=True)
     register_min_accuracy: float = option(0.0, "register only when the evaluated accuracy "
                                           "reaches this", low=0.0, high=1.0, pipeline=True)
-    registry: str = option("mlflow", "where register_name registers: mlflow (MLflow's registry "
-                           "at MLFLOW_TRACKING_URI) or kubeflow (Kubeflow's Model Registry at "
-                           "KFVISION_REGISTRY_URL, recording model_uri for KServe)",
+    registry: str = option("mlflow", "where register_name registers", doc="mlflow: MLflow's "
+                           "registry at MLFLOW_TRACKING_URI; kubeflow: Kubeflow's Model Registry "
+                           "at KFVISION_REGISTRY_URL, recording model_uri for KServe.",
                            choices=REGISTRIES, pipeline=True)
 
 
@@ -103,6 +107,15 @@ def parameter_name(field: str) -> str:
     """The pipeline's name of a config field (how its errors name it): lr -> learning_rate."""
     names = {o.name: o.param for o in (*TRAIN_OPTIONS, *JOB_OPTIONS)}
     return names.get(field) or _FROM.get(field, field)
+
+
+def parameter_ref(field: str) -> str:
+    """How an error names the parameter of config field `field` (see trainer.errors.ref): the
+    pipeline's name in a step's log (learning_rate), its option's flag on the command line
+    (--lr)."""
+    name = parameter_name(field)
+    opt = pipeline_options().get(name)
+    return ref(name, opt.flag_name if opt else None)
 
 
 def train_options(**params) -> dict:

@@ -31,7 +31,8 @@ from pipelines.storage import DATA_MOUNT, DEFAULT, S3_SECRET_KEYS, Storage
 
 PIPELINE_NAME = "image-classification"
 DESCRIPTION = ("Convert labelled images to an image directory, split it, train a ResNet/DenseNet "
-               "with PyTorch DDP as a Kubeflow TrainJob or PyTorchJob, score and evaluate it.")
+               "with PyTorch DDP as a Kubeflow TrainJob or PyTorchJob, score and evaluate it, "
+               "register it (register_name) and deploy it (deploy).")
 # Requests/limits of the steps other than training (which runs in the job's pods).
 STEP_RESOURCES = {"cpu_request": "1", "cpu_limit": "4", "memory_request": "2G",
                   "memory_limit": "8G"}

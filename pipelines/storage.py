@@ -44,28 +44,29 @@ class Storage:
     """Compile-time storage of the pipeline (see the module doc)."""
 
     workspace_size: str = option(
-        "50Gi", "size of the run's KFP workspace (a PVC that KFP 2.15+ makes for each run and "
-        "deletes when the run succeeds): it holds extracted archives and downloads, and the "
-        "job's model until the train step has copied it out; '' for none (KFP before 2.15; "
-        "then --data-pvc is needed)")
+        "50Gi", "size of the run's KFP workspace ('': none)", doc="A PVC that KFP 2.15+ makes "
+        "for each run and deletes when the run succeeds: it holds extracted archives and "
+        "downloads, and the job's model until the train step has copied it out. '' for KFP "
+        "before 2.15: then --data-pvc is needed.")
     workspace_class: str = option(
         "", "storage class of the workspace ('': the cluster's default class)")
     workspace_access: str = option(
-        "ReadWriteMany", "access mode of the workspace: ReadWriteMany lets the steps and every "
-        "node of the job mount it wherever they run; ReadWriteOnce only works when all of them "
-        "land on one node (a one-node cluster, a one-node job)", choices=ACCESS_MODES)
+        "ReadWriteMany", "access mode of the workspace", doc="ReadWriteMany lets the steps and "
+        "every node of the job mount it wherever they run; ReadWriteOnce only works when all of "
+        "them land on one node (a one-node cluster, a one-node job).", choices=ACCESS_MODES)
     data_pvc: str = option(
-        "", "a PVC that already holds your data, mounted at /kfvision-data in the steps that "
-        "read data and in the job's pods (sources are then paths there, referenced in place); "
-        "the default of the run parameter pvc_name. '': none (sources are http(s) URLs)",
-        metavar="NAME")
+        "", "a PVC that already holds your data ('': none)", doc="Mounted at /kfvision-data in "
+        "the steps that read data and in the job's pods (sources are then paths there, "
+        "referenced in place); the default of the run parameter pvc_name. Without it, sources "
+        "are http(s) URLs.", metavar="NAME")
 
     s3_credentials: str = option(
-        "", "a Secret whose keys are the standard AWS variables (AWS_ACCESS_KEY_ID, "
-        "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, "
-        "AWS_REGION, AWS_DEFAULT_REGION), given as environment to exactly the steps that talk to "
-        "s3:// (convert, train): the default of the run parameter s3_secret. '': none (IRSA "
-        "or a node role still work)", metavar="NAME")
+        "", "a Secret of AWS_* variables for the steps using s3:// ('': none)", doc="Its keys "
+        "are the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+        "AWS_SESSION_TOKEN, AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_REGION, "
+        "AWS_DEFAULT_REGION), given as environment to exactly the steps that talk to s3:// "
+        "(convert, train): the default of the run parameter s3_secret. Without it, IRSA or a "
+        "node role still work.", metavar="NAME")
 
     @property
     def workspace(self) -> bool:

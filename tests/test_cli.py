@@ -6,6 +6,7 @@ import sys
 
 import pytest
 from conftest import REPO
+from parsers import every_parser, minimal_argv, parse
 
 
 def kfvision(*args, check=True):
@@ -94,3 +95,72 @@ def test_training_on_an_unlabelled_directory_names_the_error(tiny_digits, resnet
                    tiny_digits["val"], "--out", tmp_path / "out", check=False)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "error: NotLabeledDatasetError: " in run.stderr
+
+
+def _abbreviations(parser) -> list:
+    """(option string, its longest prefix that names it alone) of each long option of `parser`:
+    what argparse would silently expand by default. Options every prefix of which names another
+    option too (`--deploy`, `--deploy-name`) have none."""
+    strings = [s for s in parser._option_string_actions if s.startswith("--")]
+    out = []
+    for s in strings:
+        prefix = next((s[:n] for n in range(len(s) - 1, 2, -1)
+                       if sum(o.startswith(s[:n]) for o in strings) == 1), None)
+        if prefix:
+            out.append((s, prefix))
+    return out
+
+
+PARSERS = every_parser()
+
+
+@pytest.mark.parametrize("words, parser", PARSERS,
+                         ids=["python -m trainer.train" if w is None else " ".join(("kfvision", *w))
+                              for w, _ in PARSERS])
+def test_no_parser_expands_an_abbreviation(words, parser):
+    """Each long option, cut short to a prefix only it has, is refused by name, not expanded;
+    written out whole it is understood (whatever its value would need)."""
+    assert parser.allow_abbrev is False
+    head = [] if words is None else list(words)
+    rest = minimal_argv(parser)
+    target = parser if words is None else None
+    assert parse([*head, *rest], target) == (None, ""), "the minimal command line must parse"
+    checked = 0
+    for option, prefix in _abbreviations(parser):
+        code, err = parse([*head, prefix, *rest], target)
+        assert code == 2 and f"unrecognized arguments: {prefix}" in err, (option, err)
+        assert len(err.strip().splitlines()) == 1, err  # one line, no usage
+        code, err = parse([*head, option, *rest], target)
+        assert "unrecognized arguments" not in err, (option, err)
+        checked += 1
+    assert checked or words is not None and not _abbreviations(parser)
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--nproc", "2", "--model", "m", "--train", "t", "--val", "v", "--out", "o"],
+    ["train", "--nproc-per", "2", "--model", "m", "--train", "t", "--val", "v", "--out", "o"],
+    ["tune", "run", "--nproc", "2", "--model", "m", "--train", "t", "--val", "v", "--out", "o"],
+])
+def test_train_refuses_a_shortened_nproc_per_node_in_one_line(argv):
+    run = kfvision(*argv, check=False)
+    command = " ".join(argv[:2] if argv[0] == "tune" else argv[:1])
+    flag = next(a for a in argv if a.startswith("--nproc"))
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr == (f"kfvision {command}: error: unrecognized arguments: {flag} 2 "
+                          f"(see kfvision {command} --help)\n")
+
+
+def test_the_trainer_gets_its_flags_from_the_parsed_options(monkeypatch, tmp_path):
+    """What `kfvision train` hands the trainer is written from the configuration its parser
+    built (a --config file merged in), never a filtered copy of the command line."""
+    from pipelines.cli import main
+    from trainer import train
+
+    got = []
+    monkeypatch.setattr(train, "main", lambda argv: got.append(argv) or 0)
+    (tmp_path / "c.yaml").write_text("lr: 0.05\nepochs: 7\n")
+    assert main(["train", "--model", "m", "--train", "t", "--val", "v", "--out", "o",
+                 f"--config={tmp_path / 'c.yaml'}", "--nproc-per-node", "1", "--epochs=2",
+                 "--print-freq", "5"]) == 0
+    assert got == [["--model", "m", "--train", "t", "--val", "v", "--out", "o", "--epochs", "2",
+                    "--lr", "0.05", "--print-freq", "5"]]

@@ -3,13 +3,20 @@ declarations give today: an option added, renamed or given a new default fails h
 docs are regenerated."""
 
 import difflib
+import functools
+import re
+import shlex
 import subprocess
 import sys
 
 import pytest
 from conftest import REPO
+from parsers import _sample, command_parser, parse, sub_commands
 
+from pipelines.jobs.config import JobConfig
 from tools import docgen
+from trainer.config import TrainConfig
+from trainer.options import options_of
 
 
 def test_committed_docs_are_what_make_docs_writes():
@@ -67,3 +74,170 @@ def test_generating_the_docs_does_not_import_torch():
     code = ("import sys; from tools import docgen; docgen.generate(); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+# --- every `kfvision ...` the docs show is one the command line takes ---
+_FENCE = re.compile(r"\s*(```|~~~)")
+_INLINE = re.compile(r"`(kfvision(?: [^`]*)?)`")
+_PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*")  # N, SECONDS, IMAGE: a value the reader fills in
+_SHELL = {"|", "||", "&&", ";", ">", ">>", "&", "->"}  # the kfvision command ends there
+
+
+def documented_commands(path) -> list:
+    """(line, text, whole) of each `kfvision ...` in a Markdown file: each line of a code block
+    that starts with it (continuation lines joined; whole: True) and each inline code span
+    (whole: False, a mention such as `kfvision train --lr`)."""
+    out, block, lines = [], False, path.read_text(encoding="utf-8").splitlines()
+    i = 0
+    while i < len(lines):
+        line, start = lines[i].strip(), i + 1
+        if _FENCE.match(line):
+            block = not block
+        elif block and line.removeprefix("$ ").split(" ")[0] == "kfvision":
+            text = line.removeprefix("$ ")
+            while text.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                text = text[:-1] + " " + lines[i].strip()
+            out.append((start, text, True))
+        elif not block:
+            out += [(start, m[1], False) for m in _INLINE.finditer(line)]
+        i += 1
+    return out
+
+
+def _unbracket(word: str) -> str:
+    """A word without the `[` `]` of an optional part around it (`[--replica`, `SECONDS]`)."""
+    word = word[1:] if word.startswith("[") else word
+    while word.endswith("]") and word.count("]") > word.count("["):
+        word = word[:-1]
+    return word
+
+
+def _words(text: str) -> list:
+    """[(argv, whole)]: the command lines of one documented line, shell comments and what
+    follows a pipe dropped, `[optional]` brackets taken off, `a / b` (several commands) split.
+    An arrow (`kfvision split -> two image directories`) makes a mention of it, not a whole
+    command line."""
+    words, whole = [], True
+    for word in shlex.split(text, comments=True):
+        if word in _SHELL:
+            whole = word != "->"
+            break
+        words.append(_unbracket(word))
+    commands, current = [], []
+    for word in words:
+        if word == "/":
+            commands.append(current)
+            current = ["kfvision"]
+        else:
+            current.append(word)
+    return [(c[1:], whole) for c in [*commands, current] if c[1:] or c == ["kfvision"]]
+
+
+@functools.cache
+def _aliases() -> frozenset:
+    """The older spellings of options (`--procs-per-node`, `--learning-rate`): accepted, but
+    the docs show each option's own flag."""
+    from pipelines.params import pipeline_options
+
+    return frozenset(f for o in pipeline_options().values() for f in o.pipeline_flags[1:]) | {
+        f for c in (TrainConfig, JobConfig) for o in options_of(c) for f in o.flags[1:]}
+
+
+def _check(argv: list, whole: bool) -> str | None:
+    """What is wrong with `kfvision argv` (None: nothing). Every word must be a command of
+    its parser and every flag one of its flags; a whole command line (no `...` in it) must
+    parse, required arguments given, a placeholder (N, SECONDS) standing in for any value."""
+    parser, path, argv = command_parser(None), [], list(argv)
+    for i, word in enumerate(argv):
+        if word.startswith("-") and word not in ("-", "--"):
+            flag = word.partition("=")[0]
+            action = parser._option_string_actions.get(flag)
+            if action is None:
+                return f"kfvision {' '.join(path)} has no flag {flag}"
+            if flag in _aliases():
+                return f"{flag} is an older spelling: write {action.option_strings[0]}"
+            nxt = argv[i + 1] if i + 1 < len(argv) else ""
+            if action.nargs != 0 and "=" not in word and _PLACEHOLDER.fullmatch(nxt):
+                argv[i + 1] = _sample(action)
+            continue
+        commands = sub_commands(parser if path else command_parser(word.split("|")[0]))
+        before = parser._option_string_actions.get(argv[i - 1]) if i else None
+        if not commands or (before is not None and before.nargs != 0):
+            continue  # a positional argument or a flag's value
+        names = re.split(r"[|/]", word)
+        if _PLACEHOLDER.fullmatch(word):  # kfvision COMMAND --help
+            return None
+        unknown = [n for n in names if n not in commands]
+        if unknown:
+            return f"kfvision {' '.join(path)} has no command {unknown[0]}"
+        if len(names) > 1:  # score|serve|export: each of them
+            return next(filter(None, (_check([*argv[:i], n, *argv[i + 1:]], whole)
+                                      for n in names)), None)
+        path.append(word)
+        parser = commands[word] if len(path) > 1 else sub_commands(
+            command_parser(word))[word]
+    if not whole or "..." in argv:
+        return None
+    code, err = parse(argv)
+    return None if code in (None, 0) else err.strip()
+
+
+def _epilog_commands() -> list:
+    """(where, text) of each `kfvision ...` line of the examples `--help` prints (epilogs)."""
+    from parsers import every_parser
+
+    out = []
+    for words, parser in every_parser():
+        lines = (parser.epilog or "").splitlines()
+        for i, line in enumerate(lines):
+            text = line.strip()
+            if text.startswith("kfvision "):
+                while text.endswith("\\") and i + 1 < len(lines):
+                    i += 1
+                    text = text[:-1] + " " + lines[i].strip()
+                where = " ".join(("python -m trainer.train",) if words is None else
+                                 ("kfvision", *words, "--help"))
+                out.append((where, text))
+    return out
+
+
+def _documented():
+    for path in docgen.pages():
+        for line, text, block in documented_commands(path):
+            for argv, whole in _words(text):
+                yield f"{path.relative_to(REPO).as_posix()}:{line}", argv, block and whole
+    for where, text in _epilog_commands():
+        for argv, whole in _words(text):
+            yield where, argv, whole
+
+
+DOCUMENTED = list(_documented())
+
+
+def test_the_docs_show_many_command_lines():
+    assert len(DOCUMENTED) > 150 and sum(whole for _, _, whole in DOCUMENTED) > 50
+
+
+@pytest.mark.parametrize("where, argv, whole", DOCUMENTED,
+                         ids=[f"{w} {' '.join(a)}"[:90] for w, a, _ in DOCUMENTED])
+def test_every_documented_command_line_parses(where, argv, whole):
+    problem = _check(argv, whole)
+    assert problem is None, f"{where}: `kfvision {' '.join(argv)}`: {problem}"
+
+
+@pytest.mark.parametrize("argv, whole, problem", [
+    (["train", "--nproc", "2", "..."], False, "kfvision train has no flag --nproc"),
+    (["pipeline", "submit", "--learning-rat", "0.1"], False, "has no flag --learning-rat"),
+    (["pipeline", "sumbit"], False, "kfvision pipeline has no command sumbit"),
+    (["job", "logs|delte", "NAME"], False, "kfvision job has no command delte"),
+    (["train", "--model", "m", "--train", "t"], True, "required: --val, --out"),
+    (["export", "--model", "m", "--out", "o", "--format", "keras"], True, "invalid choice"),
+    (["tune", "submit", "x.yaml", "--timeout", "SECONDS"], True, None),
+    (["train", "--model", "m", "..."], True, None),
+    (["train", "--model", "m"], False, None),
+    (["job", "render", "--procs-per-node", "2", "..."], False, "write --nproc-per-node"),
+])
+def test_the_documented_command_check_finds_what_is_wrong(argv, whole, problem):
+    found = _check(argv, whole)
+    assert found == problem if problem is None else problem in found

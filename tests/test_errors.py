@@ -19,10 +19,11 @@ from trainer.errors import (
 )
 from trainer.exitcodes import EXIT_INPUT
 
-# What a message about a model directory mentions: the folder itself, one of its files (spec.json,
-# model.json, metrics.json, weights.pt), or the weights a new model directory is made from.
-MODEL_DIRECTORY_WORDS = ("model directory", "model.json", "spec", "weights", "state_dict",
-                         "SPEC_FILE", "MODEL_FILE", "WEIGHTS_FILE")
+# What a message about a model directory mentions: the folder itself (in words, or formatted from
+# a variable `model_dir`), one of its files (spec.json, model.json, metrics.json, weights.pt), the
+# class names a script's model directory lists, or the weights a new model directory is made from.
+MODEL_DIRECTORY_WORDS = ("model directory", "model_dir", "model.json", "spec", "weights",
+                         "state_dict", "class names", "SPEC_FILE", "MODEL_FILE", "WEIGHTS_FILE")
 
 
 def _text(node) -> str:

@@ -134,7 +134,7 @@ def test_training_flags_give_back_the_same_training_config():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(gpus_per_node=2, procs_per_node=4), "--procs-per-node 4 is more than --gpus-per-node 2"),
+    (dict(gpus_per_node=2, procs_per_node=4), "--nproc-per-node 4 is more than --gpus-per-node 2"),
     (dict(name="Digits"), "not a DNS-1035 label"),
     (dict(name="1digits"), "not a DNS-1035 label"),
     (dict(name="my_job"), "not a DNS-1035 label"),
@@ -229,7 +229,7 @@ def test_render_command_writes_yaml_and_refuses_with_a_clear_error(tmp_path, cap
     capsys.readouterr()
     assert main([*argv[:-2], "--procs-per-node", "3"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: InvalidJobError: --procs-per-node 3 is more than "
+    assert err.startswith("error: InvalidJobError: --nproc-per-node 3 is more than "
                           "--gpus-per-node 2")
     assert main([*argv[:-6], "--out", "/tmp/o", "--epochs", "3"]) == 0
     assert "warning: --out /tmp/o is not under a --pvc mount" in capsys.readouterr().err

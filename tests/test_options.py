@@ -7,9 +7,9 @@ import inspect
 from dataclasses import MISSING
 
 import pytest
+from parsers import every_parser
 
 from pipelines import components
-from pipelines.cli import build_parser
 from pipelines.jobs.config import JobConfig, Toleration
 from pipelines.params import JOB_OPTIONS, TRAIN_OPTIONS, PipelineInputs, parameter_name
 from pipelines.params import pipeline_options as pipeline_table
@@ -71,7 +71,7 @@ def test_the_train_and_check_components_take_every_option_they_hand_on():
 def test_each_name_is_one_option():
     tables = [options_of(c) for c in (TrainConfig, JobConfig, PipelineInputs)]
     names = [o.name for t in tables for o in t]
-    flags = [o.flag_name for t in tables[:2] for o in t]
+    flags = [f for t in tables[:2] for o in t for f in o.flags]  # aliases too
     params = [o.param for t in tables for o in t if o.param]
     for listed in (names, flags, params):
         assert len(listed) == len(set(listed))
@@ -99,7 +99,7 @@ def _job(**over):
     (lambda: _job(tolerations=(Toleration("gpu", None, "NoRun"),)), "tolerations",
      "--toleration gpu: effect 'NoRun'", "tolerations gpu: effect 'NoRun'"),
     (lambda: _job(gpus_per_node=1, procs_per_node=2), "procs_per_node",
-     "--procs-per-node 2 is more than --gpus-per-node 1", "procs_per_node 2 is more than "
+     "--nproc-per-node 2 is more than --gpus-per-node 1", "procs_per_node 2 is more than "
      "gpus_per_node 1"),
 ])
 def test_errors_carry_the_field_and_each_front_end_names_it(make, field, flag, parameter):
@@ -111,19 +111,9 @@ def test_errors_carry_the_field_and_each_front_end_names_it(make, field, flag, p
 
 
 def _parsers():
-    """(command, parser) of every command and sub-command of `kfvision`."""
-    top = build_parser()
-    (sub,) = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
-    out = [("kfvision", top)]
-    for name in sub.choices:
-        todo = [(name, build_parser([name])._subparsers._group_actions[0].choices[name])]
-        while todo:
-            command, parser = todo.pop()
-            out.append((command, parser))
-            for action in parser._actions:
-                if isinstance(action, argparse._SubParsersAction):
-                    todo += [(f"{command} {n}", p) for n, p in action.choices.items()]
-    return out
+    """(command, parser) of every command and sub-command of `kfvision`, and the trainer's."""
+    return [("python -m trainer.train" if words is None else " ".join(words) or "kfvision", parser)
+            for words, parser in every_parser()]
 
 
 def _default_shown(action) -> bool:
@@ -159,3 +149,24 @@ def test_the_demos_settings_are_pipeline_parameters():
     from pipelines.demo import DEMO_DEPLOY, DEMO_TRAIN
 
     assert set(DEMO_TRAIN) | set(DEMO_DEPLOY) <= set(TABLE)
+
+
+HELP_WIDTH = 100  # one line of `--help`, as torchvision's references keep it
+
+
+@pytest.mark.parametrize("command, parser", PARSERS, ids=[c for c, _ in PARSERS])
+def test_every_help_is_one_short_line(command, parser):
+    """An option's help (its default included) and a sub-command's are one line; the
+    explanation is in the generated tables (`doc` of an option) and the docs."""
+    formatter = parser._get_formatter()
+    actions = [*parser._actions, *(c for a in parser._actions
+                                   if isinstance(a, argparse._SubParsersAction)
+                                   for c in a._choices_actions)]
+    long = []
+    for action in actions:
+        if action.help in (None, argparse.SUPPRESS):
+            continue
+        text = formatter._expand_help(action)
+        if "\n" in text or len(text) > HELP_WIDTH:
+            long.append(f"{action.option_strings or action.dest}: {len(text)}: {text}")
+    assert not long, f"kfvision {command}:\n" + "\n".join(long)

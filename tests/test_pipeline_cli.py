@@ -91,9 +91,10 @@ def test_submit_refuses_what_the_compiled_storage_cannot_do(fake_kfp, capsys, fl
 
 @pytest.mark.parametrize("flags, message", [
     (["--model-name", "vgg16"], "choose one of: resnet18"),
-    (["--gpus-per-node", "1", "--procs-per-node", "2"], "--procs-per-node 2 is more than"),
+    (["--gpus-per-node", "1", "--procs-per-node", "2"], "--nproc-per-node 2 is more than"),
     (["--pvc-name", "Data_PVC"], "--pvc-name claim 'Data_PVC' is not a DNS-1123 subdomain"),
-    (["--learning-rate", "0"], "0 < --learning-rate <= 10"),  # its flag here, not --lr
+    (["--learning-rate", "0"], "0 < --lr <= 10"),  # the option's own flag, as in train
+    (["--lr", "0"], "0 < --lr <= 10"),
 ])
 def test_submit_refuses_bad_parameters_before_contacting_the_endpoint(fake_kfp, capsys, flags,
                                                                       message):
@@ -111,6 +112,6 @@ def test_pipeline_help(action, capsys):
     out = capsys.readouterr().out
     assert "usage: kfvision pipeline " + action in out
     if action != "compile":
-        for flag in ("--train-source", "--learning-rate", "--gpus-per-node", "--pvc-name",
-                     "(default: 0.001)"):
+        for flag in ("--train-source", "--lr LEARNING_RATE, --learning-rate LEARNING_RATE",
+                     "--gpus-per-node", "--pvc-name", "(default: 0.001)"):
             assert flag in out

@@ -171,7 +171,7 @@ def test_rendered_trainjob_passes_the_crd_and_its_pods_are_restricted(config, tr
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(gpus_per_node=2, procs_per_node=4), "--procs-per-node 4 is more than --gpus-per-node 2"),
+    (dict(gpus_per_node=2, procs_per_node=4), "--nproc-per-node 4 is more than --gpus-per-node 2"),
     (dict(name="Digits"), "not a DNS-1035 label"),
     (dict(name="a" * 54, nodes=11), "JobSet names its pods"),  # a...-node-0-10: 64
     (dict(restart_policy="OnFailure"), "--restart-policy does not apply to a TrainJob"),

@@ -112,7 +112,9 @@ def test_bad_params_are_refused_before_anything_runs(params, message):
     ({"trials": 2, "parallel": 3}, "--parallel 3 is more than --trials 2"),
     ({"params": ()}, "at least one --param"),
     ({"algorithm": "grid"}, "grid needs a finite space"),
-    ({"trials": 0}, "at least 1"),
+    ({"trials": 0}, "it must be 1 <= --trials"),
+    ({"max_failed": -1}, "it must be 0 <= --max-failed"),
+    ({"objective": "accuracy"}, "--objective = 'accuracy' is not valid"),
 ])
 def test_bad_search_settings_are_refused(settings, message):
     with pytest.raises(InvalidParameterError, match=message):

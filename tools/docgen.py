@@ -10,11 +10,12 @@ Each generated part sits between two marker comments in README.md or a docs/*.md
     <!-- end generated -->
 
 and only those parts are rewritten: the option tables (training, job, pipeline parameters,
-storage, deploy) from the option() declarations, `job render`'s kind flags from its parser, the
-message of an out-of-range parameter, and the demo's training settings. A region on one line is
-written on one line (within a sentence). Each part appears in exactly one file; other pages link
-to it. tests/test_docs.py fails when a committed file differs from what this writes.
-Torch-free: it reads the declarations only (kfp is imported for the pipeline's defaults).
+storage, s3, deploy, serve, search) from the option() declarations, `job render`'s kind flags
+from its parser, the message of an out-of-range parameter, and the demo's training settings. A
+region on one line is written on one line (within a sentence). Each part appears in exactly one
+file; other pages link to it. tests/test_docs.py fails when a committed file differs from what
+this writes. Torch-free: it reads the declarations only (kfp is imported for the pipeline's
+defaults).
 """
 
 import argparse
@@ -70,9 +71,14 @@ def _range(opt, name_of) -> str:
     return f"{'(' if opt.low_open else '['}{low}, {high}]"
 
 
+def _also(flags) -> str:
+    """' (also `--a`, `--b`)' of the older spellings the parsers accept too; '' for none."""
+    return f" (also {', '.join(f'`{f}`' for f in flags)})" if flags else ""
+
+
 def _flag(opt) -> str:
     text = f"`{opt.flag_name}{' ' + opt.metavar if opt.metavar else ''}`"
-    return text + " (repeatable)" if opt.many else text
+    return text + (" (repeatable)" if opt.many else "") + _also(opt.flags[1:])
 
 
 def _flag_of(options):
@@ -92,6 +98,11 @@ def _row(cells) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _meaning(opt) -> str:
+    """The option's one-line help, then the rest of its explanation (`doc`)."""
+    return f"{opt.help}. {opt.doc}" if opt.doc else opt.help
+
+
 def flag_table(options) -> str:
     """A Markdown table of a config's options as flags: flag, type, default, range or choices,
     the pipeline parameter (when one of them is one), meaning."""
@@ -104,7 +115,7 @@ def flag_table(options) -> str:
         rows.append(_row([_flag(o), o.type.__name__, _cell(_default(o)),
                           _cell(_range(o, name_of)),
                           *([f"`{o.param}`" if o.param else ""] if pipeline else []),
-                          _cell(o.help)]))
+                          _cell(_meaning(o))]))
     return "\n".join(rows)
 
 
@@ -129,6 +140,20 @@ def deploy_options(page: str) -> str:
     return flag_table(options_of(DeployConfig))
 
 
+def serve_options(page: str) -> str:
+    from pipelines.serve.server import ServeOptions
+    from trainer.options import options_of
+
+    return flag_table(options_of(ServeOptions))
+
+
+def search_options(page: str) -> str:
+    from pipelines.tune.experiment import Search
+    from trainer.options import options_of
+
+    return flag_table(options_of(Search))
+
+
 def storage_options(page: str) -> str:
     from pipelines.storage import Storage
     from trainer.options import options_of
@@ -144,8 +169,9 @@ def s3_options(page: str) -> str:
 
 
 def pipeline_parameters(page: str) -> str:
-    """Every parameter of the pipeline, in its signature's order, with the pipeline's default.
-    A training or job parameter links to its option's row (range and meaning are there)."""
+    """Every parameter of the pipeline, in its signature's order, with its flag in `kfvision
+    pipeline submit | run-local` and the pipeline's default. A training or job parameter links
+    to its option's row (range and meaning are there)."""
     from pipelines.params import JOB_OPTIONS, TRAIN_OPTIONS, pipeline_options
     from pipelines.pipeline import parameter_defaults
 
@@ -154,17 +180,18 @@ def pipeline_parameters(page: str) -> str:
                 for o in TRAIN_OPTIONS},
              **{o.param: ("kfvision job render", JOB_TABLE, "job options")
                 for o in JOB_OPTIONS}}
-    head = ["parameter", "type", "default", "range or choices", "meaning"]
+    head = ["parameter", "flag", "type", "default", "range or choices", "meaning"]
     rows = [_row(head), _row(["---"] * len(head))]
     for name, default in parameter_defaults().items():
         o = options[name]
-        cells = [f"`{name}`", o.type.__name__, _cell("required" if default is None
-                                                      else _value(default))]
+        flags = o.pipeline_flags
+        cells = [f"`{name}`", f"`{flags[0]}`{_also(flags[1:])}", o.type.__name__,
+                 _cell("required" if default is None else _value(default))]
         if name in where:
             command, table, title = where[name]
-            cells += ["", f"`{command} {o.flag_name}`: [{title}]({_link(table, page)})"]
+            cells += ["", f"as `{command}`'s: [{title}]({_link(table, page)})"]
         else:
-            cells += [_cell(_range(o, lambda n: f"`{n}`")), _cell(o.help)]
+            cells += [_cell(_range(o, lambda n: f"`{n}`")), _cell(_meaning(o))]
         rows.append(_row(cells))
     return "\n".join(rows)
 
@@ -222,6 +249,8 @@ REGIONS = {
     "storage options": storage_options,
     "s3 options": s3_options,
     "deploy options": deploy_options,
+    "serve options": serve_options,
+    "search options": search_options,
     "range error example": range_error_example,
     "demo settings": demo_settings,
 }

@@ -9,7 +9,14 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from trainer.errors import InvalidParameterError, ref
-from trainer.options import HelpFormatter, add_flags, check_options, option, options_of
+from trainer.options import (
+    ArgumentParser,
+    HelpFormatter,
+    add_flags,
+    check_options,
+    option,
+    options_of,
+)
 from trainer.presets import AUGMENTATIONS, CPU_BF16_MIN_IMAGE_SIZE
 
 ON_OFF = ("on", "off")
@@ -34,8 +41,8 @@ class TrainConfig:
                                 "decay", low=0, high="epochs", pipeline=True)
     lr: float = option(0.001, "base learning rate of SGD; multiplied by the world size (number "
                        "of processes)", low=0, high=10, low_open=True, pipeline="learning_rate")
-    seed: int = option(1, "random seed; same seed + same world size gives the same model on CPU "
-                       "(the pipeline's split uses it too)", low=0, high=2**63 - 1,
+    seed: int = option(1, "random seed", doc="The same seed and world size give the same model "
+                       "on CPU; the pipeline's split uses it too.", low=0, high=2**63 - 1,
                        pipeline="random_seed")
     patience: int = option(3, "stop after this many epochs without a decrease of the validation "
                            "loss", low=1, high=100_000, pipeline=True)
@@ -43,10 +50,9 @@ class TrainConfig:
                              high=1_000_000, pipeline="print_frequency")
     image_size: int = option(224, "side of the square training crop in pixels", low=32,
                              high=2048, pipeline=True)
-    augment: str = option("standard", f"training augmentation preset, one of "
-                          f"{', '.join(AUGMENTATIONS)}: standard = random resized crop + "
-                          "horizontal flip (ImageNet recipe), light = mild crops, no flip "
-                          "(digits, text), none = resize only", choices=AUGMENTATIONS,
+    augment: str = option("standard", "training augmentation preset", doc="standard: random "
+                          "resized crop + horizontal flip (ImageNet recipe); light: mild crops, "
+                          "no flip (digits, text); none: resize only.", choices=AUGMENTATIONS,
                           pipeline=True)
     workers: int = option(-1, "DataLoader worker processes per training process (-1: pick from "
                           "the cores)", low=-1, high=128)
@@ -56,39 +62,41 @@ class TrainConfig:
     weight_decay: float = option(1e-4, "SGD weight decay (L2)", low=0, high=1)
     lr_decay_power: float = option(1.0, "power of the polynomial decay of the learning rate to "
                                    "0 at the last epoch", low=0, high=10)
-    cache: str = option("auto", "keep decoded images in memory: on, off, or auto (when they fit "
-                        "in a quarter of the free memory)", choices=AUTO_ON_OFF)
+    cache: str = option("auto", "keep decoded images in memory", doc="auto: when they fit in a "
+                        "quarter of the free memory.", choices=AUTO_ON_OFF)
     channels_last: str = option("auto", "NHWC memory layout: on, off, or auto (on for CUDA and "
                                 "for bf16 on CPU)", choices=AUTO_ON_OFF)
-    amp: str = option("auto", "mixed precision: bf16 autocast, off (fp32), or auto (bf16 where "
-                      "the hardware has native bf16 and it pays: CUDA; CPUs with "
-                      f"{_BF16_FROM}; the start-up line says why)",
+    amp: str = option("auto", "mixed precision: bf16 autocast, or off (fp32)", doc="auto: bf16 "
+                      "where the hardware has native bf16 and it pays: CUDA; CPUs with "
+                      f"{_BF16_FROM}; the start-up line says why.",
                       choices=("auto", "bf16", "off"))
     compile: str = option("off", "torch.compile the model: on or off", choices=ON_OFF)
-    gpu_decode: str = option("auto", "decode and augment the training JPEGs in batches on the "
-                             "device, workers only read files: on, off, or auto (on for CUDA "
-                             "when most training images are JPEGs and they are not cached)",
+    gpu_decode: str = option("auto", "decode and augment the training JPEGs on the device",
+                             doc="In batches; the workers only read files. auto: on for CUDA "
+                             "when most training images are JPEGs and they are not cached.",
                              choices=AUTO_ON_OFF)
-    conv_gemm: str = option("auto", "convolutions whose output is a single pixel (e.g. resnet's "
-                            "last stage on 32 px images) run as one matrix multiply, and only "
-                            "the kernel taps that pixel sees are trained (the others only "
-                            "multiply padding): on, off, or auto (on for CPU)",
+    conv_gemm: str = option("auto", "one-pixel convolutions as one matrix multiply",
+                            doc="Convolutions whose output is a single pixel (e.g. resnet's last "
+                            "stage on 32 px images) run as one matrix multiply, and only the "
+                            "kernel taps that pixel sees are trained (the others only multiply "
+                            "padding). auto: on for CPU.",
                             choices=AUTO_ON_OFF)
-    dct_scaling: str = option("on", "decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT "
-                              "scaling) when what is made of it still only shrinks from there, "
-                              "instead of decoding it whole: a training image's random crop "
-                              "(decoded every epoch on the CPU), a cached training image "
-                              "(every crop the preset can draw) and a validation image's "
-                              "resize: on or off", choices=ON_OFF)
+    dct_scaling: str = option("on", "decode JPEGs at 1/2, 1/4 or 1/8 size where that suffices",
+                              doc="libjpeg DCT scaling, when what is made of the image still "
+                              "only shrinks from there, instead of decoding it whole: a training "
+                              "image's random crop (decoded every epoch on the CPU), a cached "
+                              "training image (every crop the preset can draw) and a validation "
+                              "image's resize.", choices=ON_OFF)
     tensorboard: str | None = option(None, "write TensorBoard event files of the per-epoch "
                                      "metrics to this folder (rank 0)", metavar="DIR",
                                      unset="none")
-    tracking_uri: str | None = option(None, "MLflow tracking server (or a local store such as "
-                                      "sqlite:///PATH/mlflow.db) that rank 0 logs the run to; "
-                                      "MLFLOW_TRACKING_URI when not given (docs/tracking.md)",
+    tracking_uri: str | None = option(None, "MLflow server (or local store) rank 0 logs to",
+                                      doc="E.g. http://mlflow:5000, or a local store such as "
+                                      "sqlite:///PATH/mlflow.db (docs/tracking.md).",
                                       metavar="URI", unset="MLFLOW_TRACKING_URI, else off")
-    experiment: str | None = option(None, "MLflow experiment of a new run (MLFLOW_EXPERIMENT_ID "
-                                    "wins; MLFLOW_RUN_ID logs into that run)", metavar="NAME",
+    experiment: str | None = option(None, "MLflow experiment of a new run", doc="MLFLOW_"
+                                    "EXPERIMENT_ID wins; MLFLOW_RUN_ID logs into that run.",
+                                    metavar="NAME",
                                     unset="MLFLOW_EXPERIMENT_NAME, else kfvision")
 
     def validate(self) -> "TrainConfig":
@@ -121,7 +129,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     """The trainer's parser (`python -m trainer.train`); torch-free, for the command line."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
+        prog="python -m trainer.train",
         description="Train a ResNet/DenseNet image classifier with PyTorch DDP.",
         add_help=add_help, formatter_class=HelpFormatter)
     return add_train_arguments(parser)

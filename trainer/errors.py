@@ -148,6 +148,11 @@ class ExportError(KfvisionError):
     """A trained model could not be exported, or the export does not match the model."""
 
 
+class ExportNotSupportedError(ExportError):
+    """A model cannot be exported to the format asked for (a script's TorchScript or ONNX model
+    to a format that would need its Python code)."""
+
+
 class QuantizationError(ExportError):
     """A quantized export loses more top-1 accuracy against its fp32 export than allowed; it is
     not written."""

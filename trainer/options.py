@@ -23,11 +23,14 @@ from trainer.errors import InvalidParameterError, check_choice, check_range, fla
 
 @dataclass(frozen=True)
 class Option:
-    """One option. `default` MISSING: required. `high` may name another option of the same
-    config (its value is the bound). `pipeline`: the pipeline parameter's name (True: the same
-    name; False: not a pipeline parameter). `many`: a repeatable flag of items that `parse`
-    reads and `show` writes back (in the pipeline one string, items separated by commas).
-    `unset`: what no value (None) means."""
+    """One option. `help`: one short line (`--help`); `doc`: the rest of the explanation, for
+    the generated tables only. `default` MISSING: required. `high` may name another option of
+    the same config (its value is the bound). `pipeline`: the pipeline parameter's name (True:
+    the same name; False: not a pipeline parameter). `flag`: its flag where not the name's;
+    `aliases`: older spellings the parsers still accept (and the pipeline's commands the
+    parameter's spelling, as `--learning-rate`). `many`: a repeatable flag of items that
+    `parse` reads and `show` writes back (in the pipeline one string, items separated by
+    commas). `unset`: what no value (None) means."""
 
     name: str
     type: type
@@ -39,6 +42,8 @@ class Option:
     low_open: bool = False
     pipeline: bool | str = False
     flag: str | None = None
+    aliases: tuple = ()
+    doc: str = ""
     metavar: str | None = None
     many: bool = False
     parse: object = None
@@ -57,6 +62,18 @@ class Option:
     @property
     def flag_name(self) -> str:
         return self.flag or flag_name(self.name)
+
+    @property
+    def flags(self) -> tuple:
+        """The flags that set this option, its own first: one name in every command, older
+        spellings still accepted."""
+        return (self.flag_name, *self.aliases)
+
+    @property
+    def pipeline_flags(self) -> tuple:
+        """The flags of its pipeline parameter (`kfvision pipeline submit | run-local`): its own
+        first, then the parameter's spelling where that differs (`--learning-rate`)."""
+        return tuple(dict.fromkeys((*self.flags, flag_name(self.param))))
 
     @property
     def ref(self) -> str:
@@ -141,6 +158,31 @@ def check_options(config) -> None:
         opt.check(getattr(config, opt.name), config)
 
 
+class _SubParsersAction(argparse._SubParsersAction):
+    """A sub-command refuses what it does not know itself, so that the error names it
+    (`kfvision train: error: ...`) rather than the top-level command."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        unknown = vars(namespace).pop(argparse._UNRECOGNIZED_ARGS_ATTR, None)
+        if unknown:
+            self._name_parser_map[values[0]].error(
+                f"unrecognized arguments: {' '.join(unknown)}")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, except that it never expands an abbreviation (`--nproc` is not
+    `--nproc-per-node`: an unknown flag is an error, not a guess) and says what is wrong in one
+    line. Sub-commands get this class too (add_subparsers takes the parser's own class)."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs):
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+        self.register("action", "parsers", _SubParsersAction)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Each flag's default said once: the one its help already names, else argparse's unless
     there is none (None, '', or no item of a repeatable flag)."""
@@ -167,15 +209,16 @@ def add_flags(group, options, *, defaults: bool = True, pipeline: dict | None = 
 
     defaults False: every flag defaults to None, so a caller can tell what was given (and let a
     YAML file fill the rest); the help still shows the option's default. pipeline: the pipeline's
-    {parameter: default (None: required)}, for the flags of its parameters (`--learning-rate`,
-    dest `learning_rate`; a `many` option is one comma-separated string there).
+    {parameter: default (None: required)}, for the flags of its parameters (`--lr`, also
+    `--learning-rate`, dest `learning_rate`; a `many` option is one comma-separated string
+    there).
     """
     for opt in options:
         if pipeline is None:
-            dest, flag, default, text = opt.name, opt.flag_name, opt.default, opt.default_text()
+            dest, default, text = opt.name, opt.default, opt.default_text()
         else:
             dest, default = opt.param, pipeline[opt.param]
-            flag, text = flag_name(dest), opt.default_text(default)
+            text = opt.default_text(default)
         kwargs = {"dest": dest, "help": opt.help + text}
         required = default is MISSING or (pipeline is not None and default is None)
         if opt.many and pipeline is None:
@@ -185,7 +228,9 @@ def add_flags(group, options, *, defaults: bool = True, pipeline: dict | None = 
             kwargs.update(action=argparse.BooleanOptionalAction,
                           default=default if defaults else None)
         else:
-            metavar = f"{opt.metavar},..." if opt.many else opt.metavar or dest.upper()
+            choices = "{" + ",".join(map(str, opt.choices)) + "}" if opt.choices else None
+            metavar = (f"{opt.metavar},..." if opt.many else
+                       opt.metavar or choices or dest.upper())
             kwargs.update(type=opt.type, metavar=metavar, required=required and defaults,
                           default=None if required or not defaults else default)
-        group.add_argument(flag, **kwargs)
+        group.add_argument(*(opt.flags if pipeline is None else opt.pipeline_flags), **kwargs)

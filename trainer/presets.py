@@ -8,6 +8,11 @@ recipe (what the Azure module uses); "light" keeps orientation (digits, text, me
 
 AUGMENTATIONS = ("standard", "light", "none")
 
+# The normalisation torchvision's ImageNet weights were trained with: kfvision trains with it, and
+# assumes it for a model directory a script wrote unless its kfvision.json says otherwise.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
 # The architectures Azure ML designer's ResNet and DenseNet modules offer; trainer/model/arch.py
 # builds them with torchvision.
 ARCHITECTURES = {

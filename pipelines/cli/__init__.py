@@ -14,6 +14,7 @@ from pipelines.cli import data, model, use
 from pipelines.cli.pipeline import register_demo
 from trainer.errors import KfvisionError
 from trainer.exitcodes import error_line
+from trainer.options import ArgumentParser
 
 EPILOG = """\
 typical run (no cluster needed):
@@ -30,12 +31,14 @@ typical run (no cluster needed):
 # The one-line help of the command groups whose flags are built only when they are named.
 HELP = {
     "train": "train a model (one process, or N with --nproc-per-node)",
-    "job": "train as a Kubeflow job, PyTorchJob (the default) or TrainJob: render, run-local, "
-           "submit, logs, delete",
-    "pipeline": "the Kubeflow Pipelines pipeline: compile, submit, run-local",
+    "job": "train as a Kubeflow PyTorchJob or TrainJob: render, run-local, submit, logs, "
+           "delete",
+    "pipeline": "the Kubeflow Pipelines pipeline, images to a registered, deployed model: "
+                "compile, submit, run-local",
     "serve": "serve a trained model with KServe's model server (v1 and v2 protocols)",
     "deploy": "deploy a trained model on KServe: render, submit, delete an InferenceService",
-    "tune": "hyperparameter search: run (on this machine, Optuna), render (a Katib Experiment)",
+    "tune": "hyperparameter search: run (Optuna, here), render, submit, status, delete "
+            "(Katib)",
     "register": "register a trained model: a version in MLflow's or Kubeflow's model registry",
 }
 
@@ -44,7 +47,7 @@ def build_parser(argv: list | None = None) -> argparse.ArgumentParser:
     """The `kfvision` parser. With `argv`, the flags of only the command it names are built."""
     argv = [] if argv is None else list(argv)
     named = argv[0] if argv else None
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(  # never expands an abbreviation; its sub-commands' parsers neither
         prog="kfvision", description="Train image classifiers with PyTorch DDP, on this machine "
         "or as Kubeflow jobs (PyTorchJob or TrainJob).", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,8 +59,6 @@ def build_parser(argv: list | None = None) -> argparse.ArgumentParser:
     for name, help in HELP.items():
         if named != name:
             sub.add_parser(name, help=help)
-        elif name == "train":
-            importlib.import_module("pipelines.cli.train").register(sub, argv)
         else:
             importlib.import_module(f"pipelines.cli.{name}").register(sub, help)
     return p

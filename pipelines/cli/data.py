@@ -68,26 +68,19 @@ def register(sub) -> None:
                        "images plus --labels CSV, or loose images (an unlabelled directory, for "
                        "scoring) into kfvision's image directory format. Unreadable and non-image "
                        "files are skipped and listed. See docs/data.md.")
-    c.add_argument("src", help="source folder or archive, or s3://BUCKET/PREFIX/ (class "
-                   "folders, flat images, loose images) or s3://BUCKET/KEY.tar.gz|.zip|...")
+    c.add_argument("src", help="source folder or archive, or an s3:// prefix or archive")
     c.add_argument("out", help="output image directory (must not exist)")
     c.add_argument("--labels", metavar="CSV", help="CSV of path,label (paths relative to SRC; "
                    "a file on disk or inside SRC, or s3://BUCKET/KEY.csv)")
     c.add_argument("--strict", action="store_true", help="fail on any unreadable file")
     c.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    c.add_argument("--in-place", action="store_true", help="copy nothing: OUT holds only the "
-                   "manifest, which references the images where they are (by absolute path, "
-                   "with each file's size and sha256; every reader checks them, so a file changed "
-                   "later is an error naming it). For data that already sits where training "
-                   "reads it: no second copy")
-    c.add_argument("--extract-to", metavar="DIR", help="with --in-place and an archive: the new "
-                   "folder it is extracted into, where its images then stay. With an s3:// SRC "
-                   "(always converted in place): the folder its objects are fetched into and "
-                   "kept, reused by the next run (default: OUT.fetched beside OUT)")
+    c.add_argument("--in-place", action="store_true", help="copy nothing: OUT's manifest "
+                   "references the images where they are (docs/data.md)")
+    c.add_argument("--extract-to", metavar="DIR", help="where an archive (--in-place) or s3:// "
+                   "SRC is unpacked and kept (default: OUT.fetched)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.add_argument("--pack", action="store_true", help="then write the pack (`kfvision pack "
-                   "OUT`): raw pixels for fast training on data too big to cache in memory; "
-                   "costs width x height x 3 bytes of disk per image, 5-8x the JPEG files")
+                   "OUT`): raw pixels, more disk (docs/data.md)")
     add_flags(c, options_of(S3Options))
     c.set_defaults(func=_convert)
 

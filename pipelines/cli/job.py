@@ -5,7 +5,6 @@ import argparse
 import shlex
 import signal
 import sys
-import threading
 from pathlib import Path
 
 from pipelines.clients.k8s import to_yaml
@@ -14,12 +13,13 @@ from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
 from pipelines.jobs.kinds import KINDS as JOB_KINDS
 from pipelines.jobs.pytorchjob.build import build_pytorchjob
+from pipelines.jobs.signals import STOP
 from pipelines.jobs.trainjob.rules import RUNTIME_KINDS
 from trainer.options import HelpFormatter, add_flags, options_of
 
 EPILOG = """\
 the same job, three ways:
-  kfvision job render --name digits --image IMAGE --nodes 2 --procs-per-node 2 \\
+  kfvision job render --name digits --image IMAGE --nodes 2 --nproc-per-node 2 \\
       --model M --train T --val V --out O -o job.yaml
   kfvision job run-local job.yaml                 # on this machine, as the operator would
   kfvision job submit job.yaml --wait             # on the cluster of the current kubeconfig
@@ -100,7 +100,7 @@ def _add_kind_flags(g) -> None:
     g.add_argument("--kind", choices=KINDS, default="pytorchjob", help="PyTorchJob (Training "
                    "Operator v1.9) or TrainJob (Kubeflow Trainer v2)")
     g.add_argument("--runtime", help="TrainJob: the runtime to reference (default: the stock "
-                   "torch-distributed; kfvision-torch carries the exit-code contract)")
+                   "torch-distributed)")
     g.add_argument("--runtime-kind", choices=RUNTIME_KINDS,
                    help="TrainJob: the runtime's kind (default: ClusterTrainingRuntime)")
 
@@ -123,10 +123,6 @@ def add_render(sub) -> None:
     r.set_defaults(func=_render)
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt  # SIGTERM (e.g. a cancelled pipeline step) cleans up like Ctrl-C
-
-
 def _fault(text: str) -> Fault:
     try:
         return Fault.parse(text)
@@ -134,6 +130,7 @@ def _fault(text: str) -> Fault:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+@STOP  # SIGINT and SIGTERM heard from here on, whatever this process inherited (signals.py)
 def _run_local(args) -> int:
     from pipelines.jobs.kinds import TRAINJOB, kind_of, read_job
     from pipelines.jobs.pytorchjob import local as pytorchjob_local
@@ -144,9 +141,6 @@ def _run_local(args) -> int:
     log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
     print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
           f"machine's programs); logs in {log_dir}/", file=sys.stderr)
-    # Only the main thread may set handlers (a caller may run us from a worker thread).
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt) if main_thread else None
     try:
         if trainjob:  # every node must succeed: no --grace
             result = trainjob_local.run_local(job, log_dir, source=args.manifest,
@@ -156,14 +150,23 @@ def _run_local(args) -> int:
                                                 quiet=args.quiet, grace_s=args.grace,
                                                 faults=args.fault)
     except KeyboardInterrupt:
-        print(f"interrupted: stopped every process of job {name}", file=sys.stderr)
-        return 130
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        return _stopped(name)  # run_local raised Interrupted once every process was stopped
     print(f"job {name} succeeded in {result.seconds:.1f} s ({result.restarts} restart(s)); "
           f"logs in {log_dir}/", file=sys.stderr)
     return 0
+
+
+def _stopped(name: str) -> int:
+    """Say that a signal stopped job `name`; its exit code: 128 + the first signal (130, 143)."""
+    signals = STOP.received or [signal.SIGINT]
+    how = "interrupted" if signals[0] == signal.SIGINT else (
+        f"terminated ({signal.Signals(signals[0]).name})")
+    if len(signals) > 1:
+        print(f"{how} twice: killed every process of job {name} at once (SIGKILL)",
+              file=sys.stderr)
+    else:
+        print(f"{how}: stopped every process of job {name}", file=sys.stderr)
+    return 128 + signals[0]
 
 
 def _images(job: dict) -> str:
@@ -246,9 +249,8 @@ def register(subparsers, help: str) -> None:
                    help="seconds Workers may take to finish after the Master succeeded")
     r.add_argument("--fault", type=_fault, action="append", default=[],
                    metavar="TARGET:SIGNAL:PATTERN",
-                   help="fault drill (repeatable): once a log line matches PATTERN, send SIGNAL "
-                   "to TARGET, a replica (worker-0: the whole pod) or one training process "
-                   "(worker-0/0: local rank 0), e.g. 'worker-0/0:KILL:epoch 2 \\['")
+                   help="fault drill (repeatable): on a log line matching PATTERN, send SIGNAL "
+                   "to TARGET")
     r.set_defaults(func=_run_local)
     s = sub.add_parser("submit", formatter_class=fmt,
                        help="create the job on the cluster (re-attach if it exists)")

@@ -24,14 +24,19 @@ def _push(args) -> int:
 
     from pipelines.clients.s3sync import push
     from trainer.errors import InvalidModelDirectoryError
+    from trainer.model.scripted import has_script_model, read_script_model
 
     model = Path(args.dir)
-    if not ((model / "model.json").is_file() or (model / "spec.json").is_file()):
+    last = "model.json"
+    if not (model / last).is_file() and has_script_model(model):  # a training script's
+        last = read_script_model(model).path.name  # its network last: no network, no model
+    elif not ((model / "model.json").is_file() or (model / "spec.json").is_file()):
         raise InvalidModelDirectoryError(
-            f"{model} is not a model directory (no model.json or spec.json): give the --out of "
-            "`kfvision train` (or a `kfvision model` directory).")
+            f"{model} is not a model directory (no model.json or spec.json, nor a script's "
+            "model.pt2, model.pt or model.onnx): give the --out of `kfvision train` (or a "
+            "`kfvision model` directory, or the model directory your script wrote).")
     keys = push(model, args.uri, max_connections=args.max_connections, skip=("checkpoints",),
-                last="model.json", overwrite=args.overwrite)
+                last=last, overwrite=args.overwrite)
     print(f"pushed {len(keys)} file(s) of {model} to {args.uri.rstrip('/')}/ (serve, score or "
           f"deploy it as --model {args.uri})")
     return 0
@@ -42,14 +47,13 @@ def register(sub) -> None:
     m = sub.add_parser("model", help="write an untrained model directory (resnet, densenet)")
     msub = m.add_subparsers(dest="family", required=True, metavar="FAMILY")
     for family, names in ARCHITECTURES.items():  # torch-free names: cheap for every command
-        f = msub.add_parser(family, help=f"{family}: {', '.join(names)}",
+        f = msub.add_parser(family, help=f"{family}: {names[0]}, ... (--name)",
                             formatter_class=HelpFormatter)
         f.add_argument("out", help="output model directory")
         f.add_argument("--name", default=names[0], choices=names, help="architecture")
         w = f.add_mutually_exclusive_group()
         w.add_argument("--pretrained", action="store_true",
-                       help="start from torchvision's ImageNet weights (needs network or a warm "
-                       "torch hub cache; stored in the model directory)")
+                       help="start from torchvision's ImageNet weights (downloaded once)")
         w.add_argument("--weights", metavar="FILE", help="start from a local state_dict file")
         if family == "resnet":
             f.add_argument("--zero-init-residual", action="store_true",

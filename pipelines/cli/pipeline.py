@@ -165,7 +165,8 @@ def register(subparsers, help: str) -> None:
     p = subparsers.add_parser(
         "pipeline", help=help,
         description="The image-classification KFP v2 pipeline: convert -> split -> model -> "
-        "train (a TrainJob or PyTorchJob: job_kind) -> score -> evaluate -> deploy.", epilog=EPILOG,
+        "train (a TrainJob or PyTorchJob: job_kind) -> score -> evaluate -> register "
+        "(register_name) -> deploy (deploy).", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
     fmt = HelpFormatter

@@ -6,50 +6,40 @@ import sys
 
 from trainer.options import HelpFormatter
 
-HELP = "train a model (one process, or N with --nproc-per-node)"
-NPROC_FLAG = "--nproc-per-node"
+NPROC_FLAG = "--nproc-per-node"  # torchrun's spelling, as `kfvision job render` has it
 LOOPBACK = "127.0.0.1"
 
 
 def _train(args) -> int:
+    from pipelines.jobs.config import train_flags
     from trainer import train
+    from trainer.config import config_from_args
 
-    rest = _without_option(args.argv[1:], NPROC_FLAG)  # the trainer's own flags, as given
+    # The trainer's flags are written from the parsed, checked configuration (--config
+    # merged in): what reaches the trainer is what kfvision's parser understood, never a
+    # filtered copy of the command line.
+    flags = train_flags(config_from_args(args))
     nproc = args.nproc_per_node
     if nproc == 1:
-        return train.main(rest)
+        return train.main(flags)
     # Several processes on this machine: hand over to torchrun, exactly as a PyTorchJob would
     # (through trainer.launch, which keeps the training processes' exit codes). One machine needs
     # no host name: the processes meet on loopback. Without --local-addr torchrun hands them
     # this host's name, and where it does not resolve (a container's hostname missing from its
     # /etc/hosts) they wait for the rendezvous timeout, then fail.
     cmd = [sys.executable, "-m", "trainer.launch", "--standalone", f"--local-addr={LOOPBACK}",
-           f"--nproc-per-node={nproc}", "-m", "trainer.train", *rest]
+           f"{NPROC_FLAG}={nproc}", "-m", "trainer.train", *flags]
     return subprocess.call(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-def _without_option(argv: list, flag: str) -> list:
-    """argv less `flag VALUE` / `flag=VALUE` (what kfvision adds on top of the trainer's flags)."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == flag:
-            skip = True
-        elif not a.startswith(flag + "="):
-            out.append(a)
-    return out
-
-
-def register(sub, argv: list) -> None:
-    """Add `kfvision train` (the trainer's own parser as its parent); `argv`: the whole command
-    line, handed on to the trainer."""
+def register(sub, help: str) -> None:
+    """Add `kfvision train` (the trainer's own parser as its parent)."""
     from trainer.config import get_args_parser
 
-    t = sub.add_parser("train", parents=[get_args_parser(add_help=False)], help=HELP,
+    t = sub.add_parser("train", parents=[get_args_parser(add_help=False)], help=help,
                        description="Train with DDP. Same flags as `python -m trainer.train` "
                        "(the torchrun entrypoint).",
                        formatter_class=HelpFormatter)
     t.add_argument(NPROC_FLAG, type=int, default=1,
-                   help="processes on this machine (starts torchrun --standalone when > 1)")
-    t.set_defaults(func=_train, argv=argv)
+                   help="processes on this machine (torchrun --standalone when > 1)")
+    t.set_defaults(func=_train)

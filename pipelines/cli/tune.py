@@ -6,11 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipelines.tune.experiment import ALGORITHMS, EARLY_STOPPING, Search
-from pipelines.tune.space import check_space, parse_param
-from trainer.errors import InvalidParameterError
-from trainer.options import HelpFormatter
-from trainer.reporting import OBJECTIVES
+from pipelines.cli.train import NPROC_FLAG
+from pipelines.tune.experiment import Search
+from pipelines.tune.space import check_space
+from trainer.options import ArgumentParser, HelpFormatter, add_flags, options_of
 
 EPILOG = """\
 the same search, two ways:
@@ -22,35 +21,15 @@ the same search, two ways:
 """
 
 
-def _param(text: str):
-    try:
-        return parse_param(text)
-    except InvalidParameterError as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
-
-
 def _search_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("search")
-    g.add_argument("--param", type=_param, action="append", default=[], metavar="NAME=TYPE:SPEC",
-                   help="a searched training flag, repeatable: lr=double:0.0001:0.1:log, "
-                   "warmup-epochs=int:0:3, batch-size=categorical:16,32,64")
-    g.add_argument("--objective", choices=sorted(OBJECTIVES), default="validation-loss",
-                   help="metric to optimise (of the epoch the model keeps)")
-    g.add_argument("--algorithm", choices=sorted(ALGORITHMS), default="tpe",
-                   help="search algorithm")
-    g.add_argument("--trials", type=int, default=8, help="trials in all")
-    g.add_argument("--parallel", type=int, default=1, help="trials at once")
-    g.add_argument("--max-failed", type=int, default=3, help="failed trials before giving up")
-    g.add_argument("--early-stopping", choices=sorted(EARLY_STOPPING), default="none",
-                   help="median: stop a trial whose per-epoch objective is worse than the "
-                   "median of the trials before at that epoch")
+    add_flags(p.add_argument_group("search"), options_of(Search))
 
 
 def _search(args, base) -> Search:
     # more failures allowed than trials means "never give up": Katib wants it said as <= trials
     max_failed = min(args.max_failed, args.trials)
-    search = Search(tuple(args.param), args.objective, args.algorithm, args.trials,
-                    args.parallel, max_failed, args.early_stopping)
+    given = {o.name: getattr(args, o.name) for o in options_of(Search)}
+    search = Search(**{**given, "params": tuple(args.params), "max_failed": max_failed})
     from pipelines.tune.local import check_search
 
     check_search(search)
@@ -188,7 +167,7 @@ def _job_render_parser() -> argparse.ArgumentParser:
     """`kfvision job render`'s parser: the job and training flags, declared there once."""
     from pipelines.cli import job
 
-    sub = argparse.ArgumentParser(add_help=False).add_subparsers()
+    sub = ArgumentParser(add_help=False).add_subparsers()
     job.add_render(sub)
     return sub.choices["render"]
 
@@ -203,7 +182,7 @@ def register(subparsers, help: str) -> None:
                            help="search on this machine (Optuna); --out is the search's folder",
                            formatter_class=HelpFormatter)
     _search_arguments(run)
-    run.add_argument("--nproc-per-node", type=int, default=1,
+    run.add_argument(NPROC_FLAG, type=int, default=1,
                      help="training processes per trial (torchrun when > 1)")
     run.set_defaults(func=_run)
     render = verbs.add_parser("render", parents=[_job_render_parser()], add_help=False,

@@ -3,9 +3,7 @@
 from pipelines.clients.s3 import S3Options
 from trainer.options import HelpFormatter, add_flags, options_of
 
-MODEL_HELP = ("trained model directory; the s3://BUCKET/PREFIX/ one was pushed to; or "
-              "models:/NAME/VERSION or models:/NAME@ALIAS (MLflow's registry at "
-              "MLFLOW_TRACKING_URI); a remote one is fetched once into a local cache")
+MODEL_HELP = "trained model directory, s3://BUCKET/PREFIX/ or models:/NAME/VERSION (docs/data.md)"
 
 
 def _score(args) -> int:
@@ -93,9 +91,7 @@ def register(sub) -> None:
     s.add_argument("--batch-size", type=int, default=64, help="images per batch")
     s.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run")
     s.add_argument("--dct-scaling", choices=("on", "off"), default="on",
-                   help="decode a JPEG at 1/2, 1/4 or 1/8 of its size (libjpeg DCT scaling) when "
-                   "the model's resize still shrinks it from there, as validation in training "
-                   "does (docs/benchmarks.md has the gain on camera photos)")
+                   help="decode JPEGs at 1/2, 1/4 or 1/8 size where the resize still shrinks")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     add_flags(s, options_of(S3Options))
     s.set_defaults(func=_score)
@@ -120,17 +116,14 @@ def register(sub) -> None:
                    help="artifact type")
     x.add_argument("--out", required=True, help="output file (.onnx, .pt, .pt2)")
     x.add_argument("--check", metavar="DATA", help="image directory to compare the export with "
-                   "PyTorch on; with --quantize int8, the labelled one (the validation set) whose "
-                   "top-1 accuracy the int8 model must keep")
+                   "PyTorch on (int8: labelled)")
     x.add_argument("--check-limit", type=int, help="images of DATA to compare (default: 256; "
                    "with --quantize int8, all; fewer: a random sample)")
     # trainer.use.quantize's QUANTIZE and CALIBRATION_IMAGES, written out: importing it would
     # load torch for every command (tests/test_export_int8.py checks they agree)
     x.add_argument("--quantize", choices=("none", "int8"), default="none",
-                   help="int8: an ONNX file quantized for CPUs, served by OpenVINO; needs "
-                   "--calibrate and --check, and is not written when its top-1 on --check falls "
-                   "more than 1 point below fp32's: a quantized model nobody measured is not "
-                   "exported (default: none)")
+                   help="int8: quantized ONNX for CPUs (needs --calibrate and --check; "
+                   "docs/serving.md)")
     x.add_argument("--calibrate", metavar="TRAIN", help="image directory (the training set) "
                    "whose images calibrate the int8 activation ranges")
     x.add_argument("--calibration-images", type=int, default=300,

@@ -75,9 +75,12 @@ def content_hash(model_dir: Path) -> str:
 
 
 def describe_model(model_dir) -> dict:
-    """What a registry records of a trained model directory: classes, image size, final
-    metrics, format version. Raises InvalidModelDirectoryError for anything else."""
+    """What a registry records of a model directory (`kfvision train`'s, or a training script's:
+    trainer/model/scripted.py): classes, image size, final metrics, format version, and a
+    script's model format. Raises InvalidModelDirectoryError for anything else."""
     model_dir = Path(model_dir)
+    if not ((model_dir / "model.json").is_file() and (model_dir / "weights.pt").is_file()):
+        return _describe_script_model(model_dir)
     try:
         info = json.loads((model_dir / "model.json").read_text(encoding="utf-8"))
         metrics = json.loads((model_dir / "metrics.json").read_text(encoding="utf-8"))
@@ -89,6 +92,22 @@ def describe_model(model_dir) -> dict:
     return {"classes": info["classes"], "image_size": info["image_size"],
             "format_version": str(info.get("version", 1)),
             "metrics": {k: final[k] for k in METRICS if k in final}}
+
+
+def _describe_script_model(model_dir: Path) -> dict:
+    """A script's model directory, loaded once so that only one kfvision serves is registered
+    (torch is imported for it only); its metrics.json is optional."""
+    from trainer.model.trained import load_model
+
+    _, info = load_model(model_dir)
+    try:
+        final = json.loads((model_dir / "metrics.json").read_text(encoding="utf-8"))["final"]
+    except (OSError, ValueError, KeyError, TypeError):
+        final = {}
+    final = final if isinstance(final, dict) else {}
+    return {"classes": info["classes"], "image_size": info["image_size"], "format_version": "1",
+            "model_format": info.get("model_format"),
+            "metrics": {k: final[k] for k in METRICS if isinstance(final.get(k), (int, float))}}
 
 
 def _endpoint_error(exc: Exception, endpoint: str, what: str) -> KfvisionError:
@@ -151,6 +170,8 @@ def register_mlflow(model_dir, name: str, *, description: str = "",
         source = client.get_run(run_id).info.artifact_uri.rstrip("/") + "/model"
         tags = {HASH_TAG: digest, "kfvision.classes": json.dumps(about["classes"]),
                 "kfvision.image_size": str(about["image_size"]), "kfvision.run_id": run_id,
+                **({"kfvision.model_format": about["model_format"]}
+                   if about.get("model_format") else {}),
                 **{f"kfvision.{k}": f"{v:.6g}" for k, v in about["metrics"].items()}}
         v = client.create_model_version(name, source, run_id=run_id, tags=tags,
                                         description=description or None)
@@ -192,6 +213,8 @@ def register_kubeflow(model_dir, name: str, *, storage_uri: str, url: str, autho
             return {"name": name, "version": version, "id": found.id, "created": False}
         metadata = {"classes": json.dumps(about["classes"]), "image_size": about["image_size"],
                     **{k: float(v) for k, v in about["metrics"].items()}}
+        if about.get("model_format"):  # a script's model directory: which file serves
+            metadata["model_format"] = about["model_format"]
         if pipeline_run:
             metadata["pipeline_run"] = pipeline_run
         registered = registry.register_model(
@@ -266,7 +289,7 @@ def fetch_mlflow_version(uri: str, *, tracking_uri: str | None, cache: Path) -> 
         v = (client.get_model_version(name, m.group("version")) if m.group("version") else
              client.get_model_version_by_alias(name, m.group("alias")))
         target = Path(cache) / name / str(v.version)
-        if (target / "model.json").is_file():
+        if target.is_dir():  # renamed into place whole (below): a script's model has no model.json
             return target
         from mlflow.artifacts import download_artifacts
 

@@ -89,8 +89,8 @@ class S3Options:
     """The options of every command that reads or writes `s3://` (declared once, here)."""
 
     max_connections: int = option(
-        DEFAULT_CONNECTIONS, "downloads (and uploads) to or from s3:// at once, and the "
-        "connections kept open to the endpoint", low=1, high=256)
+        DEFAULT_CONNECTIONS, "s3:// transfers at once", doc="Downloads and uploads to or "
+        "from s3:// at once, and the connections kept open to the endpoint.", low=1, high=256)
 
 
 @dataclass(frozen=True, slots=True)

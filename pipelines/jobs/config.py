@@ -98,13 +98,15 @@ class JobConfig:
     fields."""
 
     name: str = option(help="job name (DNS-1035: a-z, 0-9, '-')")
-    image: str = option(help="the trainer image the pods run (the pipeline's steps too)",
-                        pipeline=True)
+    image: str = option(help="the trainer image the pods run", doc="The pipeline's steps run it "
+                        "too.", pipeline=True)
     train: TrainConfig
     namespace: str | None = option(None, "namespace", unset="the one kubectl/submit uses")
     nodes: int = option(1, "pods: 1 Master + (N-1) Workers", low=1, high=10_000, pipeline=True)
     procs_per_node: int | None = option(None, "training processes per pod", low=1, high=1024,
-                                        unset="one per GPU, or 1", pipeline=True)
+                                        unset="one per GPU, or 1", pipeline=True,
+                                        flag="--nproc-per-node",  # torchrun's, as train's
+                                        aliases=("--procs-per-node",))
     gpus_per_node: int = option(0, f"{GPU_RESOURCE} per pod", low=0, high=64, pipeline=True)
     node_selector: tuple = option((), "node label the pods require", many=True,
                                   parse=parse_key_value, show="=".join, metavar="KEY=VALUE",
@@ -118,10 +120,9 @@ class JobConfig:
                                 pipeline="memory_per_node")
     shm_size: str | None = option(None, "size limit of the memory-backed /dev/shm (e.g. 8Gi)",
                                   pipeline=True)
-    restart_policy: str = option("ExitCode", f"what a failed pod gets, one of "
-                                 f"{', '.join(RESTART_POLICIES)}: ExitCode retries only exit "
-                                 "codes 128-255 (killed, evicted), not kfvision's own errors",
-                                 choices=RESTART_POLICIES)
+    restart_policy: str = option("ExitCode", "what a failed pod gets", doc="ExitCode retries "
+                                 "only exit codes 128-255 (killed, evicted), not kfvision's own "
+                                 "errors.", choices=RESTART_POLICIES)
     backoff_limit: int = option(3, "restarts before the job fails", low=0, high=1000)
     active_deadline: int | None = option(None, "fail the job after this many seconds", low=1,
                                          metavar="SECONDS", unset="no limit",

@@ -4,8 +4,9 @@ Every replica is started in a session of its own (its own process group), so a C
 terminal reaches only `run-local`, which then stops each tree on purpose. That is not enough on
 its own: torchrun starts every training process in a *new* session too
 (`torch.distributed.elastic...subprocess_handler`), so killing torchrun's group would leave them
-behind. We therefore remember every descendant we have seen (pid + start time, read from /proc)
-and signal those as well.
+behind. We therefore remember every descendant we have seen (pid + start time, read from /proc),
+and mark each replica's environment (`MARK_VAR`) to find those we never saw; all are signalled.
+Ctrl-C and SIGTERM are recorded, not raised, while replicas run (`supervised`, signals.py).
 
 Also what both kinds' local runners share: a pod's environment here (`pod_env`, `gpu_env`), its
 command (`container_argv`), the prefixed log printer, the failure report and the run's result.
@@ -20,11 +21,13 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.clients.k8s import GPU_RESOURCE
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
+from pipelines.jobs.signals import STOP
 
 # Launcher variables a parent process may have set; a pod starts without them.
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -69,6 +72,28 @@ def alive(ident: tuple, table: dict | None = None) -> bool:
     return pid in table and table[pid][1] == start
 
 
+# In every replica's environment, so in that of every process it starts (even one in a session
+# of its own whose parent has exited, which no walk of the process tree finds): a pod's cgroup,
+# here. Jenkins's ProcessTreeKiller marks a build's processes the same way.
+MARK_VAR = "KFVISION_RUN_LOCAL_REPLICA"
+
+
+def marked(marks: set, table: dict | None = None) -> set:
+    """{(pid, start time)} of every live process whose environment holds MARK_VAR=<one of marks>
+    (processes of other users, unreadable, are not ours anyway)."""
+    table = proc_table() if table is None else table
+    wanted = {f"{MARK_VAR}={m}".encode() for m in marks}
+    found = set()
+    for pid, (_, start) in table.items():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # exited, or not ours
+            continue
+        if wanted.intersection(env.split(b"\0")):
+            found.add((pid, start))
+    return found
+
+
 def exit_status(returncode: int) -> int:
     """Popen's return code as a container runtime reports it: a signal N becomes 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
@@ -82,6 +107,7 @@ class ReplicaProcess:
         self.log_path, self.on_line = Path(log_path), on_line
         self.proc: subprocess.Popen | None = None
         self.seen: set = set()  # (pid, start time) of every descendant ever seen
+        self.mark = uuid.uuid4().hex  # MARK_VAR's value for this replica
         self._pump: threading.Thread | None = None
 
     def start(self, note: str | None = None) -> None:
@@ -92,7 +118,8 @@ class ReplicaProcess:
             self.on_line(self.name, note)
         # stdin from /dev/null: replicas are not interactive, and must not steal the terminal
         try:
-            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd,
+            self.proc = subprocess.Popen(self.argv, env={**self.env, MARK_VAR: self.mark},
+                                         cwd=self.cwd,
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as e:
@@ -132,26 +159,37 @@ class ReplicaProcess:
             return []
 
 
+@contextlib.contextmanager
+def supervised(replicas: list):
+    """Run the block with SIGINT and SIGTERM recorded (pipelines/jobs/signals.py; the block calls
+    `STOP.check()` between its steps), and stop every replica on the way out, however it ends.
+    Raises Interrupted when a signal came, even one that came while stopping after success."""
+    with STOP:
+        STOP.check()  # one that came before any replica started
+        try:
+            yield
+        finally:
+            stop_all(replicas)
+        STOP.check()
+
+
 def stop_all(replicas: list, grace_s: float = 5.0) -> None:
-    """SIGTERM every replica's process group and every descendant seen, SIGKILL what outlives
-    `grace_s`, then reap. Leaves no process behind that any replica started."""
+    """SIGTERM every process of every replica (its process group, every descendant seen, every
+    process bearing its mark), SIGKILL what outlives `grace_s`, then reap. Leaves no process
+    behind that any replica started.
+
+    A SIGINT or SIGTERM that comes meanwhile (a second Ctrl-C) ends the grace period: SIGKILL
+    at once."""
+    signals_before = len(STOP.received)
     table = proc_table()
     for r in replicas:
         r.remember_descendants(table)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        table = proc_table()
-        for r in replicas:
-            if r.proc is None:
-                continue
-            if r.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(r.proc.pid, sig)
-            for ident in r.seen:
-                if alive(ident, table):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(ident[0], sig)
-        if sig == signal.SIGTERM:
-            _wait_gone(replicas, grace_s)
+    _signal_all(replicas, signal.SIGTERM)
+    _wait_gone(replicas, grace_s, until=lambda: len(STOP.received) > signals_before)
+    # SIGKILL until none is left: one that forked meanwhile has a child to kill too
+    end = time.monotonic() + 10.0
+    while _signal_all(replicas, signal.SIGKILL) and time.monotonic() < end:
+        time.sleep(0.05)
     for r in replicas:
         if r.proc is not None:
             reap(r.proc)
@@ -160,14 +198,37 @@ def stop_all(replicas: list, grace_s: float = 5.0) -> None:
     _wait_gone(replicas, 2.0)
 
 
+def _alive_of(replicas: list, table: dict) -> set:
+    """(pid, start time) of every live process of `replicas`: seen in their trees or marked."""
+    seen = set().union(*(r.seen for r in replicas))
+    return {i for i in seen if alive(i, table)} | marked({r.mark for r in replicas}, table)
+
+
+def _signal_all(replicas: list, sig: int) -> bool:
+    """Send `sig` to every live process of `replicas`; whether there was any."""
+    table = proc_table()  # without zombies: a killed main process no longer counts
+    sent = False
+    for r in replicas:
+        if r.proc is not None and r.proc.returncode is None:  # not reaped: its pid is its own
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(r.proc.pid, sig)
+                sent = sent or r.proc.pid in table
+    for pid, _ in _alive_of(replicas, table):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+            sent = True
+    return sent
+
+
 REAP_S = 5.0  # how long `reap` lets Popen.wait try before it calls waitpid itself
 
 
 def reap(proc: subprocess.Popen) -> None:
-    """Wait for a process that was sent SIGKILL. Popen.wait() alone can block for ever: a
-    KeyboardInterrupt (Ctrl-C) that lands inside Popen.poll() after it took its waitpid lock and
-    before its `try` (CPython 3.11 subprocess.py, _internal_poll) leaves the lock taken, and every
-    later wait() queues on it. Then the child is reaped with os.waitpid directly."""
+    """Wait for a process that was sent SIGKILL. Popen.wait() alone can block for ever: an
+    exception a signal handler raises (Python's own Ctrl-C handler, a test's timeout) inside
+    Popen.poll() after it took its waitpid lock and before its `try` (CPython 3.11
+    subprocess.py, _internal_poll) leaves the lock taken, and every later wait() queues on it.
+    Then the child is reaped with os.waitpid directly."""
     try:
         proc.wait(timeout=REAP_S)
     except subprocess.TimeoutExpired:
@@ -176,12 +237,11 @@ def reap(proc: subprocess.Popen) -> None:
             proc.returncode = os.waitstatus_to_exitcode(status)
 
 
-def _wait_gone(replicas: list, seconds: float) -> None:
+def _wait_gone(replicas: list, seconds: float, until=lambda: False) -> None:
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        table = proc_table()
-        if not any((r.proc is not None and r.proc.poll() is None)
-                   or any(alive(i, table) for i in r.seen) for r in replicas):
+    while time.monotonic() < end and not until():
+        if not (any(r.proc is not None and r.proc.poll() is None for r in replicas)
+                or _alive_of(replicas, proc_table())):
             return
         time.sleep(0.1)
 

@@ -46,12 +46,13 @@ class DeployConfig:
     """What `kfvision deploy render` takes. Its options are declared once, here: the flags (and
     the names errors give them, the pipeline's where `pipeline` says) come from these fields."""
 
-    name: str = option(help="InferenceService name (and the served model's name): lower-case "
-                       "letters, digits and '-', starting with a letter", pipeline="deploy_name")
-    model: str = option(help="storage URI of the trained model directory: pvc://CLAIM/path, "
-                        "s3://..., gs://... (mounted at /mnt/models), model-registry://NAME/"
-                        "VERSION (Kubeflow Model Registry), or models:/NAME/VERSION (MLflow: "
-                        "its version's storage URI)")
+    name: str = option(help="InferenceService name (and the served model's name)", doc="Lower-"
+                       "case letters, digits and '-', starting with a letter.",
+                       pipeline="deploy_name")
+    model: str = option(help="storage URI of the trained model directory", doc="pvc://CLAIM/"
+                        "path, s3://..., gs://... (mounted at /mnt/models), model-registry://"
+                        "NAME/VERSION (Kubeflow Model Registry), or models:/NAME/VERSION (MLflow: "
+                        "its version's storage URI).")
     image: str = option(help="the kfvision image (images/Dockerfile)", pipeline=True)
     namespace: str | None = option(None, "namespace", unset="kubectl's")
     gpus: int = option(0, "GPUs per replica", low=0, high=16)
@@ -59,17 +60,17 @@ class DeployConfig:
                                high=1000)
     max_replicas: int = option(1, "replicas at most (at least --min-replicas)", low=1,
                                high=1000)
-    cpu: str = option("1", "CPU request per replica (cores or millicores); `kfvision serve` "
-                      "sizes its threads from it, rounded up")
+    cpu: str = option("1", "CPU request per replica (cores or millicores)", doc="`kfvision "
+                      "serve` sizes its threads from it, rounded up.")
     memory: str = option("2Gi", "memory request and limit per replica")
     max_batch_size: int | None = option(None, "passed to `kfvision serve`",
                                         unset="kfvision serve's")
     batch_wait_ms: float | None = option(None, "passed to `kfvision serve`",
                                          unset="kfvision serve's")
     service_account: str | None = option(
-        None, "ServiceAccount the predictor runs as. For an s3:// model: the one KServe's "
+        None, "ServiceAccount the predictor runs as", doc="For an s3:// model: the one KServe's "
         "storage initializer takes the S3 credentials from (a Secret attached to it, with "
-        "KServe's s3-endpoint annotations, or an IRSA role): docs/serving.md",
+        "KServe's s3-endpoint annotations, or an IRSA role): docs/serving.md.",
         unset="the namespace's default", metavar="NAME", pipeline="deploy_service_account")
 
     def check(self) -> "DeployConfig":

@@ -8,13 +8,50 @@ InferenceService's min/max replicas), not with processes on one machine.
 
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.errors import check_choice, check_range
+from trainer.options import check_options, option
 
-# The ports are KServe's defaults (kserve 0.21 kserve/constants/constants.py DEFAULT_HTTP_PORT,
-# DEFAULT_GRPC_PORT), which an InferenceService's predictor container is expected to serve on.
-DEFAULTS = {"http_port": 8080, "grpc_port": 8081, "max_batch_size": 32, "batch_wait_ms": 5}
+# trainer.use.predict.RUNTIMES, written out: importing it would load torch for `kfvision --help`
+RUNTIMES = ("torch", "onnx", "openvino")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """`kfvision serve`'s options, declared once: its flags, the checks of `build_model` and
+    `serve`, and docs/serving.md's table come from these fields."""
+
+    model: str = option(help="trained model directory, or an ONNX file", doc="An ONNX file as "
+                        "`kfvision export` writes it (int8 too). Either may be an s3:// URI "
+                        "(fetched once into a cache keyed by its ETags); or models:/NAME/VERSION "
+                        "or models:/NAME@ALIAS (MLflow's registry).")
+    name: str | None = option(None, "model name in the URLs", unset="from the model's path")
+    # KServe's defaults (kserve 0.21 kserve/constants/constants.py DEFAULT_HTTP_PORT,
+    # DEFAULT_GRPC_PORT), which an InferenceService's predictor container is expected to serve on
+    http_port: int = option(8080, "REST port, all interfaces", low=1, high=65535,
+                            doc="KServe's default.")
+    grpc_port: int = option(8081, "v2 gRPC port, all interfaces", low=1, high=65535,
+                            doc="KServe's default.")
+    workers: int | None = option(None, "threads that decode images", low=1, high=256,
+                                 unset="the number of CPUs", doc="One process holds the model, "
+                                 "loaded once.")
+    model_threads: int | None = option(None, "threads of one forward pass", low=1, high=256,
+                                       unset="the number of CPUs")
+    model_streams: int | None = option(None, "forward passes that may run at once", low=1,
+                                       high=256, unset="1", doc="Each on --model-threads "
+                                       "threads, e.g. 4 streams x 4 threads on 16 cores.")
+    device: str = option("cpu", "where the model runs", choices=("cpu", "cuda"),
+                         doc="cuda: on the GPU (PyTorch runtime).")
+    runtime: str | None = option(None, "what runs the model", choices=RUNTIMES,
+                                 unset="by --model", doc="torch for a model directory (onnx "
+                                 "for a script's with model.onnx), onnx for an ONNX file, "
+                                 "openvino for an int8 one (`kfvision export --quantize int8`).")
+    max_batch_size: int = option(32, "images per forward pass at most", low=1, high=1024,
+                                 doc="Across concurrent requests.")
+    batch_wait_ms: float = option(5.0, "how long an idle model waits for requests still "
+                                  "decoding", low=0, high=1000, doc="Then it runs the batch it "
+                                  "has; a lone client never waits for it.")
 
 
 def default_name(model) -> str:
@@ -47,8 +84,8 @@ async def _invalid_request(request, exc):
 def build_model(model, *, name: str | None = None, runtime: str | None = None,
                 device: str = "cpu", workers: int | None = None,
                 model_threads: int | None = None, model_streams: int | None = None,
-                max_batch_size: int = DEFAULTS["max_batch_size"],
-                batch_wait_ms: float = DEFAULTS["batch_wait_ms"]):
+                max_batch_size: int = ServeOptions.max_batch_size,
+                batch_wait_ms: float = ServeOptions.batch_wait_ms):
     """The loaded `ImageClassifier` for a trained model directory or an ONNX export."""
     _import_kserve()
     from pipelines.serve.batcher import Batcher
@@ -57,19 +94,17 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     from trainer.distributed import usable_cpus
     from trainer.use.predict import Predictor
 
-    check_choice("device", device, ("cpu", "cuda"))
-    check_range("max-batch-size", max_batch_size, 1, 1024)
-    check_range("batch-wait-ms", batch_wait_ms, 0, 1000)
+    check_options(ServeOptions(
+        str(model), name=name, runtime=runtime, device=device, workers=workers,
+        model_threads=model_threads, model_streams=model_streams,
+        max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms))
     cpus = usable_cpus()  # a container's CPU limit, not the node's cores
-    workers = workers or cpus
-    check_range("workers", workers, 1, 256)
+    workers = min(workers or cpus, 256)
     # One forward pass at a time on all the cores, by default: batches then grow with the load,
     # and a batched pass is cheaper per image than several small ones side by side (docs/serving.md,
     # "How requests are served"). Streams are for machines with more cores than one pass uses well.
-    model_threads = model_threads or cpus
-    check_range("model-threads", model_threads, 1, 256)
+    model_threads = min(model_threads or cpus, 256)
     model_streams = model_streams or 1
-    check_range("model-streams", model_streams, 1, 256)
     predictor = Predictor(model, runtime, device, threads=model_threads)
     name = name or default_name(model)
     batcher = Batcher(timed_forward(predictor.probabilities, name), max_batch=max_batch_size,
@@ -78,11 +113,10 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     return ImageClassifier(name, predictor, batcher)
 
 
-def serve(model, *, http_port: int = DEFAULTS["http_port"],
-          grpc_port: int = DEFAULTS["grpc_port"], **options) -> None:
+def serve(model, *, http_port: int = ServeOptions.http_port,
+          grpc_port: int = ServeOptions.grpc_port, **options) -> None:
     """Load the model and serve it until SIGTERM/SIGINT (`build_model` has the options)."""
-    check_range("http-port", http_port, 1, 65535)
-    check_range("grpc-port", grpc_port, 1, 65535)
+    check_options(ServeOptions(str(model), http_port=http_port, grpc_port=grpc_port))
     classifier = build_model(model, **options)
     from fastapi.exceptions import RequestValidationError
     from kserve.model_server import app

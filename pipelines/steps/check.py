@@ -9,7 +9,7 @@ from pipelines.jobs.config import Volume
 from pipelines.jobs.render import render_job
 from pipelines.params import (
     job_settings,
-    parameter_name,
+    parameter_ref,
     pipeline_options,
     train_options,
 )
@@ -80,7 +80,7 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
 
             check_data_pvc_use(params, os.path.ismount(DATA_MOUNT))
     except InvalidParameterError as e:  # named as the pipeline's parameters, not the fields
-        raise e.renamed(parameter_name) from e
+        raise type(e)(e.named(parameter_ref)) from e
     return family
 
 

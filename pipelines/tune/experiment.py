@@ -14,6 +14,7 @@ Trainer v2, Katib >= v0.19: success on `Complete`, failure on `Failed`, the pod 
 import copy
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from pipelines.jobs.pytorchjob import rules as pytorchjob_rules
@@ -21,6 +22,8 @@ from pipelines.jobs.pytorchjob.rules import CONTAINER_NAME, validate_pytorchjob
 from pipelines.jobs.trainjob import rules as trainjob_rules
 from pipelines.jobs.trainjob.rules import NODE, validate_trainjob
 from pipelines.tune.katib_rules import API_VERSION, KIND, validate_experiment
+from pipelines.tune.space import parse_param
+from trainer.options import option
 from trainer.reporting import METRICS, OBJECTIVES
 
 TRIAL_NAME = "trialName"
@@ -71,16 +74,26 @@ TRAINJOB = TrialKind(
 TRIAL_KINDS = {"pytorchjob": PYTORCHJOB, "trainjob": TRAINJOB}
 
 
-class Search(NamedTuple):
-    """The search settings shared by `tune run` and `tune render`."""
+@dataclass(frozen=True)
+class Search:
+    """The search settings shared by `tune run` and `tune render`, declared once: their flags,
+    range checks and docs/tuning.md's table come from these fields."""
 
-    params: tuple  # (space.Param, ...)
-    objective: str = "validation-loss"
-    algorithm: str = "tpe"
-    trials: int = 8
-    parallel: int = 1
-    max_failed: int = 3
-    early_stopping: str = "none"
+    params: tuple = option(help="a searched training flag", flag="--param", many=True,
+                           parse=parse_param, metavar="NAME=TYPE:SPEC",
+                           doc="E.g. lr=double:0.0001:0.1:log, warmup-epochs=int:0:3, "
+                           "batch-size=categorical:16,32,64 (the search space, above).")
+    objective: str = option("validation-loss", "metric to optimise",
+                            choices=tuple(sorted(OBJECTIVES)),
+                            doc="The value of the epoch the model directory keeps.")
+    algorithm: str = option("tpe", "search algorithm", choices=tuple(sorted(ALGORITHMS)))
+    trials: int = option(8, "trials in all", low=1)
+    parallel: int = option(1, "trials at once", low=1, doc="At most --trials.")
+    max_failed: int = option(3, "failed trials before giving up", low=0)
+    early_stopping: str = option("none", "stop trials worse than the median",
+                                 choices=tuple(sorted(EARLY_STOPPING)),
+                                 doc="median: a trial whose per-epoch objective is worse than "
+                                 "the median of the earlier trials at that epoch ends there.")
 
 
 def param_ref(name: str) -> str:

@@ -24,6 +24,7 @@ from pipelines.tune.report import write_outputs
 from pipelines.tune.space import apply
 from trainer.config import TrainConfig
 from trainer.errors import InvalidParameterError
+from trainer.options import check_options
 from trainer.reporting import METRICS, OBJECTIVES
 
 log = logging.getLogger("kfvision.tune")
@@ -60,9 +61,7 @@ def check_search(search: Search) -> None:
     """Refuse what no search can run, before anything runs."""
     if not search.params:
         raise InvalidParameterError("give at least one --param NAME=TYPE:SPEC to search.")
-    if search.trials < 1 or search.parallel < 1 or search.max_failed < 0:
-        raise InvalidParameterError("--trials and --parallel must be at least 1, --max-failed "
-                                    "at least 0.")
+    check_options(search)  # the ranges and choices Search declares
     if search.parallel > search.trials:
         raise InvalidParameterError(f"--parallel {search.parallel} is more than --trials "
                                     f"{search.trials}: at most {search.trials} trials can run.")

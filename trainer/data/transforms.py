@@ -15,11 +15,7 @@ from torchvision.transforms.v2 import functional as F
 
 from trainer.data.decode import dct_factor
 from trainer.errors import check_choice
-from trainer.presets import AUGMENTATIONS
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
-
+from trainer.presets import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
 
 # preset -> (scale, ratio) of its RandomResizedCrop (None: resize the whole image), and whether it
 # flips half the images horizontally; torchvision's RandomResizedCrop defaults for "standard".

@@ -6,6 +6,10 @@
     model.json     classes, input size, eval preprocessing and normalisation
     config.yaml    the resolved training configuration and world size
     metrics.json   per-epoch history and final figures
+
+`load_model` also takes the model directory a user's own training script wrote (the network as
+TorchScript, torch.export or ONNX, and its class names: trainer/model/scripted.py, scriptnet.py),
+so scoring, serving and export read either kind through one function.
 """
 
 import dataclasses
@@ -17,6 +21,8 @@ import torch
 from trainer.errors import InvalidModelDirectoryError
 from trainer.fileio import atomic_write, atomic_write_bytes, atomic_write_json
 from trainer.model.arch import SPEC_FILE, WEIGHTS_FILE, ModelSpec, build_model, read_model_spec
+from trainer.model.scripted import has_script_model, no_model
+from trainer.model.scriptnet import load_script_model
 
 MODEL_FILE = "model.json"
 MODEL_FORMAT = "kfvision.trained-model"
@@ -44,15 +50,44 @@ def _yaml_text(config: dict) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
+def is_trained_model(model_dir) -> bool:
+    """Whether `model_dir` is one `kfvision train` wrote (model.json and weights.pt), not a
+    script's."""
+    model_dir = Path(model_dir)
+    return (model_dir / MODEL_FILE).is_file() and (model_dir / WEIGHTS_FILE).is_file()
+
+
+def load_model(model_dir, *, device: str = "cpu", threads: int | None = None):
+    """(network: normalised float batch -> [batch, classes] logits, in eval mode on `device`;
+    info: classes, image_size, eval_preset, mean, std, format) of any model directory kfvision
+    scores and serves: one `kfvision train` wrote, or one a script wrote (`load_script_model`;
+    `threads`: its ONNX runtime's).
+
+    Raises:
+        InvalidModelDirectoryError: neither kind, saying which file is missing and what to write.
+    """
+    if not has_script_model(model_dir) or is_trained_model(model_dir):
+        model, info = load_trained_model(model_dir)
+        return model.to(torch.device(device)), info
+    return load_script_model(model_dir, device=device, threads=threads)
+
+
 def load_trained_model(model_dir) -> tuple[torch.nn.Module, dict]:
     """(model in eval mode on CPU, model.json contents) of a trained model directory."""
     model_dir = Path(model_dir)
     path = model_dir / MODEL_FILE
-    if not path.is_file() or not (model_dir / WEIGHTS_FILE).is_file():
+    if not is_trained_model(model_dir) and has_script_model(model_dir):
+        raise InvalidModelDirectoryError(
+            f"{model_dir} holds a model a training script wrote (TorchScript, torch.export or "
+            "ONNX); this needs a directory `kfvision train` wrote (model.json and "
+            f"{WEIGHTS_FILE}). Score, serve, export or register the script's directory instead.")
+    if path.is_file() != (model_dir / WEIGHTS_FILE).is_file():  # one of them: a broken one
         raise InvalidModelDirectoryError(
             f"{model_dir} is not a trained model directory (needs {MODEL_FILE} and "
             f"{WEIGHTS_FILE}). Train one with `kfvision train --out {model_dir} ...`."
         )
+    if not path.is_file():  # neither kind: say what either needs
+        raise InvalidModelDirectoryError(no_model(model_dir))
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
         if info.get("format") != MODEL_FORMAT:

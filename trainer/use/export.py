@@ -11,6 +11,9 @@ Normalisation (mean/std) runs inside the graph, as the trainer runs it on the de
 stays outside (it depends on the input's size); the metadata says how. The metadata (classes,
 image size, preprocessing, mean/std) is stored in the file itself under the key `kfvision`:
 ONNX `metadata_props`, TorchScript/torch.export `extra_files` (`kfvision.json`).
+
+A script's model directory (trainer/model/scripted.py) exports the same way where its file still
+holds what the exporters trace (`SCRIPT_EXPORTS`).
 """
 
 import json
@@ -22,8 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer.errors import ExportError, check_choice
-from trainer.model.trained import load_trained_model
+from trainer.errors import ExportError, ExportNotSupportedError, check_choice
+from trainer.model.trained import load_model
 
 FORMATS = ("onnx", "torchscript", "torch-export")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".pt", "torch-export": ".pt2"}
@@ -33,6 +36,10 @@ EXTRA_FILE = "kfvision.json"
 # onnxruntime >= 1.14 and the TensorRT/OpenVINO releases serving stacks still run.
 ONNX_OPSET = 18
 TOLERANCE = 1e-3  # max |probability difference| accepted between the export and PyTorch
+# A script's model file -> the formats it exports to. torch.onnx and torch.export trace the
+# Python code of a module: a torch.export program still is one, a TorchScript archive only traces
+# into TorchScript again, and an ONNX graph holds no PyTorch at all.
+SCRIPT_EXPORTS = {"torch-export": FORMATS, "torchscript": ("torchscript",), "onnx": ()}
 
 
 class ServingModel(nn.Module):
@@ -118,6 +125,27 @@ SAVERS = {"onnx": _save_onnx, "torchscript": _save_torchscript,
           "torch-export": _save_torch_export}
 
 
+def _load(model_dir, fmt: str | None = None):
+    """load_model, refusing a script's model that cannot become `fmt`."""
+    model, info = load_model(model_dir)
+    source = info.get("model_format")
+    if fmt is not None and source is not None and fmt not in SCRIPT_EXPORTS[source]:
+        can = SCRIPT_EXPORTS[source]
+        raise ExportNotSupportedError(
+            f"{model_dir}'s {info['model_file']} ({source}) cannot be exported to {fmt}: "
+            f"{'it exports only to ' + ', '.join(can) if can else 'it exports to nothing'}, as "
+            "the exporters trace Python code it no longer holds. Serve or score the directory "
+            "as it is, or have your script write model.pt2 (torch.export), which exports to "
+            f"every format.")
+    if fmt is not None and getattr(model, "batch", None) is not None:
+        raise ExportNotSupportedError(
+            f"{model_dir}'s {info['model_file']} takes batches of exactly {model.batch} image(s), "
+            "and an export takes any number: have your script export it with a dynamic batch, "
+            'e.g. dynamic_shapes={"x": {0: torch.export.Dim("batch")}} (x: the forward\'s '
+            "argument).")
+    return model, info
+
+
 def export(model_dir, fmt: str, out) -> dict:
     """Export the trained model in `model_dir` to `out`; returns the metadata stored in it.
 
@@ -125,11 +153,12 @@ def export(model_dir, fmt: str, out) -> dict:
     PyTorch on sample inputs (see `check_export` for a check on real images).
 
     Raises:
-        InvalidModelDirectoryError: not a trained model directory. InvalidParameterError: an
-            unknown format. ExportError: the exporter failed or the export disagrees with PyTorch.
+        InvalidModelDirectoryError: not a model directory. InvalidParameterError: an unknown
+            format. ExportNotSupportedError: a script's model that cannot become `fmt`.
+            ExportError: the exporter failed or the export disagrees with PyTorch.
     """
     check_choice("format", fmt, FORMATS)
-    model, info = load_trained_model(model_dir)
+    model, info = _load(model_dir, fmt)
     wrapped = ServingModel(model, info["mean"], info["std"]).eval().requires_grad_(False)
     meta = export_metadata(info, fmt)
     out = Path(out)
@@ -193,7 +222,7 @@ def check_export(model_dir, path, fmt: str, data_dir, *, limit: int = 256,
     from trainer.data.imagedir import read_image_directory
     from trainer.data.transforms import eval_transform
 
-    model, info = load_trained_model(model_dir)
+    model, info = _load(model_dir)
     reference = ServingModel(model, info["mean"], info["std"]).eval()
     exported, meta = load_exported(path, fmt)
     imdir = read_image_directory(data_dir)

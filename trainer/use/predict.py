@@ -24,7 +24,7 @@ from PIL import Image
 
 from trainer.data.decode import load_rgb
 from trainer.data.transforms import Normalizer, eval_transform
-from trainer.errors import KfvisionError, check_choice
+from trainer.errors import InvalidParameterError, KfvisionError, check_choice
 
 RUNTIMES = ("torch", "onnx", "openvino")
 
@@ -109,11 +109,24 @@ def onnx_metadata(path) -> dict:
 
 
 def default_runtime(model) -> str:
-    """torch for a model directory; for an ONNX file, the runtime its metadata names (an int8
-    export's), else onnx."""
+    """torch for a model directory (onnx for a script's that holds an ONNX model); for an ONNX
+    file, the runtime its metadata names (an int8 export's), else onnx."""
     if not Path(model).is_file():
-        return "torch"
+        return "onnx" if _script_format(model) == "onnx" else "torch"
     return onnx_metadata(model).get("quantization", {}).get("runtime", "onnx")
+
+
+def _script_format(model_dir) -> str | None:
+    """The model format of a script's model directory (None: not one, or not readable)."""
+    from trainer.model.scripted import read_script_model
+    from trainer.model.trained import is_trained_model
+
+    if is_trained_model(model_dir):
+        return None
+    try:
+        return read_script_model(model_dir).format
+    except KfvisionError:
+        return None  # the loader says what is wrong
 
 
 def onnx_session(path, threads: int):
@@ -190,8 +203,9 @@ class Predictor:
     once: `preprocess` one file's bytes, `probabilities` of a uint8 batch.
 
     Args:
-        model: a trained model directory (runtime "torch") or an ONNX export ("onnx", or
-            "openvino" for an int8 export).
+        model: a trained model directory (runtime "torch"), a script's model directory ("torch"
+            for TorchScript and torch.export, "onnx" for ONNX: trainer/model/scripted.py) or an
+            ONNX export ("onnx", or "openvino" for an int8 export).
         runtime: one of RUNTIMES; None picks by `model` (`default_runtime`).
         device: "cpu" or "cuda" (torch runtime only).
         threads: intra-op threads of the forward pass (None: the runtime's default).
@@ -204,12 +218,19 @@ class Predictor:
         runtime = runtime or default_runtime(model)
         check_choice("runtime", runtime, RUNTIMES)
         self.runtime, self.source = runtime, model
-        if runtime == "torch":
-            from trainer.model.trained import load_trained_model
+        if runtime == "torch" or not model.is_file():  # a directory: kfvision's, or a script's
+            from trainer.model.trained import load_model
 
-            net, info = load_trained_model(model)
+            net, info = load_model(model, device=device, threads=threads)
+            wanted = "onnx" if info.get("model_format") == "onnx" else "torch"
+            if runtime != wanted:
+                raise InvalidParameterError(
+                    f"runtime = {runtime!r} cannot run {model}: "
+                    f"{info.get('model_file', 'its network')} runs on {wanted}.")
             self.device = torch.device("cuda" if device == "cuda" else "cpu")
-            self._net = inference_net(net.to(self.device))
+            # kfvision's own network is folded for speed; a script's runs as the script saved it
+            self._net = inference_net(net) if wanted == "torch" and "model_format" not in info \
+                else net
             self._normalize = Normalizer(tuple(info["mean"]), tuple(info["std"]))
             self._run = self._run_torch
         else:

@@ -1,4 +1,5 @@
-"""Score an image directory with a trained model: one CSV row per image.
+"""Score an image directory with a trained model (`kfvision train`'s or a script's model directory:
+trainer/model/trained.py `load_model`): one CSV row per image.
 
 Columns: `image` (path relative to the image directory), `label` (the true class, only when the
 directory is labelled), `scored_label`, then `scored_probability_<class>` for every class in the
@@ -15,7 +16,7 @@ from trainer.data.datasets import ImageDataset, make_loader
 from trainer.data.imagedir import read_image_directory
 from trainer.data.transforms import Normalizer, eval_transform
 from trainer.errors import InvalidDatasetError, check_range
-from trainer.model.trained import load_trained_model
+from trainer.model.trained import load_model
 
 
 def score(model_dir, data_dir, out_csv, *, batch_size: int = 64, workers: int = 0,
@@ -26,12 +27,14 @@ def score(model_dir, data_dir, out_csv, *, batch_size: int = 64, workers: int = 
     during training does (`EvalResize`, trainer/data/decode.py).
 
     Raises:
-        InvalidModelDirectoryError: model_dir is not a trained model directory.
+        InvalidModelDirectoryError: model_dir is not a model directory kfvision reads.
+        DeviceError: an ONNX model (a script's) with device "cuda".
         InvalidDatasetError: data_dir is not an image directory, or its classes differ from the
             model's.
     """
     check_range("batch-size", batch_size, 1, 65_536)
-    model, info = load_trained_model(model_dir)
+    dev = torch.device("cuda" if device == "cuda" else "cpu")
+    model, info = load_model(model_dir, device=dev.type)
     classes = info["classes"]
     imdir = read_image_directory(data_dir)
     if imdir.labelled and list(imdir.classes) != classes:
@@ -39,8 +42,6 @@ def score(model_dir, data_dir, out_csv, *, batch_size: int = 64, workers: int = 
             f"{data_dir} has classes {list(imdir.classes)} but the model {model_dir} was trained "
             f"on {classes}. Score data with the model's classes, or convert it without labels."
         )
-    dev = torch.device("cuda" if device == "cuda" else "cpu")
-    model.to(dev)
     normalize = Normalizer(tuple(info["mean"]), tuple(info["std"]))
     ds = ImageDataset(imdir, eval_transform(info["eval_preset"], info["image_size"]),
                       dct_scaling=dct_scaling)

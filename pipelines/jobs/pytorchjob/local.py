@@ -22,6 +22,7 @@ from pipelines.clients.endpoints import free_port
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.jobs.faults import FaultInjector
 from pipelines.jobs.procs import (
+    STOP,
     LocalResult,
     Printer,
     ReplicaProcess,
@@ -30,7 +31,7 @@ from pipelines.jobs.procs import (
     gpu_env,
     pod_env,
     proc_table,
-    stop_all,
+    supervised,
 )
 from pipelines.jobs.pytorchjob.rules import (
     CONTAINER_NAME,
@@ -179,13 +180,13 @@ def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> t
                 raise failure(name, r, code, f"backoffLimit {limit} reached after {restarts} "
                                "restart(s)")
             restarts += 1
-            time.sleep(restart_delay_s)
+            STOP.sleep(restart_delay_s)
             r.start(note=f"--- restart {restarts} (exit code {code}, restartPolicy "
                     f"{plan.restart_policy}, backoffLimit {limit}) ---")
         if deadline_s is not None and time.monotonic() - start > deadline_s:
             raise JobFailedError(f"job {name} failed: DeadlineExceeded (it ran longer than "
                                  f"runPolicy.activeDeadlineSeconds = {deadline_s} s).")
-        time.sleep(0.1)
+        STOP.sleep(0.1)
 
 
 def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, quiet: bool = False,
@@ -204,6 +205,7 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
     Raises:
         InvalidJobError: the manifest breaks a webhook rule or cannot run here.
         JobFailedError: a replica failed past its restart policy, or the deadline passed.
+        Interrupted: SIGINT or SIGTERM came (pipelines/jobs/signals.py); every process stopped.
     """
     plans = plan_replicas(job, source)
     port = free_port()
@@ -219,9 +221,10 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
                                     cwd=plan.container.get("workingDir")))
     printer.attach(procs)
     start = time.monotonic()
-    try:
+    with supervised(procs):
         for r in procs:  # Master first: it hosts the rendezvous store
             r.start()
+            STOP.check()
         restarts, codes = _supervise(job, plans, procs, restart_delay_s)
         end = time.monotonic() + grace_s
         while time.monotonic() < end and any(r.name not in codes for r in procs):
@@ -229,8 +232,6 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
                 code = r.poll() if r.name not in codes else None
                 if code is not None:
                     codes[r.name] = code
-            time.sleep(0.1)
-    finally:
-        stop_all(procs)
+            STOP.sleep(0.1)
     return LocalResult(job["metadata"]["name"], time.monotonic() - start, restarts, log_dir,
                        codes, printer.fired)

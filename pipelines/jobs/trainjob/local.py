@@ -27,6 +27,7 @@ from pipelines.clients.k8s import quantity
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.jobs.faults import FaultInjector
 from pipelines.jobs.procs import (
+    STOP,
     LocalResult,
     Printer,
     ReplicaProcess,
@@ -36,6 +37,7 @@ from pipelines.jobs.procs import (
     pod_env,
     proc_table,
     stop_all,
+    supervised,
 )
 from pipelines.jobs.trainjob.build import KFVISION_RUNTIME, build_runtime
 from pipelines.jobs.trainjob.rules import (
@@ -245,7 +247,7 @@ class _Supervisor:
         self.delay, self.restarts, self.jobset_restarts = restart_delay_s, 0, 0
 
     def _restart(self, procs: list, note: str) -> None:
-        time.sleep(self.delay)
+        STOP.sleep(self.delay)
         self.restarts += 1
         for r in procs:
             r.start(note=f"--- restart {self.restarts} ({note}) ---")
@@ -294,7 +296,7 @@ class _Supervisor:
                 raise JobFailedError(f"TrainJob {self.name} failed: DeadlineExceeded (it ran "
                                      f"longer than spec.activeDeadlineSeconds = "
                                      f"{self.deadline_s} s).")
-            time.sleep(0.1)
+            STOP.sleep(0.1)
         return codes
 
 
@@ -309,6 +311,7 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
     Raises:
         InvalidJobError: the manifest breaks a rule, names an unknown runtime, or cannot run here.
         JobFailedError: the runtime's failure policy failed the job, or the deadline passed.
+        Interrupted: SIGINT or SIGTERM came (pipelines/jobs/signals.py); every process stopped.
     """
     plans, policy, runtime = plan_nodes(job, source)
     port = free_port()
@@ -323,11 +326,10 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
     printer.attach(procs)
     start = time.monotonic()
     supervisor = _Supervisor(job, procs, policy, restart_delay_s)
-    try:
+    with supervised(procs):
         for r in procs:
             r.start()
+            STOP.check()
         codes = supervisor.run()
-    finally:
-        stop_all(procs)
     return LocalResult(job["metadata"]["name"], time.monotonic() - start, supervisor.restarts,
                        log_dir, codes, printer.fired)
