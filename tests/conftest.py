@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from pipelines.clients.endpoints import free_port
 from pipelines.demo import write_digits
 from trainer.data.convert import convert
 from trainer.model.arch import write_untrained_model
@@ -131,7 +132,6 @@ def trained_tiny(tmp_path_factory, tiny_digits, resnet18_dir) -> Path:
 def s3_endpoint():
     """moto's S3 server on a free loopback port, for the session: its http:// URL."""
     import logging
-    import socket
 
     from moto.server import ThreadedMotoServer
 
@@ -141,9 +141,7 @@ def s3_endpoint():
     quiet.addHandler(logging.NullHandler())
     quiet.setLevel(logging.ERROR)
     quiet.propagate = False
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"
@@ -195,15 +193,6 @@ def s3_bucket(s3_endpoint, monkeypatch, tmp_path, request) -> S3Bucket:
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + "-bkt"
     yield S3Bucket(name, s3_endpoint)
     s3.reset_clients()
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (loopback)."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from pipelines.jobs.config import JobConfig, to_yaml
+from pipelines.clients.k8s import to_yaml
+from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
 from pipelines.jobs.kinds import KINDS as JOB_KINDS
@@ -91,12 +92,12 @@ def build_job(args, cfg: JobConfig) -> tuple:
             raise InvalidJobError("--runtime and --runtime-kind are for --kind trainjob; a "
                                   "PyTorchJob has no runtime. Drop them or add --kind trainjob.")
         return build_pytorchjob(cfg), []
-    from pipelines.jobs.trainjob.build import Runtime, build_trainjob
+    from pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
 
-    runtime = Runtime(args.runtime or Runtime.name, args.runtime_kind or Runtime.kind)
+    runtime = RuntimeRef(args.runtime or RuntimeRef.name, args.runtime_kind or RuntimeRef.kind)
     argv = ["--kind", "trainjob", "--runtime", runtime.name]
     return build_trainjob(cfg, runtime), argv + (
-        ["--runtime-kind", runtime.kind] if runtime.kind != Runtime.kind else [])
+        ["--runtime-kind", runtime.kind] if runtime.kind != RuntimeRef.kind else [])
 
 
 def _add_kind_flags(g) -> None:

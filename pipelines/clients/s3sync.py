@@ -5,7 +5,7 @@ parallel fetch of a prefix or an object, a push of a folder, and the model cache
     fetch("s3://bucket/photos/", dest)          # every object under the prefix, into dest/
     fetch("s3://bucket/photos.tar.gz", dest)    # one object (an archive), into dest/
     push(model_dir, "s3://bucket/models/r18/")  # a folder up, every file under the prefix
-    fetch_model("s3://bucket/models/r18/")      # a local copy in a cache keyed by the ETags
+    fetch_model("s3://bucket/models/r18/", cache=...)  # a local copy, keyed by the ETags
 
 A fetch is resumable and checked. Each object is downloaded to a hidden temporary name beside its
 place (`.kfvision-part-...`: `convert` ignores hidden files, so a half-written file is never taken
@@ -277,19 +277,12 @@ def push(folder, uri: str, *, max_connections: int = s3.DEFAULT_CONNECTIONS, ski
     return sorted(written)
 
 
-def cache_root(environ=None) -> Path:
-    """Where fetched models are kept: $XDG_CACHE_HOME/kfvision/s3 (~/.cache/kfvision/s3)."""
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kfvision" / "s3"
-
-
-def fetch_model(uri: str, *, cache: Path | None = None,
+def fetch_model(uri: str, *, cache: Path,
                 max_connections: int = s3.DEFAULT_CONNECTIONS) -> Path:
     """The local copy of the model at `uri`: a prefix (a model directory) or one object (an
-    ONNX export). Fetched once into `cache` (default `cache_root()`), in a folder keyed by its
-    objects' keys and ETags: the same model again costs one request, a changed one gets a new
-    folder."""
+    ONNX export). Fetched once into `cache` (under pipelines.clients.models.cache_root), in a
+    folder keyed by its objects' keys and ETags: the same model again costs one request, a
+    changed one gets a new folder."""
     bucket, key = s3.split_uri(uri)
     one = s3.head(uri) if key and not key.endswith("/") else None
     if one is not None:
@@ -302,7 +295,7 @@ def fetch_model(uri: str, *, cache: Path | None = None,
             raise s3.NoSuchObjectError(f"no model at {uri} ({s3.endpoint()}): check the path "
                                        "(upload one with `kfvision push DIR URI`).")
     digest = hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]
-    root = (cache or cache_root()) / bucket / key.strip("/").replace("/", "__")
+    root = Path(cache) / bucket / key.strip("/").replace("/", "__")
     final = root / digest
     name = PurePosixPath(key).name if one is not None else ""
     if not (final / JOURNAL).exists():

@@ -12,7 +12,7 @@ import torch
 import torchvision
 from torch import nn
 
-from trainer.errors import InvalidModelDirectoryError, check_choice
+from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, check_choice
 from trainer.presets import ARCHITECTURES
 
 SPEC_FILE = "spec.json"
@@ -105,7 +105,7 @@ def write_untrained_model(out, arch: str, *, pretrained: bool = False, weights=N
     """
     family = family_of(arch)
     if pretrained and weights:
-        raise InvalidModelDirectoryError("give either --pretrained or --weights FILE, not both.")
+        raise InvalidParameterError("give either --pretrained or --weights FILE, not both.")
     spec = ModelSpec(family, arch, pretrained, WEIGHTS_FILE if (pretrained or weights) else None,
                      zero_init_residual and family == "resnet",
                      memory_efficient and family == "densenet")
@@ -137,7 +137,8 @@ def read_model_spec(model_dir) -> ModelSpec:
             raise ValueError("unknown format or version")
         spec = ModelSpec(**doc)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise InvalidModelDirectoryError(f"{path} is malformed ({e}). " + hint) from e
+        raise InvalidModelDirectoryError(f"{path}, the model directory's spec, is malformed "
+                                         f"({e}). " + hint) from e
     if spec.arch not in ARCHITECTURES.get(spec.family, ()):
         raise InvalidModelDirectoryError(f"{path}: unknown architecture {spec.family}/{spec.arch}. "
                                          + hint)
