@@ -124,7 +124,7 @@ def add_render(sub) -> None:
     add_flags(g, JOB_OPTIONS)
     _add_kind_flags(g)
     g.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
-    # --- a user's own script (issue 31): pipelines/cli/jobscript.py ---
+    # --- a user's own script: pipelines/cli/jobscript.py ---
     from pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
 
     add_script_flags(r)
@@ -306,7 +306,7 @@ def register(subparsers, help: str) -> None:
     d.add_argument("name", help="job name")
     d.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
     d.set_defaults(func=_delete)
-    # --- a user's own script in one step (issue 31): pipelines/cli/jobscript.py ---
+    # --- a user's own script in one step: pipelines/cli/jobscript.py ---
     from pipelines.cli.jobscript import add_run
 
     add_run(sub, JOB_OPTIONS, _add_kind_flags, _run_script)

@@ -154,7 +154,8 @@ def _ship(snap, transport, output: str | None) -> str:
 
 def render_script(args, build_kind) -> tuple:
     """(YAML text, the job dict, lines to tell the user) of `job render --source`."""
-    from pipelines.jobs.config import JobConfig, to_yaml
+    from pipelines.clients.k8s import to_yaml
+    from pipelines.jobs.config import JobConfig
     from pipelines.script.job import (
         NO_TRAINER,
         build_script_job,
