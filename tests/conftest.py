@@ -143,6 +143,16 @@ def s3_endpoint():
     server.stop()
 
 
+def _fast_retries():
+    from pipelines.clients.s3 import RetryPolicy
+
+    return RetryPolicy(base_s=0.01, cap_s=0.2, total_s=20.0, connect_timeout_s=5.0,
+                       read_timeout_s=10.0)
+
+
+FAST_RETRIES = _fast_retries()
+
+
 class S3Bucket:
     """A fresh bucket on the test server, and helpers to fill it."""
 
@@ -184,10 +194,11 @@ def s3_bucket(s3_endpoint, monkeypatch, tmp_path, request) -> S3Bucket:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    s3.reset_clients()
+    # retries as the default policy, but waits short enough for tests (also resets the clients)
+    old = s3.set_retry_policy(FAST_RETRIES)
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + "-bkt"
     yield S3Bucket(name, s3_endpoint)
-    s3.reset_clients()
+    s3.set_retry_policy(old)
 
 
 def free_port() -> int:
