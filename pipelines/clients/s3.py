@@ -297,7 +297,8 @@ def _what_failed(e: BaseException) -> str:
     if isinstance(e, bx.ClientError):
         err = e.response.get("Error", {})
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return f"HTTP {status} {err.get('Code', '')}".strip()
+        code = str(err.get("Code", ""))
+        return f"HTTP {status}" + (f" {code}" if code and code != str(status) else "")
     if isinstance(e, bx.ReadTimeoutError):
         return f"no answer within the read timeout ({_policy.read_timeout_s:g} s)"
     return f"{type(e).__name__}: {e}"
