@@ -33,6 +33,7 @@ from pipelines.steps.common import resolve_mode
 from pipelines.steps.train import is_mount
 from pipelines.storage import DATA_MOUNT
 from trainer.errors import InvalidModelDirectoryError
+from trainer.fileio import disk_errors
 
 MODELS = "kfvision-models"  # on the data PVC: the models InferenceServices serve
 READY_TIMEOUT_S = 900.0
@@ -142,7 +143,8 @@ def _deploy_on_cluster(model_dir, out_dir: Path, name, image, pvc_name, run_key,
                 f"{DATA_MOUNT} is not mounted in this step: on a cluster the deploy step copies "
                 f"the model onto the PVC {pvc_name!r} (pipeline parameter pvc_name) for KServe "
                 "to serve, unless model_uri names an s3:// place for it.")
-        shutil.copytree(model_dir, target, dirs_exist_ok=True)
+        with disk_errors(target):
+            shutil.copytree(model_dir, target, dirs_exist_ok=True)
     isvc = build_inference_service(replace(isvc_cfg, model=uri))
     (out_dir / "inferenceservice.yaml").write_text(to_yaml(isvc), encoding="utf-8")
     client = (connect or cluster.connect)(out=out)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from trainer.errors import ExportError, ExportNotSupportedError, check_choice
+from trainer.fileio import disk_errors
 from trainer.model.trained import load_model
 
 FORMATS = ("onnx", "torchscript", "torch-export")
@@ -163,10 +164,11 @@ def export(model_dir, fmt: str, out) -> dict:
     meta = export_metadata(info, fmt)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=SUFFIXES[fmt], dir=out.parent)
+    with disk_errors(out):
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=SUFFIXES[fmt], dir=out.parent)
     os.close(fd)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), disk_errors(out):  # decided while the half-written file is there
             SAVERS[fmt](wrapped, _sample(meta["image_size"]), meta, Path(tmp))
         result = compare(wrapped, load_exported(tmp, fmt)[0], _sample(meta["image_size"], 3))
         if result["max_abs_diff"] > TOLERANCE:
