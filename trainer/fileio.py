@@ -60,7 +60,7 @@ def full_disk_error(exc: BaseException, path, need: int | None = None) -> Output
     if need:
         room += f"{', ' if room else ''}about {_mib(need)} needed"
     return OutputError(
-        f"the volume holding {path} is full ({os.strerror(code)}{'; ' + room if room else ''}). "
+        f"the volume holding {path} is full ({os.strerror(code)}){': ' + room if room else ''}. "
         "Free some space or write somewhere else, then run again: nothing half-written was left "
         "under that name, and what was there before is intact.")
 
