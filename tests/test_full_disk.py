@@ -12,46 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, fill, free_up
 
 from pipelines.clients import s3, s3sync
 from trainer.data.imagedir import read_image_directory
 from trainer.errors import OutputError
 from trainer.fileio import atomic_write_bytes
-
-FILLER = "filler.bin"
-
-
-@pytest.fixture
-def volume(tmp_path):
-    """mount(size) -> a folder on a new tmpfs of that size (e.g. "2m"), unmounted afterwards."""
-    mounted = []
-
-    def mount(size: str = "2m") -> Path:
-        folder = tmp_path / f"vol{len(mounted)}"
-        folder.mkdir()
-        run = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
-                              str(folder)], capture_output=True, text=True)
-        if run.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs to fill up (needs root or CAP_SYS_ADMIN): "
-                        f"{(run.stderr or run.stdout).strip()}")
-        mounted.append(folder)
-        return folder
-
-    yield mount
-    for folder in mounted:
-        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
-
-
-def fill(folder: Path, leave: int) -> None:
-    """Fill the volume of `folder` until `leave` bytes are free (a file `filler.bin`)."""
-    free = shutil.disk_usage(folder).free
-    with open(folder / FILLER, "ab") as f:
-        f.write(b"\0" * max(free - leave, 0))
-
-
-def free_up(folder: Path) -> None:
-    (folder / FILLER).unlink()
 
 
 def kfvision(*argv, env=None) -> subprocess.CompletedProcess:
@@ -74,8 +40,8 @@ def leftovers(folder: Path) -> list:
     return sorted(p.name for p in folder.rglob(".*"))
 
 
-def test_atomic_write_on_a_full_disk_names_the_path_and_keeps_the_old_file(volume):
-    vol = volume("1m")
+def test_atomic_write_on_a_full_disk_names_the_path_and_keeps_the_old_file(tmpfs):
+    vol = tmpfs("1m")
     atomic_write_bytes(vol / "metrics.json", b"old\n")
     fill(vol, 64 << 10)
     with pytest.raises(OutputError, match=r"the volume holding .*metrics\.json is full \(No space "
@@ -84,10 +50,10 @@ def test_atomic_write_on_a_full_disk_names_the_path_and_keeps_the_old_file(volum
     assert (vol / "metrics.json").read_bytes() == b"old\n" and leftovers(vol) == []
 
 
-def test_convert_on_a_full_disk(volume, tiny_digits):
+def test_convert_on_a_full_disk(tmpfs, tiny_digits):
     from trainer.data.convert import convert
 
-    vol = volume("2m")
+    vol = tmpfs("2m")
     out = vol / "val"
     convert(tiny_digits["raw"] / "val", out, progress=False)
     before = read_image_directory(out, verify="hash").images
@@ -102,8 +68,8 @@ def test_convert_on_a_full_disk(volume, tiny_digits):
     assert not (vol / "new").exists() and leftovers(vol) == []
 
 
-def test_score_out_on_a_full_disk(volume, trained_tiny, tiny_digits):
-    vol = volume("1m")
+def test_score_out_on_a_full_disk(tmpfs, trained_tiny, tiny_digits):
+    vol = tmpfs("1m")
     out = vol / "scored.csv"
     out.write_text("the previous table\n")
     fill(vol, 4 << 10)
@@ -114,8 +80,8 @@ def test_score_out_on_a_full_disk(volume, trained_tiny, tiny_digits):
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "torch-export"])
-def test_export_on_a_full_disk(volume, trained_tiny, fmt):
-    vol = volume("16m")  # a resnet18 is ~45 MB: it cannot fit
+def test_export_on_a_full_disk(tmpfs, trained_tiny, fmt):
+    vol = tmpfs("16m")  # a resnet18 is ~45 MB: it cannot fit
     out = vol / "model.pt"
     out.write_bytes(b"the previous export")
     run = kfvision("export", "--model", trained_tiny, "--format", fmt, "--out", out)
@@ -123,9 +89,9 @@ def test_export_on_a_full_disk(volume, trained_tiny, fmt):
     assert out.read_bytes() == b"the previous export" and leftovers(vol) == []
 
 
-def test_an_s3_fetch_on_a_full_disk_resumes_once_there_is_room(volume, s3_bucket, tiny_digits):
+def test_an_s3_fetch_on_a_full_disk_resumes_once_there_is_room(tmpfs, s3_bucket, tiny_digits):
     n = s3_bucket.upload_folder(tiny_digits["raw"] / "val", "v/")
-    vol = volume("2m")
+    vol = tmpfs("2m")
     out, place = vol / "val", vol / "val.fetched"
     fill(vol, 120 << 10)
     run = kfvision("convert", s3_bucket.uri("v/"), out, "--quiet", "--max-connections", "1")
@@ -146,10 +112,10 @@ def test_an_s3_fetch_on_a_full_disk_resumes_once_there_is_room(volume, s3_bucket
     assert len(read_image_directory(out, verify="hash").images) == n
 
 
-def test_the_model_cache_on_a_full_disk_resumes_once_there_is_room(volume, s3_bucket):
+def test_the_model_cache_on_a_full_disk_resumes_once_there_is_room(tmpfs, s3_bucket):
     for i in range(30):
         s3_bucket.put(f"m/part-{i:02d}.bin", bytes([i]) * 6000)
-    cache = volume("1m")
+    cache = tmpfs("1m")
     fill(cache, 60 << 10)
     with pytest.raises(OutputError, match=r"the volume holding .* is full"):
         s3sync.fetch_model(s3_bucket.uri("m/"), cache=cache)
@@ -162,10 +128,10 @@ def test_the_model_cache_on_a_full_disk_resumes_once_there_is_room(volume, s3_bu
     assert all(p.stat().st_size == 6000 for p in local.glob("part-*"))
 
 
-def test_pack_on_a_full_disk(volume, tiny_digits, monkeypatch):
+def test_pack_on_a_full_disk(tmpfs, tiny_digits, monkeypatch):
     from trainer.data import pack
 
-    vol = volume("2m")
+    vol = tmpfs("2m")
     shutil.copytree(tiny_digits["val"], vol / "val")
     fill(vol, 4 << 10)
     with pytest.raises(OutputError, match="GiB is free there"):  # checked before writing

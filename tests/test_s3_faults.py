@@ -76,7 +76,9 @@ def test_each_fault_alone_is_retried_to_the_right_bytes(s3_bucket, proxy, policy
 def test_a_fetch_with_a_tenth_of_requests_faulted_equals_a_clean_one(s3_bucket, proxy, tmp_path,
                                                                      n):
     put = _objects(s3_bucket, "many/", n)
+    start = time.monotonic()
     clean = s3sync.fetch(s3_bucket.uri("many/"), tmp_path / "clean", progress=False)
+    print(f"{n} objects, clean: {time.monotonic() - start:.1f} s")
     proxy.rule = Rule(rate=0.1, methods={"GET", "HEAD"},
                       kinds=("slowdown", "reset", "truncate", "stale_etag"))
     start = time.monotonic()

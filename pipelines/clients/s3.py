@@ -301,7 +301,7 @@ def _what_failed(e: BaseException) -> str:
         return f"HTTP {status}" + (f" {code}" if code and code != str(status) else "")
     if isinstance(e, bx.ReadTimeoutError):
         return f"no answer within the read timeout ({_policy.read_timeout_s:g} s)"
-    return f"{type(e).__name__}: {e}"
+    return f"{type(e).__name__}: {str(e).rstrip('.')}"
 
 
 def retried(uri: str, doing: str, attempt):
