@@ -116,14 +116,14 @@ def test_a_spent_budget_is_exit_69_and_the_rerun_fetches_only_the_rest(
 
 
 def test_the_budget_bounds_the_total_time(s3_bucket, proxy, policy, tmp_path):
-    policy(attempts=1000, base_s=0.05, cap_s=0.05, total_s=0.6)
+    policy(attempts=1000, base_s=0.05, cap_s=0.05, total_s=1.0)
     _objects(s3_bucket, "d/", 1)
     proxy.rule = Rule(rate=1.0, methods={"GET", "HEAD"}, kinds=("slowdown",))
     start = time.monotonic()
     with pytest.raises(s3.ObjectTransferError, match=r"HTTP 503 SlowDown, on the last of \d+ "
-                       r"tries over 0\.\d s") as e:
+                       r"tr(y|ies) over \d\.\d s") as e:
         s3sync.fetch(s3_bucket.uri("d/"), tmp_path / "f", progress=False)
-    assert time.monotonic() - start < 5 and e.value.exit_code == 69
+    assert time.monotonic() - start < 6 and e.value.exit_code == 69  # not 1,000 tries
 
 
 def test_backoff_is_full_jitter_below_an_exponential_cap():
