@@ -33,6 +33,7 @@ from pipelines.serve.check import serve_and_check
 from pipelines.steps.common import accuracy_gate, resolve_mode
 from pipelines.storage import DATA_MOUNT, is_mount
 from trainer.errors import StorageError
+from trainer.fileio import disk_errors
 
 MODELS = "kfvision-models"  # on the data PVC: the models InferenceServices serve
 READY_TIMEOUT_S = 900.0
@@ -152,7 +153,8 @@ def _deploy_on_cluster(model_dir, out_dir: Path, cfg, copy_to: Path | None,
                 f"{DATA_MOUNT} is not mounted in this step: on a cluster the deploy step copies "
                 f"the model onto the PVC {pvc_name!r} (pipeline parameter pvc_name) for KServe "
                 "to serve, unless model_uri names an s3:// place for it.")
-        shutil.copytree(model_dir, copy_to, dirs_exist_ok=True)
+        with disk_errors(copy_to):
+            shutil.copytree(model_dir, copy_to, dirs_exist_ok=True)
     isvc = build_inference_service(cfg)
     (out_dir / "inferenceservice.yaml").write_text(to_yaml(isvc), encoding="utf-8")
     client = (connect or cluster.connect)(out=out)

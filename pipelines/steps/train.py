@@ -48,6 +48,7 @@ from trainer.errors import (
     check_choice,
     ref,
 )
+from trainer.fileio import disk_errors
 
 JOB_PREFIX = "kfvision-train"
 
@@ -177,9 +178,10 @@ def stage_inputs(stage: Path, inputs: dict) -> None:
     if (stage / STAGED_MARK).exists():
         return
     shutil.rmtree(stage, ignore_errors=True)  # a half-finished copy of an interrupted attempt
-    for key, src in inputs.items():
-        shutil.copytree(src, stage / key, ignore=shutil.ignore_patterns(SAMPLES))
-    (stage / STAGED_MARK).write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"), encoding="utf-8")
+    with disk_errors(stage):  # a half copy stays unmarked: the next attempt starts it over
+        for key, src in inputs.items():
+            shutil.copytree(src, stage / key, ignore=shutil.ignore_patterns(SAMPLES))
+        (stage / STAGED_MARK).write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"), encoding="utf-8")
 
 
 def staging_folder(workspace: str, run_id: str) -> Path:
@@ -212,7 +214,8 @@ def _train_on_cluster(job: JobConfig, kinds: tuple, stage: Path, model_dir, trai
     manifest = render(replace(job, volumes=volumes, env=env), job_yaml, job_kind, runtime)
     replace_failed_job(client, job.name, stage / "trained")
     submit(client, manifest, wait=True, poll_s=10.0, logs=True)
-    shutil.copytree(stage / "trained", out_dir, dirs_exist_ok=True)
+    with disk_errors(out_dir):
+        shutil.copytree(stage / "trained", out_dir, dirs_exist_ok=True)
     shutil.rmtree(stage, ignore_errors=True)  # the model is in the step's output now
     print(f"copied the trained model into {out_dir}", file=out, flush=True)
     return read_metrics(out_dir)

@@ -13,6 +13,7 @@ import torchvision
 from torch import nn
 
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, check_choice
+from trainer.fileio import atomic_write, atomic_write_bytes
 from trainer.presets import ARCHITECTURES
 
 SPEC_FILE = "spec.json"
@@ -118,8 +119,9 @@ def write_untrained_model(out, arch: str, *, pretrained: bool = False, weights=N
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if state is not None:
-        torch.save(state, out / WEIGHTS_FILE)
-    (out / SPEC_FILE).write_text(json.dumps(spec.to_json(), indent=1) + "\n", encoding="utf-8")
+        # to a file, not a path: torch's zip writer then raises on a full disk, it does not abort
+        atomic_write(out / WEIGHTS_FILE, lambda f: torch.save(state, f))
+    atomic_write_bytes(out / SPEC_FILE, (json.dumps(spec.to_json(), indent=1) + "\n").encode())
     return spec
 
 
