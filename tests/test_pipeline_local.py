@@ -109,7 +109,7 @@ def test_a_local_run_trains_locally_unless_told_otherwise(given, expected):
 
 
 def test_bad_parameters_fail_before_the_runner_starts(tiny_digits, tmp_path):
-    with pytest.raises(InvalidParameterError, match="0 < --learning-rate <= 10"):
+    with pytest.raises(InvalidParameterError, match="0 < --lr <= 10"):
         run_local_pipeline({"train_source": str(tiny_digits["raw"] / "train"),
                             "learning_rate": 0.0}, tmp_path / "out")
     assert not (tmp_path / "out").exists()
