@@ -293,6 +293,21 @@ def test_boot_refuses_a_snapshot_that_changed(tmp_path, capsys):
     assert "InvalidSourceError: the source snapshot" in capsys.readouterr().err
 
 
+def test_a_script_that_wrote_nothing_to_collect_is_told_so(tmp_path, capsys):
+    """pytorch/examples' mnist/main.py saves its weights beside itself: the job succeeds, and the
+    boot says that nothing reached --output-uri, and why, instead of copying nothing silently."""
+    model, outputs, uri = tmp_path / "model", tmp_path / "outputs", tmp_path / "results"
+    model.mkdir(), outputs.mkdir()
+    boot.save_outputs(str(uri), {"model": model, "outputs": outputs})
+    assert f"nothing to copy to {uri}: the script wrote nothing to the model folder " \
+        "(KFVISION_MODEL_DIR) or ./outputs" in capsys.readouterr().err
+    assert not uri.exists()
+    (outputs / "summary.csv").write_text("epoch\n")
+    boot.save_outputs(str(uri), {"model": model, "outputs": outputs})
+    assert "outputs: copied to" in capsys.readouterr().err
+    assert (uri / "outputs" / "summary.csv").is_file() and not (uri / "model").exists()
+
+
 # --- local runs of the three styles, each unchanged ---
 
 def _run_local(tmp_path, docs_argv, capsys, kind="pytorchjob") -> tuple:

@@ -113,7 +113,12 @@ def fetch_inputs(inputs: list, work: Path) -> dict:
 
 
 def save_outputs(uri: str, folders: dict) -> None:
-    """Copy each {name: folder} to URI/name (s3:// or a path)."""
+    """Copy each {name: folder} to URI/name (s3:// or a path); says so when all are empty."""
+    if not any(any(Path(folder).iterdir()) for folder in folders.values()):
+        say(f"nothing to copy to {uri}: the script wrote nothing to the model folder "
+            f"({contract.MODEL_DIR}) or ./outputs; files it wrote elsewhere (beside the script, "
+            "for one) stay in the pod")
+        return
     for name, folder in folders.items():
         if not any(Path(folder).iterdir()):
             continue
