@@ -234,6 +234,10 @@ def test_a_big_tree_goes_to_the_store_and_is_uploaded_once(tmp_path, monkeypatch
     ({"train.py": ""}, ["--entry", "train.py", "--input", "d=pvc://nope/x"],
      "claim 'nope' is not mounted"),
     ({"train.py": ""}, ["--module", "pkg.main"], "--module pkg.main is not in --source"),
+    ({"src/train.py": ""}, ["--entry", "src/train.py", "--workdir", "data"],
+     "InvalidJobError: --workdir data is not a folder of --source"),
+    ({"src/train.py": ""}, ["--entry", "src/train.py", "--workdir", "../src"],
+     "InvalidJobError: --workdir ../src is not a folder of --source"),
 ])
 def test_bad_input_is_one_named_line_and_nothing_is_written(tmp_path, capsys, files, argv,
                                                             message):
@@ -306,6 +310,34 @@ def test_a_script_that_wrote_nothing_to_collect_is_told_so(tmp_path, capsys):
     boot.save_outputs(str(uri), {"model": model, "outputs": outputs})
     assert "outputs: copied to" in capsys.readouterr().err
     assert (uri / "outputs" / "summary.csv").is_file() and not (uri / "model").exists()
+
+
+@pytest.mark.parametrize("module", [False, True])
+def test_a_script_runs_in_its_workdir_and_reads_dot_dot_data(tmp_path, capfd, module):
+    """Kubeflow's PyTorchJob MNIST example reads '../data' from its Dockerfile's WORKDIR
+    /opt/mnist/src: --workdir src runs it from there, unchanged, the entry still named from the
+    source folder; its ./outputs is the one collected."""
+    src = tree(tmp_path / "proj", {
+        "src/mnist.py": "import os, sys\nprint('cwd', os.path.basename(os.getcwd()), "
+                        "open('../data/raw.txt').read(), sys.argv[1:])\n"
+                        "os.makedirs('outputs', exist_ok=True)\n"
+                        "open('outputs/o.txt', 'w').write('o')\n",
+        "src/__init__.py": "", "data/raw.txt": "digits"})
+    target = ["--module", "src.mnist"] if module else ["--entry", "src/mnist.py"]
+    docs = render(tmp_path, "--source", str(src), *target, "--workdir", "./src", ["a b"])
+    args = docs[-1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert args[args.index("--workdir") + 1] == "src"
+    snap = pack(src)
+    (tmp_path / "s.tar.gz").write_bytes(snap.data)
+    out = tmp_path / "results"
+    code = boot.main(["--sha256", snap.sha256, "--snapshot", str(tmp_path / "s.tar.gz"), *target,
+                      "--workdir", "src", "--launcher", "python", "--work", str(tmp_path / "w"),
+                      "--output-uri", str(out), "--", "a b"])
+    got = capfd.readouterr()
+    assert code == 0, got.err
+    assert got.out.strip() == "cwd src digits ['a b']"
+    assert (out / "outputs" / "o.txt").read_text() == "o"
 
 
 # --- local runs of the three styles, each unchanged ---
