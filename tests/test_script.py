@@ -607,3 +607,52 @@ def test_a_requirement_pip_cannot_install_fails_the_job_at_once(tmp_path, capsys
     assert "cause: [kfvision script] error: RequirementsInstallError: pip could not install " \
         "requirements.txt" in err
     assert "never" not in log and "restart" not in log
+
+
+PUBLIC_MNIST = "KFVISION_PUBLIC_MNIST"  # a path to Kubeflow's examples/pytorch/mnist/mnist.py
+
+
+def _idx_digits(raw: Path) -> None:
+    """scikit-learn's digits as torchvision's MNIST raw files (20x20 in a 28x28 frame), so the
+    dataset class finds them and downloads nothing."""
+    import struct
+
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    small = (d.images * (255 / 16)).round().astype(np.uint8)
+    x = np.zeros((len(small), 28, 28), np.uint8)
+    x[:, 4:24, 4:24] = [np.asarray(Image.fromarray(i, "L").resize((20, 20))) for i in small]
+    raw.mkdir(parents=True)
+    for name, sel in (("train", slice(297, None)), ("t10k", slice(0, 297))):
+        n = len(x[sel])
+        (raw / f"{name}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) +
+                                                        x[sel].tobytes())
+        (raw / f"{name}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) +
+                                                        d.target[sel].astype(np.uint8).tobytes())
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get(PUBLIC_MNIST), reason=f"{PUBLIC_MNIST} is not set: the "
+                    "path to kubeflow/trainer v1.9.3's examples/pytorch/mnist/mnist.py, fetched "
+                    "by hand (its run installs tensorboardX from PyPI); never downloaded here")
+def test_kubeflows_public_mnist_example_runs_unchanged_2x2(tmp_path, capsys):
+    """A script nobody here wrote, byte for byte, from its Dockerfile's WORKDIR (docs/scripts.md,
+    Public scripts run unchanged)."""
+    src = tmp_path / "kfmnist"
+    (src / "src").mkdir(parents=True)
+    (src / "src" / "mnist.py").write_bytes(Path(os.environ[PUBLIC_MNIST]).read_bytes())
+    (src / "requirements.txt").write_text("tensorboardX==2.6.2\n")
+    _idx_digits(src / "data" / "FashionMNIST" / "raw")
+    code, log, err = _run_local(tmp_path, ["--nodes", "2", "--nproc-per-node", "2", "--source",
+                                           str(src), "--workdir", "src", "--entry",
+                                           "src/mnist.py", "--requirements", "requirements.txt",
+                                           ["--epochs", "1", "--no-cuda", "--backend", "gloo"]],
+                                capsys)
+    assert code == 0, err + log
+    for rank in range(4):
+        assert f"World Size: 4. Rank: {rank}" in log
+    assert log.count("accuracy=") == 4
