@@ -149,7 +149,8 @@ def _check(argv: list, whole: bool) -> str | None:
     its parser and every flag one of its flags; a whole command line (no `...` in it) must
     parse, required arguments given, a placeholder (N, SECONDS) standing in for any value."""
     parser, path, argv = command_parser(None), [], list(argv)
-    for i, word in enumerate(argv):
+    mine = argv.index("--") if "--" in argv else len(argv)  # after --: a user's script's argv
+    for i, word in enumerate(argv[:mine]):
         if word.startswith("-") and word not in ("-", "--"):
             flag = word.partition("=")[0]
             action = parser._option_string_actions.get(flag)
@@ -237,6 +238,8 @@ def test_every_documented_command_line_parses(where, argv, whole):
     (["train", "--model", "m", "..."], True, None),
     (["train", "--model", "m"], False, None),
     (["job", "render", "--procs-per-node", "2", "..."], False, "write --nproc-per-node"),
+    (["job", "run", "--source", "s", "--", "--data-dir", "d"], False, None),
+    (["job", "run", "--sourc", "s", "--", "--data-dir", "d"], False, "has no flag --sourc"),
 ])
 def test_the_documented_command_check_finds_what_is_wrong(argv, whole, problem):
     found = _check(argv, whole)

@@ -234,6 +234,10 @@ def test_a_big_tree_goes_to_the_store_and_is_uploaded_once(tmp_path, monkeypatch
     ({"train.py": ""}, ["--entry", "train.py", "--input", "d=pvc://nope/x"],
      "claim 'nope' is not mounted"),
     ({"train.py": ""}, ["--module", "pkg.main"], "--module pkg.main is not in --source"),
+    ({"src/train.py": ""}, ["--entry", "src/train.py", "--workdir", "data"],
+     "InvalidJobError: --workdir data is not a folder of --source"),
+    ({"src/train.py": ""}, ["--entry", "src/train.py", "--workdir", "../src"],
+     "InvalidJobError: --workdir ../src is not a folder of --source"),
 ])
 def test_bad_input_is_one_named_line_and_nothing_is_written(tmp_path, capsys, files, argv,
                                                             message):
@@ -291,6 +295,49 @@ def test_boot_refuses_a_snapshot_that_changed(tmp_path, capsys):
                       "--entry", "train.py", "--work", str(tmp_path / "w")])
     assert code == 2
     assert "InvalidSourceError: the source snapshot" in capsys.readouterr().err
+
+
+def test_a_script_that_wrote_nothing_to_collect_is_told_so(tmp_path, capsys):
+    """pytorch/examples' mnist/main.py saves its weights beside itself: the job succeeds, and the
+    boot says that nothing reached --output-uri, and why, instead of copying nothing silently."""
+    model, outputs, uri = tmp_path / "model", tmp_path / "outputs", tmp_path / "results"
+    model.mkdir(), outputs.mkdir()
+    boot.save_outputs(str(uri), {"model": model, "outputs": outputs})
+    assert f"nothing to copy to {uri}: the script wrote nothing to the model folder " \
+        "(KFVISION_MODEL_DIR) or ./outputs" in capsys.readouterr().err
+    assert not uri.exists()
+    (outputs / "summary.csv").write_text("epoch\n")
+    boot.save_outputs(str(uri), {"model": model, "outputs": outputs})
+    assert "outputs: copied to" in capsys.readouterr().err
+    assert (uri / "outputs" / "summary.csv").is_file() and not (uri / "model").exists()
+
+
+@pytest.mark.parametrize("module", [False, True])
+def test_a_script_runs_in_its_workdir_and_reads_dot_dot_data(tmp_path, capfd, module):
+    """Kubeflow's PyTorchJob MNIST example reads '../data' from its Dockerfile's WORKDIR
+    /opt/mnist/src: --workdir src runs it from there, unchanged, the entry still named from the
+    source folder; its ./outputs is the one collected."""
+    src = tree(tmp_path / "proj", {
+        "src/mnist.py": "import os, sys\nprint('cwd', os.path.basename(os.getcwd()), "
+                        "open('../data/raw.txt').read(), sys.argv[1:])\n"
+                        "os.makedirs('outputs', exist_ok=True)\n"
+                        "open('outputs/o.txt', 'w').write('o')\n",
+        "src/__init__.py": "", "data/raw.txt": "digits"})
+    target = ["--module", "src.mnist"] if module else ["--entry", "src/mnist.py"]
+    docs = render(tmp_path, "--source", str(src), *target, "--workdir", "./src", ["a b"])
+    args = docs[-1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
+        "containers"][0]["args"]
+    assert args[args.index("--workdir") + 1] == "src"
+    snap = pack(src)
+    (tmp_path / "s.tar.gz").write_bytes(snap.data)
+    out = tmp_path / "results"
+    code = boot.main(["--sha256", snap.sha256, "--snapshot", str(tmp_path / "s.tar.gz"), *target,
+                      "--workdir", "src", "--launcher", "python", "--work", str(tmp_path / "w"),
+                      "--output-uri", str(out), "--", "a b"])
+    got = capfd.readouterr()
+    assert code == 0, got.err
+    assert got.out.strip() == "cwd src digits ['a b']"
+    assert (out / "outputs" / "o.txt").read_text() == "o"
 
 
 # --- local runs of the three styles, each unchanged ---
@@ -560,3 +607,52 @@ def test_a_requirement_pip_cannot_install_fails_the_job_at_once(tmp_path, capsys
     assert "cause: [kfvision script] error: RequirementsInstallError: pip could not install " \
         "requirements.txt" in err
     assert "never" not in log and "restart" not in log
+
+
+PUBLIC_MNIST = "KFVISION_PUBLIC_MNIST"  # a path to Kubeflow's examples/pytorch/mnist/mnist.py
+
+
+def _idx_digits(raw: Path) -> None:
+    """scikit-learn's digits as torchvision's MNIST raw files (20x20 in a 28x28 frame), so the
+    dataset class finds them and downloads nothing."""
+    import struct
+
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    small = (d.images * (255 / 16)).round().astype(np.uint8)
+    x = np.zeros((len(small), 28, 28), np.uint8)
+    x[:, 4:24, 4:24] = [np.asarray(Image.fromarray(i, "L").resize((20, 20))) for i in small]
+    raw.mkdir(parents=True)
+    for name, sel in (("train", slice(297, None)), ("t10k", slice(0, 297))):
+        n = len(x[sel])
+        (raw / f"{name}-images-idx3-ubyte").write_bytes(struct.pack(">IIII", 2051, n, 28, 28) +
+                                                        x[sel].tobytes())
+        (raw / f"{name}-labels-idx1-ubyte").write_bytes(struct.pack(">II", 2049, n) +
+                                                        d.target[sel].astype(np.uint8).tobytes())
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get(PUBLIC_MNIST), reason=f"{PUBLIC_MNIST} is not set: the "
+                    "path to kubeflow/trainer v1.9.3's examples/pytorch/mnist/mnist.py, fetched "
+                    "by hand (its run installs tensorboardX from PyPI); never downloaded here")
+def test_kubeflows_public_mnist_example_runs_unchanged_2x2(tmp_path, capsys):
+    """A script nobody here wrote, byte for byte, from its Dockerfile's WORKDIR (docs/scripts.md,
+    Public scripts run unchanged)."""
+    src = tmp_path / "kfmnist"
+    (src / "src").mkdir(parents=True)
+    (src / "src" / "mnist.py").write_bytes(Path(os.environ[PUBLIC_MNIST]).read_bytes())
+    (src / "requirements.txt").write_text("tensorboardX==2.6.2\n")
+    _idx_digits(src / "data" / "FashionMNIST" / "raw")
+    code, log, err = _run_local(tmp_path, ["--nodes", "2", "--nproc-per-node", "2", "--source",
+                                           str(src), "--workdir", "src", "--entry",
+                                           "src/mnist.py", "--requirements", "requirements.txt",
+                                           ["--epochs", "1", "--no-cuda", "--backend", "gloo"]],
+                                capsys)
+    assert code == 0, err + log
+    for rank in range(4):
+        assert f"World Size: 4. Rank: {rank}" in log
+    assert log.count("accuracy=") == 4

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pipelines.jobs.errors import InvalidJobError
 
-SCRIPT_FLAGS = ("source", "entry", "module", "requirements", "launcher", "input", "output_uri",
-                "source_store", "source_pvc", "include_secret", "env")
+SCRIPT_FLAGS = ("source", "entry", "module", "requirements", "workdir", "launcher", "input",
+                "output_uri", "source_store", "source_pvc", "include_secret", "env")
 
 
 def _pair(flag: str):
@@ -40,6 +40,8 @@ def add_script_flags(parser, *, positional: bool = True) -> None:
     g.add_argument("-m", "--module", metavar="NAME", help="or the module to run (python -m)")
     g.add_argument("--requirements", metavar="FILE", help="pip requirements, relative to "
                    "--source (default: requirements.txt beside the entry)")
+    g.add_argument("--workdir", metavar="DIR", help="folder to run in, relative to --source "
+                   "(a Dockerfile's WORKDIR)")
     g.add_argument("--launcher", choices=LAUNCHERS, default="torchrun",
                    help="torchrun, or python: one process per pod, the operator's RANK/WORLD_SIZE")
     g.add_argument("--input", type=_pair("--input"), action="append", default=[],
@@ -98,7 +100,7 @@ def _script_config(args, snap):
     from pipelines.script.job import ScriptConfig
 
     files = set(snap.files)
-    for flag in ("entry", "requirements"):  # ./train.py is train.py
+    for flag in ("entry", "requirements", "workdir"):  # ./train.py is train.py
         if getattr(args, flag):
             setattr(args, flag, Path(getattr(args, flag)).as_posix())
     left = " (it is missing, or .gitignore/.kfvisionignore leaves it out)"
@@ -110,6 +112,11 @@ def _script_config(args, snap):
         if not {f"{base}.py", f"{base}/__main__.py", f"{base}/__init__.py"} & files:
             raise InvalidJobError(f"--module {args.module} is not in --source {args.source}"
                                   f"{left}.")
+    workdir = None if args.workdir in (None, ".") else args.workdir
+    if workdir is not None and (Path(workdir).is_absolute() or ".." in Path(workdir).parts or
+                                not any(f.startswith(f"{workdir}/") for f in files)):
+        raise InvalidJobError(f"--workdir {args.workdir} is not a folder of --source "
+                              f"{args.source}: give a folder inside it that holds files.")
     requirements = args.requirements
     if requirements and requirements not in files:
         raise InvalidJobError(f"--requirements {requirements} is not in --source "
@@ -119,7 +126,7 @@ def _script_config(args, snap):
         requirements = beside if beside in files else None
     return ScriptConfig(source=args.source, entry=args.entry, module=args.module,
                         args=tuple(args.script_args), requirements=requirements,
-                        launcher=args.launcher, inputs=tuple(args.input),
+                        workdir=workdir, launcher=args.launcher, inputs=tuple(args.input),
                         output_uri=args.output_uri, env=tuple(args.env))
 
 

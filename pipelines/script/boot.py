@@ -113,7 +113,12 @@ def fetch_inputs(inputs: list, work: Path) -> dict:
 
 
 def save_outputs(uri: str, folders: dict) -> None:
-    """Copy each {name: folder} to URI/name (s3:// or a path)."""
+    """Copy each {name: folder} to URI/name (s3:// or a path); says so when all are empty."""
+    if not any(any(Path(folder).iterdir()) for folder in folders.values()):
+        say(f"nothing to copy to {uri}: the script wrote nothing to the model folder "
+            f"({contract.MODEL_DIR}) or ./outputs; files it wrote elsewhere (beside the script, "
+            "for one) stay in the pod")
+        return
     for name, folder in folders.items():
         if not any(Path(folder).iterdir()):
             continue
@@ -174,8 +179,10 @@ def script_env(args, python: Path, dirs: dict, inputs: dict) -> dict:
     return env
 
 
-def command(args, python: Path) -> list:
-    target = ["-m", args.module] if args.module else [args.entry]
+def command(args, python: Path, src: Path | None = None) -> list:
+    """The launcher's argv; `src`: the entry as a path under it (the script runs elsewhere)."""
+    entry = str(src / args.entry) if src is not None and args.entry else args.entry
+    target = ["-m", args.module] if args.module else [entry]
     if args.launcher == "torchrun":
         return [str(python), "-m", "trainer.launch", *target, *args.script_args]
     return [str(python), *target, *args.script_args]
@@ -209,6 +216,10 @@ def boot(args) -> int:
     say(f"source {args.sha256[:12]}: {len(files)} file(s) into {src}")
     if args.entry and not (src / args.entry).is_file():
         raise InvalidSourceError(f"--entry {args.entry} is not in the source snapshot.")
+    cwd = src / args.workdir if args.workdir else src
+    if not cwd.is_dir():
+        raise InvalidSourceError(f"--workdir {args.workdir} is not a folder of the source "
+                                 "snapshot.")
     requirements = _requirements(args, src)
     python = Path(sys.executable)
     if requirements is not None:
@@ -216,16 +227,18 @@ def boot(args) -> int:
 
         python = ensure_env(requirements, _env_cache(work), say=say)
     state = pod_path(args.state) if args.state else work / "state"
-    dirs = {"model": work / "model", "outputs": src / "outputs",
+    dirs = {"model": work / "model", "outputs": cwd / "outputs",  # the script's ./outputs
             "checkpoints": state / "checkpoints", "tensorboard": state / "tensorboard"}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     inputs = fetch_inputs(args.input, work)
     env = script_env(args, python, {k: str(v) for k, v in dirs.items()}, inputs)
-    argv = command(args, python)
+    if cwd != src and args.module:  # python -m finds it in the source folder, not in cwd
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
+    argv = command(args, python, src if cwd != src else None)
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
     began = time.monotonic()
-    code = run(argv, src, env)
+    code = run(argv, cwd, env)
     took = time.monotonic() - began
     node = env.get(NODE_RANK, env.get("RANK", "0"))
     if code != 0:
@@ -251,6 +264,8 @@ def get_parser() -> argparse.ArgumentParser:
     where.add_argument("--entry", help="the script, relative to the source folder")
     where.add_argument("-m", "--module", help="the module to run (python -m)")
     p.add_argument("--requirements", help="requirements file, relative to the source folder")
+    p.add_argument("--workdir", help="the folder the script runs in, relative to the source "
+                   "folder (default: the source folder)")
     p.add_argument("--launcher", choices=LAUNCHERS, default="torchrun", help="how to start it")
     p.add_argument("--work", default=DEFAULT_WORK, help="the pod's scratch folder")
     p.add_argument("--state", help="folder that outlives the pod (checkpoints, TensorBoard)")

@@ -62,6 +62,7 @@ class ScriptConfig:
     module: str | None = None
     args: tuple = ()
     requirements: str | None = None
+    workdir: str | None = None  # relative to source; None: the source's root
     launcher: str = "torchrun"
     inputs: tuple = ()  # ((name, uri), ...)
     output_uri: str | None = None
@@ -191,6 +192,8 @@ def _boot_args(cfg: JobConfig, script: ScriptConfig, transport: Transport, sha25
     args += ["--entry", script.entry] if script.entry else ["--module", script.module]
     if script.requirements:
         args += ["--requirements", script.requirements]
+    if script.workdir:
+        args += ["--workdir", script.workdir]
     args += ["--launcher", script.launcher]
     if cfg.volumes:  # checkpoints and TensorBoard logs outlive a restarted pod there
         args += ["--state", f"{cfg.volumes[0].mount.rstrip('/')}/kfvision/{cfg.name}"]
