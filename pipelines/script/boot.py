@@ -18,6 +18,11 @@ type it. Steps, once per pod:
    are made from the torch plugin's `PET_*`);
 5. after success, node 0 copies the model and outputs folders to `--output-uri`.
 
+Every line of the pod's log starts with `[node/rank] ` (pipelines/jobs/ranktag.py): torchrun tees
+each rank's output with that prefix, and the boot relays the rest (its own lines, pip's,
+torchrun's) as `[node/-] `, so `kubectl logs`, `kfvision job logs --all` and `job run-local` tell
+the ranks apart.
+
 The exit code is the script's own (a signal N: 128 + N), so the job's restart policy retries
 128-255 and fails 1-127 at once, as for the built-in trainer; the boot's own errors (a changed
 snapshot, a requirement pip cannot install) exit 2. A failure ends with one line saying which
@@ -30,9 +35,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+from pipelines.jobs import ranktag
 from pipelines.jobs.trainjob.rules import PET_NAMES
 from pipelines.script import contract
 from pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
@@ -48,8 +55,13 @@ _NNODES, _, NODE_RANK, _ADDR, _PORT = PET_NAMES
 CLASSIC = {"MASTER_ADDR": _ADDR, "MASTER_PORT": _PORT, "RANK": NODE_RANK, "WORLD_SIZE": _NNODES}
 
 
+def node_of(environ) -> str:
+    """This pod's node index: the torch plugin's (TrainJob, torchrun) or the operator's RANK."""
+    return environ.get(NODE_RANK) or environ.get("RANK") or "0"
+
+
 def say(text: str) -> None:
-    print(f"{PREFIX} {text}", file=sys.stderr, flush=True)
+    print(f"{ranktag.tag(node_of(os.environ))}{PREFIX} {text}", file=sys.stderr, flush=True)
 
 
 def pod_path(path: str) -> Path:
@@ -159,7 +171,7 @@ def _env_cache(work: Path) -> Path:
 def script_env(args, python: Path, dirs: dict, inputs: dict) -> dict:
     env = dict(os.environ)
     env.pop(contract.POD_ROOT, None)
-    node = int(env.get(NODE_RANK, env.get("RANK", "0")) or 0)
+    node = int(node_of(env))
     hosts = args.hosts.split(",") if args.hosts else [f"node-{node}"]
     env.update(contract.contract_env(
         model=dirs["model"], outputs=dirs["outputs"], checkpoints=dirs["checkpoints"],
@@ -174,17 +186,36 @@ def script_env(args, python: Path, dirs: dict, inputs: dict) -> dict:
     return env
 
 
-def command(args, python: Path) -> list:
+def command(args, python: Path, node: str, work: Path) -> list:
+    """The launcher's argv. torchrun tees every rank's output with its `[node/rank] ` prefix
+    (and keeps a file per rank under WORK/logs)."""
     target = ["-m", args.module] if args.module else [args.entry]
     if args.launcher == "torchrun":
-        return [str(python), "-m", "trainer.launch", *target, *args.script_args]
+        tee = ["--tee", "3", "--log-line-prefix-template", ranktag.torchrun_template(node),
+               "--log-dir", str(work / "logs")]
+        return [str(python), "-m", "trainer.launch", *tee, *target, *args.script_args]
     return [str(python), *target, *args.script_args]
 
 
-def run(argv: list, cwd: Path, env: dict) -> int:
-    """Run the launcher, passing SIGTERM/SIGINT on (a deleted pod); its exit status (128 + N for
-    a signal N)."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env)
+def relay(stream, node: str, rank: str, out) -> None:
+    """Copy the launcher's output to `out` line by line, each line prefixed with its
+    `[node/rank] ` unless it carries one (torchrun's tee'd lines do)."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        out.write((ranktag.tagged(line, node, rank) + "\n").encode("utf-8"))
+        out.flush()
+    stream.close()
+
+
+def run(argv: list, cwd: Path, env: dict, rank: str = ranktag.POD) -> int:
+    """Run the launcher, passing SIGTERM/SIGINT on (a deleted pod), its output relayed with the
+    `[node/rank] ` prefix (`rank`: of every line that has none); its exit status (128 + N for a
+    signal N)."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    pump = threading.Thread(target=relay, args=(proc.stdout, node_of(env), rank,
+                                                sys.stdout.buffer), daemon=True)
+    pump.start()
 
     def forward(signum, frame):
         proc.send_signal(signum)
@@ -195,6 +226,7 @@ def run(argv: list, cwd: Path, env: dict) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+    pump.join(timeout=5.0)  # a process the script left behind may still hold the pipe
     return 128 - code if code < 0 else code
 
 
@@ -222,12 +254,13 @@ def boot(args) -> int:
         d.mkdir(parents=True, exist_ok=True)
     inputs = fetch_inputs(args.input, work)
     env = script_env(args, python, {k: str(v) for k, v in dirs.items()}, inputs)
-    argv = command(args, python)
+    node = node_of(env)
+    argv = command(args, python, node, work)
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
     began = time.monotonic()
-    code = run(argv, src, env)
+    rank = env.get("RANK", node) if args.launcher == "python" else ranktag.POD
+    code = run(argv, src, env, rank)
     took = time.monotonic() - began
-    node = env.get(NODE_RANK, env.get("RANK", "0"))
     if code != 0:
         if args.launcher == "python":
             say(f"FAILED: rank {env.get('RANK', node)} on node {node} exited with {code} "

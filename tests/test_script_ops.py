@@ -1,0 +1,143 @@
+"""A user's script's job after it ran: its logs from every pod with `[node/rank]` prefixes (here
+and on a cluster), its MLflow run, and `kfvision job download` of its outputs.
+
+The cluster side runs against tests/test_job_cluster.py's FAKE Kubernetes API (no cluster can run
+here): it shows which calls are made and what is printed from what the API returns, not that a
+real API server or kubelet return it so."""
+
+
+import pytest
+from test_job_cluster import (
+    JOB,
+    RUNNING,
+    SUCCEEDED,
+    FakeCluster,
+    FakeResponse,
+    _rbac_rules,
+    cond,
+    fake_connect,
+    pod,
+)
+from test_script import render, tree
+
+from pipelines.cli import main
+from pipelines.jobs import cluster, ranktag
+from pipelines.jobs.podlogs import time_key
+
+# --- logs ---
+
+
+class TimedFake(FakeCluster):
+    """The FAKE API, answering `timestamps=True` as the kubelet does: `RFC3339 line`."""
+
+    def __init__(self, *a, stamps=None, **kw):
+        super().__init__(*a, **kw)
+        self.stamps = stamps or {}
+
+    def read_namespaced_pod_log(self, name, namespace, container=None, follow=False,
+                                previous=False, tail_lines=None, timestamps=False,
+                                _preload_content=True):
+        resp = super().read_namespaced_pod_log(name, namespace, container, follow, previous,
+                                               tail_lines, _preload_content)
+        if not timestamps:
+            return resp
+        lines = resp.data.decode().splitlines()
+        stamps = self.stamps[name][-len(lines):] if lines else []
+        return FakeResponse("".join(f"{t} {line}\n" for t, line in zip(stamps, lines,
+                                                                         strict=True)).encode())
+
+
+LOGS = {"digits-master-0": ["[0/-] [kfvision script] ready in 0.4 s", "[0/0] epoch 1 loss 0.3",
+                            "[0/1] epoch 1 loss 0.4"],
+        "digits-worker-0": ["[1/2] epoch 1 loss 0.5", "a line of the built-in trainer"],
+        "digits-worker-1": []}
+# the kubelet's RFC 3339 times drop a fraction's trailing zeros: .5 comes after .25
+STAMPS = {"digits-master-0": ["2026-01-01T10:00:00.1Z", "2026-01-01T10:00:00.25Z",
+                              "2026-01-01T10:00:01Z"],
+          "digits-worker-0": ["2026-01-01T10:00:00.5Z", "2026-01-01T10:00:00.7Z"]}
+
+
+def test_the_prefix_is_one_format():
+    assert ranktag.tag(1, 3) == "[1/3] " and ranktag.tag(0) == "[0/-] "
+    assert ranktag.tagged("[1/3] x", 0) == "[1/3] x"
+    assert ranktag.tagged("[kfvision script] x", 2) == "[2/-] [kfvision script] x"
+    assert ranktag.torchrun_template(1) == "[1/${rank}] "
+    assert time_key("2026-01-01T10:00:00.5Z") > time_key("2026-01-01T10:00:00.25Z")
+
+
+def test_logs_all_interleaves_every_pod_by_time_with_node_and_rank(monkeypatch, capsys):
+    fake = TimedFake([RUNNING], logs=LOGS, stamps=STAMPS)
+    fake.jobs["digits"] = JOB
+    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    assert main(["job", "logs", "digits", "--all"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "[0/-] [kfvision script] ready in 0.4 s", "[0/0] epoch 1 loss 0.3",
+        "[1/2] epoch 1 loss 0.5", "[1/-] a line of the built-in trainer",
+        "[0/1] epoch 1 loss 0.4"]
+    assert set(fake.calls) <= _rbac_rules()
+    assert main(["job", "logs", "digits", "--all", "--replica", "master-0"]) == 2
+    assert "drop --replica" in capsys.readouterr().err
+
+
+def test_logs_all_follow_waits_through_pending_then_streams_every_pod(monkeypatch, capsys):
+    pending = ([cond("Created")], [])
+    starting = ([cond("Created")], [pod("master-0", "Pending", {"waiting": {
+        "reason": "ContainerCreating"}})])
+    fake = TimedFake([pending, pending, starting, RUNNING, SUCCEEDED], logs=LOGS)
+    fake.jobs["digits"] = JOB
+    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    assert main(["job", "logs", "digits", "--all", "--follow"]) == 0
+    out, err = capsys.readouterr()
+    assert sorted(out.splitlines()) == sorted([
+        "[0/-] [kfvision script] ready in 0.4 s", "[0/0] epoch 1 loss 0.3",
+        "[0/1] epoch 1 loss 0.4", "[1/2] epoch 1 loss 0.5",
+        "[1/-] a line of the built-in trainer"])
+    assert "PyTorchJob kubeflow/digits: Created" in err
+    assert err.index("Created") < err.index("Running") < err.index("Succeeded")
+    # without --all, --follow waits for rank 0's pod as well, and prints its lines as they are
+    fake = TimedFake([pending, RUNNING, SUCCEEDED], logs=LOGS)
+    fake.jobs["digits"] = JOB
+    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    assert main(["job", "logs", "digits", "--follow"]) == 0
+    assert capsys.readouterr().out.splitlines() == LOGS["digits-master-0"]
+
+
+def test_logs_all_of_a_job_with_no_pod_yet_says_to_follow(monkeypatch, capsys):
+    fake = TimedFake([([cond("Created")], [])])
+    fake.jobs["digits"] = JOB
+    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    assert main(["job", "logs", "digits", "--all"]) == 2
+    assert "has no running pod (yet)" in capsys.readouterr().err
+
+
+PRINT_RANK = ("import os, sys\n"
+              "print('hello from', os.environ['RANK'], flush=True)\n"
+              "print('warning from', os.environ['RANK'], file=sys.stderr, flush=True)\n")
+
+
+@pytest.mark.distributed
+def test_run_local_shows_every_line_with_its_node_and_rank(tmp_path, capsys):
+    src = tree(tmp_path / "src", {"say.py": PRINT_RANK})
+    render(tmp_path, "--nodes", "2", "--nproc-per-node", "2", "--source", str(src), "--entry",
+           "say.py", [])
+    assert main(["job", "run-local", str(tmp_path / "job.yaml"), "--log-dir",
+                 str(tmp_path / "logs")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for rank in range(4):
+        node = rank // 2
+        assert f"[{node}/{rank}] hello from {rank}" in lines
+        assert f"[{node}/{rank}] warning from {rank}" in lines
+    assert any(line.startswith("[1/-] [kfvision script] ready in") for line in lines)
+    # the pod's own log (what kubectl logs shows) carries the same prefixes
+    assert "[1/3] hello from 3" in (tmp_path / "logs" / "worker-0.log").read_text()
+
+
+@pytest.mark.distributed
+def test_run_local_with_the_python_launcher_prefixes_the_pods_rank(tmp_path, capsys):
+    src = tree(tmp_path / "src", {"say.py": PRINT_RANK})
+    render(tmp_path, "--nodes", "2", "--source", str(src), "--entry", "say.py", "--launcher",
+           "python", [])
+    assert main(["job", "run-local", str(tmp_path / "job.yaml"), "--log-dir",
+                 str(tmp_path / "logs")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "[0/0] hello from 0" in lines and "[1/1] warning from 1" in lines
