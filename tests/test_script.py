@@ -557,6 +557,6 @@ def test_a_requirement_pip_cannot_install_fails_the_job_at_once(tmp_path, capsys
                                            "--launcher", "python", []], capsys)
     assert code == 1
     assert "master-0 exited with code 2 (restartPolicy ExitCode does not retry it)" in err
-    assert "cause: [0/-] [kfvision script] error: RequirementsInstallError: pip could not install " \
-        "requirements.txt" in err
+    assert "cause: [0/-] [kfvision script] error: RequirementsInstallError: pip could not " \
+        "install requirements.txt" in err
     assert "never" not in log and "restart" not in log
