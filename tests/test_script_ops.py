@@ -5,6 +5,7 @@ The cluster side runs against tests/test_job_cluster.py's FAKE Kubernetes API (n
 here): it shows which calls are made and what is printed from what the API returns, not that a
 real API server or kubelet return it so."""
 
+import json
 
 import pytest
 from test_job_cluster import (
@@ -141,3 +142,97 @@ def test_run_local_with_the_python_launcher_prefixes_the_pods_rank(tmp_path, cap
                  str(tmp_path / "logs")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "[0/0] hello from 0" in lines and "[1/1] warning from 1" in lines
+
+
+# --- tracking ---
+
+TRACKED = """\
+import json, os, sys
+import mlflow
+import torch
+
+lr = float(sys.argv[sys.argv.index("--lr") + 1])
+mlflow.log_metric("loss", lr / 2)  # MLFLOW_RUN_ID: the run kfvision opened
+with open(os.path.join("outputs", "result.txt"), "w") as f:  # Azure's ./outputs
+    f.write("lr %s\\n" % lr)
+model_dir = os.environ["KFVISION_MODEL_DIR"]
+net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 2)).eval()
+torch.jit.save(torch.jit.script(net), os.path.join(model_dir, "model.pt"))
+with open(os.path.join(model_dir, "classes.txt"), "w") as f:
+    f.write("cat\\ndog\\n")
+with open(os.path.join(model_dir, "kfvision.json"), "w") as f:
+    json.dump({"image_size": 8}, f)
+"""
+
+
+LOGS_ONLY = """\
+import os
+import mlflow
+
+mlflow.log_metric("loss", 0.25)
+with open(os.path.join(os.environ["KFVISION_MODEL_DIR"], "weights.txt"), "w") as f:
+    f.write("1.0\\n")
+"""
+
+
+def _tracked_run(tmp_path, capsys, uri: str, script: str = TRACKED) -> tuple:
+    src = tree(tmp_path / "src", {"train.py": script})
+    render(tmp_path, "--source", str(src), "--entry", "train.py", "--launcher", "python",
+           "--tracking-uri", uri, "--experiment", "scripts", "--output-uri",
+           str(tmp_path / "results"), ["--lr", "0.5"])
+    code = main(["job", "run-local", str(tmp_path / "job.yaml"), "--log-dir",
+                 str(tmp_path / "logs")])
+    captured = capsys.readouterr()
+    return src, code, captured.out + captured.err
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_kfvision_opens_the_scripts_mlflow_run_and_register_records_its_snapshot(
+        tmp_path, capsys, monkeypatch, mlflow_server):
+    from mlflow.tracking import MlflowClient
+
+    from pipelines.script.contract import PROVENANCE
+    from pipelines.script.pack import pack
+
+    src, code, log = _tracked_run(tmp_path, capsys, mlflow_server)
+    assert code == 0, log
+    sha = pack(src).sha256
+    client = MlflowClient(tracking_uri=mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name("scripts").experiment_id])
+    assert run.data.metrics == {"loss": 0.25}  # the script's own call landed in it
+    assert run.data.params == {"kfvision.entry": "train.py", "kfvision.script_args": "--lr 0.5",
+                               "kfvision.launcher": "python"}
+    assert run.data.tags["kfvision.source_sha256"] == sha
+    assert run.data.tags["kfvision.job_name"] == "demo" and run.info.status == "FINISHED"
+    uploaded = {a.path for folder in ("outputs", "model")
+                for a in client.list_artifacts(run.info.run_id, folder)}
+    assert {"outputs/result.txt", "model/model.pt", "model/classes.txt"} <= uploaded
+    model = tmp_path / "results" / "model"
+    made = json.loads((model / PROVENANCE).read_text())
+    assert made == {"source_sha256": sha, "entry": "train.py", "args": ["--lr", "0.5"],
+                    "mlflow_run_id": run.info.run_id, "mlflow_tracking_uri": mlflow_server}
+    # the model folder, copied out by --output-uri, registers with its snapshot and run
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    assert main(["register", "--model", str(model), "--name", "script-tracked"]) == 0
+    (version,) = client.search_model_versions("name='script-tracked'")
+    assert version.tags["kfvision.source_sha256"] == sha
+    assert version.run_id == run.info.run_id
+
+
+@pytest.mark.distributed
+def test_a_dead_tracking_server_is_one_warning_and_the_script_logs_into_its_outputs(
+        tmp_path, capsys):
+    from conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    _, code, log = _tracked_run(tmp_path, capsys, dead, LOGS_ONLY)
+    assert code == 0, log
+    warnings = [line for line in log.splitlines() if "MLflowTrackingError" in line]
+    assert len(warnings) == 1, log
+    assert warnings[0].startswith(f"[0/-] [kfvision script] WARNING: MLflowTrackingError: "
+                                  f"starting the run at {dead} failed (unreachable")
+    assert "its own MLflow calls go to outputs/mlruns" in warnings[0]
+    assert any((tmp_path / "results" / "outputs" / "mlruns").rglob("loss"))
+    made = json.loads((tmp_path / "results" / "model" / "kfvision-source.json").read_text())
+    assert "mlflow_run_id" not in made

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pipelines.jobs.errors import InvalidJobError
 
+# the built-in trainer's flags a script job takes too: its MLflow run (pipelines/script/track.py)
+TRACKING = ("tracking_uri", "experiment")
 SCRIPT_FLAGS = ("source", "entry", "module", "requirements", "launcher", "input", "output_uri",
                 "source_store", "source_pvc", "include_secret", "env")
 
@@ -74,7 +76,8 @@ def check_mode(args) -> bool:
 
     from trainer.config import TrainConfig
 
-    trainer = [f.name for f in fields(TrainConfig) if getattr(args, f.name, None) is not None]
+    trainer = [f.name for f in fields(TrainConfig) if getattr(args, f.name, None) is not None
+               and (args.source is None or f.name not in TRACKING)]
     trainer += ["config"] if getattr(args, "config", None) else []
     if args.source is None:
         script = [n for n in SCRIPT_FLAGS if getattr(args, n)
@@ -120,7 +123,30 @@ def _script_config(args, snap):
     return ScriptConfig(source=args.source, entry=args.entry, module=args.module,
                         args=tuple(args.script_args), requirements=requirements,
                         launcher=args.launcher, inputs=tuple(args.input),
-                        output_uri=args.output_uri, env=tuple(args.env))
+                        output_uri=args.output_uri,
+                        env=(*args.env, *tracking_env(args, {n for n, _ in args.env})))
+
+
+def tracking_env(args, given: set) -> tuple:
+    """((name, value), ...) that turn the script's MLflow run on in its pods: --tracking-uri
+    (else MLFLOW_TRACKING_URI here) and --experiment, forwarded as the train step forwards them
+    (pipelines.steps.train.tracking_env: no credentials in the file), with the job's kind and
+    name as tags; none that --env sets itself."""
+    import os
+
+    from pipelines.jobs.kinds import KINDS
+    from pipelines.steps.train import tracking_env as forwarded
+    from trainer import upstream
+
+    environ = dict(os.environ)
+    if getattr(args, "tracking_uri", None):
+        environ[upstream.MLFLOW_TRACKING_URI] = args.tracking_uri
+    if getattr(args, "experiment", None):
+        environ[upstream.MLFLOW_EXPERIMENT_NAME] = args.experiment
+    kind = next(k for k in KINDS if k.lower() == args.kind)
+    pairs = forwarded(environ, kind=kind, name=args.name, run_id="", local=False,
+                      out=sys.stderr)
+    return tuple((n, v) for n, v in pairs if n not in given)
 
 
 def _ship(snap, transport, output: str | None) -> str:

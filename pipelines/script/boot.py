@@ -41,7 +41,7 @@ from pathlib import Path
 
 from pipelines.jobs import ranktag
 from pipelines.jobs.trainjob.rules import PET_NAMES
-from pipelines.script import contract
+from pipelines.script import contract, track
 from pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
 from trainer import exitcodes
 from trainer.errors import KfvisionError
@@ -253,8 +253,12 @@ def boot(args) -> int:
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     inputs = fetch_inputs(args.input, work)
+    node = node_of(os.environ)
+    tracker = None if node != "0" else track.open_run(
+        os.environ, sha256=args.sha256, target=target, args=args.script_args,
+        launcher=args.launcher, state=state, say=say)
     env = script_env(args, python, {k: str(v) for k, v in dirs.items()}, inputs)
-    node = node_of(env)
+    track.script_env(tracker, env, dirs["outputs"])
     argv = command(args, python, node, work)
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
     began = time.monotonic()
@@ -268,11 +272,31 @@ def boot(args) -> int:
         else:  # torchrun's launcher named the rank above
             say(f"FAILED: node {node} exited with {code} ({exitcodes.describe(code)}) after "
                 f"{took:.1f} s")
+        track.close_run(tracker, False, {})
         return code
     say(f"node {node}: {target} succeeded in {took:.1f} s")
-    if args.output_uri and node == "0":
-        save_outputs(args.output_uri, {"model": dirs["model"], "outputs": dirs["outputs"]})
+    if node == "0":
+        results = {"model": dirs["model"], "outputs": dirs["outputs"]}
+        write_provenance(dirs["model"], args, tracker)
+        track.close_run(tracker, True, results)
+        if args.output_uri:
+            save_outputs(args.output_uri, results)
     return 0
+
+
+def write_provenance(model_dir: Path, args, tracker) -> None:
+    """contract.PROVENANCE in the model folder: the snapshot, entry and arguments it came from,
+    and its MLflow run (`kfvision register` records them with the version)."""
+    import json
+
+    if not any(model_dir.iterdir()):  # the script saved no model there
+        return
+    record = {"source_sha256": args.sha256, "entry": args.module or args.entry,
+              "args": list(args.script_args)}
+    if tracker is not None and not tracker.off:
+        record.update(mlflow_run_id=tracker.run_id, mlflow_tracking_uri=tracker.uri)
+    (model_dir / contract.PROVENANCE).write_text(json.dumps(record, indent=1) + "\n",
+                                                  encoding="utf-8")
 
 
 def get_parser() -> argparse.ArgumentParser:
