@@ -236,3 +236,93 @@ def test_a_dead_tracking_server_is_one_warning_and_the_script_logs_into_its_outp
     assert any((tmp_path / "results" / "outputs" / "mlruns").rglob("loss"))
     made = json.loads((tmp_path / "results" / "model" / "kfvision-source.json").read_text())
     assert "mlflow_run_id" not in made
+
+
+# --- download ---
+
+KEEPS = """\
+import os
+with open(os.path.join(os.environ["KFVISION_MODEL_DIR"], "weights.txt"), "w") as f:
+    f.write("w\\n")
+os.makedirs("outputs/plots", exist_ok=True)
+with open("outputs/plots/loss.txt", "w") as f:
+    f.write("0.1\\n")
+"""
+
+
+@pytest.mark.distributed
+def test_download_a_file_and_a_folder_of_a_local_run(tmp_path, capsys):
+    src = tree(tmp_path / "src", {"keep.py": KEEPS})
+    render(tmp_path, "--kind", "trainjob", "--source", str(src), "--entry", "keep.py",
+           "--launcher", "python", [])
+    logs = str(tmp_path / "logs")
+    assert main(["job", "run-local", str(tmp_path / "job.yaml"), "--log-dir", logs]) == 0
+    got = tmp_path / "got"
+    dl = ["job", "download", "demo", "--log-dir", logs, "--out", str(got)]
+    assert main([*dl[:3], "model/weights.txt", *dl[3:]]) == 0
+    assert (got / "weights.txt").read_text() == "w\n"
+    assert "from its local run in" in capsys.readouterr().out
+    assert main([*dl[:3], "outputs", *dl[3:]]) == 0
+    assert (got / "outputs" / "plots" / "loss.txt").read_text() == "0.1\n"
+    assert main([*dl[:3], "outputs/nope.txt", *dl[3:]]) == 2
+    err = capsys.readouterr().err
+    assert "JobOutputsError: outputs/nope.txt is not among the outputs" in err
+    assert "model/kfvision-source.json, model/weights.txt, outputs/plots/loss.txt" in err
+    assert main([*dl[:3], "../etc/passwd", *dl[3:]]) == 2
+    assert "must start with one of model/, outputs/" in capsys.readouterr().err
+
+
+def test_download_from_a_cluster_jobs_output_uri(tmp_path, monkeypatch, capsys, s3_bucket):
+    """The job on the FAKE API (tests/test_job_cluster.py) carries its --output-uri; the files
+    come from the test's S3 server."""
+    from pipelines.script.job import OUTPUT_ANNOTATION
+
+    results = tree(tmp_path / "results", {"model/model.pt": "net", "outputs/a/b.txt": "b"})
+    s3_bucket.upload_folder(results, "runs/digits/")
+    fake = TimedFake([SUCCEEDED])
+    fake.jobs["digits"] = {**JOB, "metadata": {**JOB["metadata"], "annotations": {
+        OUTPUT_ANNOTATION: s3_bucket.uri("runs/digits")}}}
+    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.chdir(tmp_path)  # no local run of it in build/jobs/digits
+    got = tmp_path / "got"
+    assert main(["job", "download", "digits", "model/model.pt", "--out", str(got)]) == 0
+    assert (got / "model.pt").read_text() == "net"
+    assert main(["job", "download", "digits", "outputs", "--out", str(got)]) == 0
+    assert (got / "outputs" / "a" / "b.txt").read_text() == "b"
+    assert [p.name for p in got.iterdir() if p.name.startswith(".")] == []
+    assert main(["job", "download", "digits", "model/other.pt"]) == 2
+    assert "which hold 2 file(s): model/model.pt, outputs/a/b.txt" in capsys.readouterr().err
+    fake.script = [RUNNING]
+    assert main(["job", "download", "digits", "model/model.pt"]) == 2
+    assert "is Running, not Succeeded" in capsys.readouterr().err
+    fake.jobs["digits"] = JOB
+    assert main(["job", "download", "digits", "model/model.pt"]) == 2
+    assert "has no kfvision.dev/output-uri annotation" in capsys.readouterr().err
+    del fake.jobs["digits"]
+    assert main(["job", "download", "digits", "model/model.pt"]) == 2
+    assert "has no local run in build/jobs/digits" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_render_turns_tracking_on_in_the_pods_without_writing_credentials(tmp_path, monkeypatch,
+                                                                          capsys, kind):
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "secret-token-never-written")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    src = tree(tmp_path / "src", {"train.py": ""})
+    docs = render(tmp_path, "--kind", kind, "--source", str(src), "--entry", "train.py",
+                  "--tracking-uri", "http://mlflow:5000", "--experiment", "scripts", "--env",
+                  "MLFLOW_EXPERIMENT_NAME=mine", [])
+    text = (tmp_path / "job.yaml").read_text()
+    assert "secret-token-never-written" not in text
+    assert "MLFLOW_TRACKING_TOKEN not written into the job" in capsys.readouterr().err
+    job = docs[-1]
+    env = (job["spec"]["trainer"]["env"] if kind == "trainjob" else
+           job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+               "env"])
+    pairs = [(e["name"], e["value"]) for e in env if e["name"].startswith(("MLFLOW", "KFV"))]
+    assert ("MLFLOW_TRACKING_URI", "http://mlflow:5000") in pairs
+    assert [v for n, v in pairs if n == "MLFLOW_EXPERIMENT_NAME"] == ["mine"]  # --env wins
+    assert ("KFVISION_JOB_NAME", "demo") in pairs
+    assert main(["job", "render", "--name", "demo", "--image", "i", "--source", str(src),
+                 "--entry", "train.py", "--epochs", "3"]) == 2
+    assert "--epochs is a flag of the built-in trainer" in capsys.readouterr().err

@@ -321,9 +321,10 @@ def register(subparsers, help: str) -> None:
     d.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
     d.set_defaults(func=_delete)
     # --- a user's own script in one step (issue 31): pipelines/cli/jobscript.py ---
-    from pipelines.cli.jobscript import add_run
+    from pipelines.cli.jobscript import add_download, add_run
 
     add_run(sub, JOB_OPTIONS, _add_kind_flags, _run_script)
+    add_download(sub, _namespace)
 
 
 def _run_script(args) -> int:
@@ -335,3 +336,4 @@ def _run_script(args) -> int:
     then = run_args(args)
     _render_script(args)
     return _submit(then) if args.submit else _run_local(then)
+

@@ -270,3 +270,57 @@ def run_args(args) -> argparse.Namespace:
     return argparse.Namespace(manifest=args.output, namespace=args.namespace, wait=args.wait,
                               timeout=None, keep_on_timeout=False, poll=10.0, no_logs=False,
                               log_dir=args.log_dir, quiet=args.quiet, grace=30.0, fault=[])
+
+
+def add_download(sub, namespace_of) -> None:
+    """`kfvision job download NAME PATH`: a file or folder of a script job's outputs
+    (pipelines/script/outputs.py); `namespace_of(args)`: the namespace, as the job commands
+    choose it."""
+    from trainer.options import HelpFormatter
+
+    dl = sub.add_parser("download", formatter_class=HelpFormatter, help="fetch a file or "
+                        "folder of a finished script job's outputs (model/..., outputs/...)",
+                        description="Fetch PATH (model/... or outputs/...) of what a script "
+                        "job kept after success: from its local run's folder, else from the "
+                        "--output-uri (s3://) the job on the cluster carries (docs/scripts.md).")
+    dl.add_argument("name", help="job name")
+    dl.add_argument("path", help="model/FILE, outputs/FILE, or a folder such as outputs")
+    dl.add_argument("--out", default=".", help="folder to write it into (default: .)")
+    dl.add_argument("-n", "--namespace", help="the cluster's job in this namespace (default: "
+                    "a local run when there is one, else the current context's)")
+    dl.add_argument("--log-dir", help="the local run's folder (default: build/jobs/NAME)")
+    dl.set_defaults(func=lambda args: _download(args, namespace_of))
+
+
+def _download(args, namespace_of) -> int:
+    from pipelines.clients.k8s import KubernetesError
+    from pipelines.jobs.errors import JobOutputsError
+    from pipelines.script import outputs
+
+    path = outputs.check_path(args.path)
+    log_dir = Path(args.log_dir or Path("build") / "jobs" / args.name)
+    work = None if args.namespace else outputs.local_run(args.name, log_dir)
+    if work is not None:
+        got = outputs.from_local(work, path, Path(args.out))
+        print(f"downloaded {path} of job {args.name} from its local run in {log_dir} to {got}")
+        return 0
+    from pipelines.jobs.cluster import attach, connect
+    from pipelines.jobs.podstatus import job_state
+
+    try:
+        client = attach(connect(namespace_of(args)), args.name)
+    except KubernetesError as e:
+        if args.namespace or e.status not in (None, 404):
+            raise
+        raise JobOutputsError(f"job {args.name} has no local run in {log_dir} (--log-dir), and "
+                              f"the cluster has none either: {e}") from e
+    job = client.get(args.name)
+    what = f"{client.kind.kind} {client.namespace}/{args.name}"
+    uri = outputs.output_uri(job, what)
+    state, _ = job_state(job)
+    if state != client.kind.succeeded:
+        raise JobOutputsError(f"{what} is {state}, not {client.kind.succeeded}: node 0 copies "
+                              f"its outputs to {uri} after success.")
+    got = outputs.from_uri(uri, path, Path(args.out))
+    print(f"downloaded {path} of {what} from {uri} to {got}")
+    return 0

@@ -140,8 +140,8 @@ def register_mlflow(model_dir, name: str, *, description: str = "",
     The directory is uploaded as the artifacts (`model/`) of `run_id` (the training run; for a
     script job's model folder, by default the run its kfvision-source.json names on the same
     server) or of a new run in `experiment`; the version's source is that folder, its tags the
-    metrics, classes, image size, content hash, source run and a script's snapshot sha256. Returns {"name", "version", "source", "run_id",
-    "created"}.
+    metrics, classes, image size, content hash, source run and a script's snapshot sha256.
+    Returns {"name", "version", "source", "run_id", "created"}.
     """
     model_dir, name = Path(model_dir), check_name(name)
     about, digest = describe_model(model_dir), content_hash(model_dir)

@@ -236,6 +236,7 @@ def boot(args) -> int:
     src = work / "src"
     if src.exists():
         shutil.rmtree(src)  # a restarted container starts from the snapshot again
+    (work / contract.SUCCEEDED).unlink(missing_ok=True)
     files = unpack(read_snapshot(args.snapshot, args.sha256), src)
     target = args.module or args.entry
     say(f"source {args.sha256[:12]}: {len(files)} file(s) into {src}")
@@ -248,7 +249,7 @@ def boot(args) -> int:
 
         python = ensure_env(requirements, _env_cache(work), say=say)
     state = pod_path(args.state) if args.state else work / "state"
-    dirs = {"model": work / "model", "outputs": src / "outputs",
+    dirs = {**{name: work / rel for name, rel in contract.RESULTS.items()},
             "checkpoints": state / "checkpoints", "tensorboard": state / "tensorboard"}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
@@ -281,6 +282,8 @@ def boot(args) -> int:
         track.close_run(tracker, True, results)
         if args.output_uri:
             save_outputs(args.output_uri, results)
+        (work / contract.SUCCEEDED).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ\n",
+                                                             time.gmtime()))
     return 0
 
 

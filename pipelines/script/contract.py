@@ -26,6 +26,10 @@ SOURCE_SHA256 = "KFVISION_SOURCE_SHA256"
 # {"source_sha256", "entry", "args", "mlflow_run_id", "mlflow_tracking_uri"}. The model readers
 # ignore files they do not know (trainer/model/scripted.py).
 PROVENANCE = "kfvision-source.json"
+# What node 0 keeps after success, under the boot's work folder, by the names they have under
+# --output-uri (URI/model/, URI/outputs/); SUCCEEDED (in the work folder) says it got there.
+RESULTS = {"model": "model", "outputs": "src/outputs"}
+SUCCEEDED = "succeeded"
 # run-local's stand-in for a pod's own filesystem (pipelines/jobs/volumes.py): absolute paths of
 # the pod's emptyDir and ConfigMap mounts are found under it. Never set on a cluster.
 POD_ROOT = "KFVISION_POD_ROOT"
