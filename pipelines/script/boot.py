@@ -16,7 +16,11 @@ type it. Steps, once per pod:
    `python -m trainer.launch` (torchrun that keeps exit codes) by default, or one `python` per
    pod with the Training Operator's classic variables (`--launcher python`; on a TrainJob they
    are made from the torch plugin's `PET_*`);
-5. after success, node 0 copies the model and outputs folders to `--output-uri`.
+5. after success, node 0 writes contract.PROVENANCE into the model folder and copies the model
+   and outputs folders to `--output-uri`.
+
+With MLFLOW_TRACKING_URI in the pod, node 0 opens the script's MLflow run before step 4 and
+closes it after (pipelines/script/track.py says why here and not at render).
 
 Every line of the pod's log starts with `[node/rank] ` (pipelines/jobs/ranktag.py): torchrun tees
 each rank's output with that prefix, and the boot relays the rest (its own lines, pip's,
