@@ -1,6 +1,6 @@
 """A user's own script through kfvision, against the same script started by hand, in one run.
 
-Three figures (issue 31's goals in brackets):
+Three figures (their goals in brackets):
 
 - wall time of `kfvision job run-local` of the rendered 2 x 2 PyTorchJob (2 pods, 2 processes
   each) against two `torchrun --nnodes 2 --nproc-per-node 2` started by hand on the same script
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from bench import publish
-from pipelines.jobs.procs import free_port
+from pipelines.clients.endpoints import free_port
 from pipelines.script.contract import ENV_CACHE
 from pipelines.script.env import ensure_env
 from pipelines.script.pack import pack

@@ -142,7 +142,13 @@ DEFAULT = Storage()  # what `kfvision pipeline compile` makes without storage fl
 LOCAL = Storage(workspace_size="", data_pvc="")  # a local run: neither (not validated)
 
 
-def data_place(workspace: str, run_id: str, *, cluster: bool, mounted=os.path.ismount,
+def is_mount(path) -> bool:
+    """Whether a PVC is mounted at `path` (a PVC is a mount point; a folder of the image is
+    not)."""
+    return os.path.ismount(path)
+
+
+def data_place(workspace: str, run_id: str, *, cluster: bool, mounted=is_mount,
                data_mount: str = DATA_MOUNT) -> Path | None:
     """The folder for the run's own data (extracted sources, the job's staging): in the
     workspace when the task has one, else on the data PVC (cluster), else None (local)."""

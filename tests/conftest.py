@@ -2,14 +2,18 @@
 several files would otherwise each rebuild (640 px JPEG digits, a 2 x 2 CPU job, a fake clock),
 made once a session. Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device."""
 
+import errno
 import json
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 
+from pipelines.clients.endpoints import free_port
 from pipelines.demo import write_digits
 from trainer.data.convert import convert
 from trainer.model.arch import write_untrained_model
@@ -131,7 +135,6 @@ def trained_tiny(tmp_path_factory, tiny_digits, resnet18_dir) -> Path:
 def s3_endpoint():
     """moto's S3 server on a free loopback port, for the session: its http:// URL."""
     import logging
-    import socket
 
     from moto.server import ThreadedMotoServer
 
@@ -141,13 +144,21 @@ def s3_endpoint():
     quiet.addHandler(logging.NullHandler())
     quiet.setLevel(logging.ERROR)
     quiet.propagate = False
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"
     server.stop()
+
+
+def _fast_retries():
+    from pipelines.clients.s3 import RetryPolicy
+
+    return RetryPolicy(base_s=0.01, cap_s=0.2, total_s=20.0, connect_timeout_s=5.0,
+                       read_timeout_s=10.0)
+
+
+FAST_RETRIES = _fast_retries()
 
 
 class S3Bucket:
@@ -191,19 +202,58 @@ def s3_bucket(s3_endpoint, monkeypatch, tmp_path, request) -> S3Bucket:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    s3.reset_clients()
+    # retries as the default policy, but waits short enough for tests (also resets the clients)
+    old = s3.set_retry_policy(FAST_RETRIES)
     name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:50].strip("-") + "-bkt"
     yield S3Bucket(name, s3_endpoint)
-    s3.reset_clients()
+    s3.set_retry_policy(old)
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on now (loopback)."""
-    import socket
+# --- a small filesystem that fills up ------------------------------------------------------
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+FILLER = "filler.bin"
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size) -> a folder on a new tmpfs of that size (e.g. "2m"), unmounted afterwards: a
+    small filesystem to fill up. Skips the test, saying why, where it cannot be mounted."""
+    mounted = []
+
+    def mount(size: str = "2m") -> Path:
+        folder = tmp_path / f"vol{len(mounted)}"
+        folder.mkdir()
+        try:
+            run = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                  str(folder)], capture_output=True, text=True)
+            why = (run.stderr or run.stdout).strip() if run.returncode else None
+        except OSError as e:  # no mount(8) here
+            why = str(e)
+        if why is not None:
+            pytest.skip(f"cannot mount a tmpfs to fill up (needs root or CAP_SYS_ADMIN): {why}")
+        mounted.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounted:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def fill(folder: Path, leave: int) -> None:
+    """Fill the volume of `folder` until `leave` bytes are free (a file `filler.bin`)."""
+    todo = max(shutil.disk_usage(folder).free - leave, 0)
+    chunk = b"\0" * (1 << 20)
+    try:
+        with open(folder / FILLER, "ab") as f:
+            while todo > 0:
+                todo -= f.write(chunk[:todo])
+    except OSError as e:  # full a little early (blocks for the file itself): full is the point
+        if e.errno != errno.ENOSPC:
+            raise
+
+
+def free_up(folder: Path) -> None:
+    (folder / FILLER).unlink()
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,8 @@ What counts as moved, once per byte:
 - an input artifact, on a cluster: KFP's launcher downloads it into the step's pod;
 - a file a step (or the job it runs) creates on a volume (the data PVC, the KFP workspace),
   even when it deletes it again (the job's staging is looked at while the job runs);
-- a download of an http(s) source, counted apart ("download") as the issue allows one.
+- a download of an http(s) source, counted apart ("download"): a source that lives on the web
+  has to cross the network once, so one download is allowed and not held against the steps.
 
 Each file is counted under a kind: `images` (image files), `model` (the model directories:
 untrained, trained, checkpoints), `download`, and `metadata` (manifests, the pictures the

@@ -13,6 +13,8 @@ from conftest import REPO
 PACKAGES = ("trainer", "pipelines")
 LEAVES = ("trainer.errors", "trainer.fileio", "trainer.progress", "trainer.presets",
           "trainer.upstream")
+# What a leaf may import all the same: other leaves (so no cycle can form through it).
+LEAF_IMPORTS = {"trainer.fileio": {"trainer.errors"}}
 # Third-party packages only one module of ours imports (every other goes through it).
 CONFINED = {"openvino": {"trainer.use.predict"},
             "onnxruntime.quantization": {"trainer.use.quantize"}}
@@ -113,7 +115,7 @@ def test_confined_packages_are_imported_by_their_module_only(package):
 
 @pytest.mark.parametrize("leaf", LEAVES)
 def test_leaf_modules_import_nothing_of_ours(leaf):
-    assert import_graph()[leaf] == set()
+    assert import_graph()[leaf] <= LEAF_IMPORTS.get(leaf, set())
 
 
 _RUN = textwrap.dedent("""

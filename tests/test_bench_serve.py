@@ -1,4 +1,5 @@
-"""bench.serve's verdicts: the table's goal column says what the issue's bar says, per cell."""
+"""bench.serve's verdicts: the table's goal column applies bench.serve's bar (GOAL_ONE, GOAL_MANY,
+GOAL_INT8, a p99 no worse than the plain server's) to each cell."""
 
 from bench.serve import goal_met, table
 

@@ -312,6 +312,33 @@ def test_a_full_disk_stops_with_a_named_error_and_keeps_the_last_good_files(
     assert json.loads((out / "metrics.json").read_text())["status"] == "failed"
 
 
+def test_a_real_full_disk_then_room_again_resumes_to_the_same_weights(
+        tmpfs, micro, resnet18_dir, reference, monkeypatch, capsys):
+    from conftest import fill, free_up
+
+    vol = tmpfs("640m")  # passes the check before training (10 x the model's ~45 MB)
+    real_write = CheckpointStore.write
+
+    def write(self, epoch, state, best_epoch):  # the disk fills up once epoch 1 is saved
+        path = real_write(self, epoch, state, best_epoch)
+        if epoch == 1:
+            fill(vol, 1 << 20)
+        return path
+
+    monkeypatch.setattr(CheckpointStore, "write", write)
+    out = vol / "model"
+    assert main(train_argv(resnet18_dir, micro, out, **OPTIONS)) == 4
+    err = capsys.readouterr().err
+    assert "is full (No space left on device)" in err and "Traceback" not in err
+    assert CheckpointStore(out / FOLDER).latest()[0] == 1
+    assert not [p for p in out.rglob(".*")]  # no half-written file
+    monkeypatch.setattr(CheckpointStore, "write", real_write)
+    free_up(vol)
+    assert main(train_argv(resnet18_dir, micro, out, **OPTIONS)) == 0
+    assert "epoch 1 of 3 done" in capsys.readouterr().out
+    assert_same_run(out, reference)
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to read-only folders anyway")
 def test_a_read_only_output_folder_fails_before_training(tmp_path, micro, resnet18_dir, capsys):
     out = tmp_path / "ro"

@@ -5,7 +5,6 @@ certificate), with an exit code that says whether trying again can help."""
 import http.server
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -15,13 +14,8 @@ import pytest
 from conftest import REPO
 
 from pipelines.cli import main
+from pipelines.clients.endpoints import free_port
 from trainer.exitcodes import EXIT_AUTH, EXIT_TLS, EXIT_UNAVAILABLE
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Refuses(http.server.BaseHTTPRequestHandler):
@@ -70,7 +64,7 @@ def _one_named_line(err: str, name: str, endpoint: str) -> None:
 
 
 def test_pipeline_submit_to_an_endpoint_nobody_listens_on(capsys):
-    endpoint = f"http://127.0.0.1:{_free_port()}"
+    endpoint = f"http://127.0.0.1:{free_port()}"
     assert main(_submit(endpoint)) == EXIT_UNAVAILABLE
     err = capsys.readouterr().err
     _one_named_line(err, "EndpointUnreachableError", endpoint)
@@ -96,7 +90,7 @@ def test_pipeline_submit_to_an_untrusted_certificate(server, capsys):
 
 @pytest.mark.parametrize("command", [["delete", "digits"], ["logs", "digits"]])
 def test_job_commands_name_the_api_server_they_cannot_reach(command, tmp_path):
-    endpoint = f"https://127.0.0.1:{_free_port()}"
+    endpoint = f"https://127.0.0.1:{free_port()}"
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(f"""apiVersion: v1
 kind: Config
@@ -133,7 +127,7 @@ def test_job_deploy_and_tune_fail_alike_when_the_api_server_is_unreachable(
     """One Kubernetes layer (pipelines/clients/k8s.py): the same failure gives the same named line
 and
     exit code whichever command met it. Nothing listens on the port of the kubeconfig."""
-    endpoint = f"https://127.0.0.1:{_free_port()}"
+    endpoint = f"https://127.0.0.1:{free_port()}"
     monkeypatch.setenv("KUBECONFIG", _kubeconfig(tmp_path / "kubeconfig", endpoint))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     common = ["--name", "digits", "--image", "registry.example.com/kfvision:1"]

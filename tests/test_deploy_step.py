@@ -85,10 +85,10 @@ def test_on_a_cluster_the_model_goes_to_the_pvc_and_the_inferenceservice_waits_f
 
 def test_on_a_cluster_without_the_pvc_the_step_says_so(trained_tiny, tiny_digits, evaluation,
                                                        tmp_path, monkeypatch):
-    from trainer.errors import KfvisionError
+    from trainer.errors import StorageError
 
     monkeypatch.setattr(step, "DATA_MOUNT", str(tmp_path))  # a folder, not a mount
-    with pytest.raises(KfvisionError, match="is not mounted in this step.*pvc_name"):
+    with pytest.raises(StorageError, match="is not mounted in this step.*pvc_name"):
         step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / "d",
                          name="digits", min_accuracy=0.0, mode="cluster", image="img:1",
                          pvc_name="data", run_key="r")
@@ -167,3 +167,28 @@ def test_on_a_cluster_a_model_registry_version_is_served_as_it_is(
     else:  # register skipped: as without it
         assert figures["storage_uri"].startswith("pvc://data/")
         assert "registered_model" not in figures
+
+
+@pytest.mark.parametrize("metrics", [{"accuracy": None}, {"rows": 60}])
+def test_an_evaluation_without_accuracy_is_neither_registered_nor_deployed(
+        metrics, trained_tiny, tiny_digits, tmp_path):
+    """Unlabelled evaluation images give no accuracy: both steps say so and succeed, through the
+    one gate they share (the register step's own copy once raised TypeError here)."""
+    from pipelines.steps.register import register_step
+
+    evaluation = tmp_path / "evaluation"
+    evaluation.mkdir()
+    (evaluation / "metrics.json").write_text(json.dumps(metrics))
+    got = register_step(trained_tiny, evaluation, name="digits", min_accuracy=0.0,
+                        environ={"MLFLOW_TRACKING_URI": "http://127.0.0.1:1"})
+    assert not got["registered"] and "not registered: no evaluated accuracy" in got["reason"]
+
+    def no_cluster(out=None):
+        raise AssertionError("the gate failed: nothing may connect")
+
+    for mode in ("local", "cluster"):
+        figures = step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / mode,
+                                   name="digits", min_accuracy=0.0, mode=mode, image="img:1",
+                                   pvc_name="data", run_key="r", connect=no_cluster)
+        assert figures["deployed"] == 0 and figures["accuracy"] is None
+        assert "not deployed: no evaluated accuracy" in figures["reason"]

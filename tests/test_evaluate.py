@@ -205,7 +205,7 @@ def test_cli_evaluate_logs_into_the_run_of_mlflow_run_id(mlflow_server, tmp_path
 
 def test_cli_evaluate_with_the_server_down_is_one_named_line(tmp_path, capsys, caplog,
                                                              monkeypatch):
-    from conftest import free_port
+    from pipelines.clients.endpoints import free_port
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     scored = write_scored(tmp_path / "s.csv", "abcd", [(t, p, None) for t, p in HAND_ROWS])

@@ -226,10 +226,9 @@ def test_export_flags_agree_with_the_quantize_module():
 
 def test_serve_offers_every_predictor_runtime():
     from pipelines.cli import build_parser
-    from trainer.use.predict import RUNTIMES
-
     from pipelines.serve.server import ServeOptions
     from trainer.options import options_of
+    from trainer.use.predict import RUNTIMES
 
     declared = next(o for o in options_of(ServeOptions) if o.name == "runtime")
     assert tuple(declared.choices) == RUNTIMES

@@ -1,7 +1,8 @@
 """Hostile inputs, one table: each must end in its named error or a reported skip, leave the
 input as it was, and leave no half-written output. The test prints how many it tried.
 
-The table holds one or two of each kind the issue names; the variants (15 unsafe archive members,
+The table holds one or two of each kind of hostile input (archives, image files, labels CSVs,
+image directories, model folders, parameters); the variants (15 unsafe archive members,
 every bad-file type, labels-CSV errors, damaged image directories and model folders, every
 parameter range) are in test_convert.py, test_imagedir.py, test_models.py and test_train.py.
 Every error here is a KfvisionError, so the command line exits 2: permanent under a PyTorchJob's

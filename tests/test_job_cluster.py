@@ -26,7 +26,7 @@ from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import JobFailedError, JobTimeoutError
 from pipelines.jobs.pytorchjob.build import build_pytorchjob
 from trainer.config import TrainConfig
-from trainer.errors import KfvisionError
+from trainer.errors import StorageError
 
 NS = "kubeflow"
 JOB = build_pytorchjob(JobConfig(name="digits", image="i", nodes=3,
@@ -345,7 +345,7 @@ def test_the_train_step_gives_the_job_the_workspace_claim_of_its_own_pod(monkeyp
                                                     "--workspace-access ReadWriteMany"):
         train_step.job_volumes(client, "/kfp-workspace", "", nodes=2)
     assert set(fake.calls) == WORKSPACE_CALLS <= _rbac_rules()
-    with pytest.raises(KfvisionError, match="mounts no PVC at /elsewhere"):
+    with pytest.raises(StorageError, match="mounts no PVC at /elsewhere"):
         train_step.job_volumes(client, "/elsewhere", "", nodes=1)
 
 

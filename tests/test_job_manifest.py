@@ -14,7 +14,8 @@ import yaml
 from conftest import reference_file
 
 from pipelines.cli import main
-from pipelines.jobs.config import JobConfig, Toleration, Volume, job_name, to_yaml, train_flags
+from pipelines.clients.k8s import to_yaml
+from pipelines.jobs.config import JobConfig, Toleration, Volume, job_name, train_flags
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.pytorchjob.build import build_pytorchjob
 from pipelines.jobs.pytorchjob.rules import validate_pytorchjob, webhook_problems

@@ -18,7 +18,7 @@ from trainer.data.decode import load_rgb
 from trainer.data.imagedir import MANIFEST, read_image_directory, write_manifest
 from trainer.data.pack import INDEX, PIXELS, StalePackWarning, write_pack
 from trainer.data.transforms import eval_transform, train_transform
-from trainer.errors import InvalidDatasetError
+from trainer.errors import InvalidDatasetError, OutputError
 from trainer.train import main as train_main
 
 # (file, format, mode): every way an image reaches load_rgb (libjpeg-turbo or Pillow + conversion)
@@ -151,7 +151,7 @@ def test_packing_refuses_an_image_deleted_while_it_packs(mixed, monkeypatch):
 def test_packing_refuses_when_the_pixels_do_not_fit_on_the_disk(mixed, monkeypatch):
     monkeypatch.setattr("trainer.data.pack.shutil.disk_usage", lambda _: shutil._ntuple_diskusage(
         10**6, 10**6, 100))
-    with pytest.raises(InvalidDatasetError, match="GiB is free there"):
+    with pytest.raises(OutputError, match="GiB is free there"):
         write_pack(mixed, progress=False)
     assert not (mixed / PIXELS).exists()
 

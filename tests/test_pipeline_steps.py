@@ -324,10 +324,10 @@ def test_a_cluster_that_serves_neither_kind_is_told_so(tmp_path, monkeypatch, ti
 
 
 def test_the_cluster_path_needs_the_data_pvc(tmp_path, monkeypatch, tiny_digits, resnet18_dir):
-    from trainer.errors import KfvisionError
+    from trainer.errors import StorageError
 
     monkeypatch.setattr(train_step, "DATA_MOUNT", str(tmp_path))  # a folder, not a mount
-    with pytest.raises(KfvisionError, match="neither the run's KFP workspace nor the data PVC"):
+    with pytest.raises(StorageError, match="neither the run's KFP workspace nor the data PVC"):
         train_step.train_step(resnet18_dir, tiny_digits["train"], tiny_digits["val"],
                               tmp_path / "o", tmp_path / "job.yaml",
                               options=train_options(

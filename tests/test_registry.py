@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.cli import main as cli
 from pipelines.clients import registry
-from pipelines.clients.endpoints import EndpointUnreachableError
+from pipelines.clients.endpoints import EndpointUnreachableError, free_port
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
 
 
@@ -57,8 +57,6 @@ def test_bad_names_and_registries_are_named_errors(argv, message, trained_tiny, 
 
 
 def test_an_unreachable_registry_is_exit_69(trained_tiny, monkeypatch, capsys):
-    from conftest import free_port
-
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     with pytest.raises(EndpointUnreachableError):
         registry.register_mlflow(trained_tiny, "x",
@@ -69,8 +67,8 @@ def test_not_a_model_directory_and_bad_uris_are_named(tmp_path):
     with pytest.raises(InvalidModelDirectoryError):
         registry.describe_model(tmp_path)
     with pytest.raises(InvalidParameterError, match="models:/NAME/VERSION"):
-        registry.resolve_model("models:/digits", tracking_uri="http://127.0.0.1:1")
-    assert registry.resolve_model(tmp_path) == tmp_path
+        registry.fetch_mlflow_version("models:/digits", tracking_uri="http://127.0.0.1:1",
+                                      cache=tmp_path)
 
 
 # --- Kubeflow Model Registry ------------------------------------------------------------------
@@ -125,15 +123,17 @@ class FakeModelRegistry:
                 spec_path, args, query = self._route("GET")
                 fake.calls.append(("GET", spec_path))
                 kind = {"/registered_model": "RegisteredModel", "/model_version": "ModelVersion",
+                        "/model_artifact": "ModelArtifact",
                         "/registered_models": "list"}.get((spec_path or "")[len(SPEC_PREFIX):])
                 if kind == "list":
                     items = [o for o in fake.objects.values() if o["_kind"] == "RegisteredModel"]
                     return self._answer(200, {"items": items, "size": len(items),
                                               "pageSize": int(query.get("pageSize", 100)),
                                               "nextPageToken": ""})
+                parent = "modelVersionId" if kind == "ModelArtifact" else "registeredModelId"
                 for o in fake.objects.values():
                     if (kind and o["_kind"] == kind and o["name"] == query.get("name") and
-                            o.get("registeredModelId") == query.get("parentResourceId")):
+                            o.get(parent) == query.get("parentResourceId")):
                         return self._answer(200, o)
                 self._answer(404, {"code": "404", "message": "not found"})
 
@@ -274,8 +274,6 @@ def test_deploy_render_checks_model_registry_uris_when_the_registry_answers(
         fake_registry, trained_tiny, monkeypatch, capsys):
     """Against the fake of the Kubeflow Model Registry: a version it holds is checked, one it
     lacks is a RegistryError; with no registry URL, or none answering, it goes out unchecked."""
-    from conftest import free_port
-
     got = registry.register_kubeflow(trained_tiny, "digits", storage_uri="s3://models/digits/",
                                      url=fake_registry.url, author="ci")
     base = ["deploy", "render", "--name", "digits", "--image", "registry.example.com/kfv:1",

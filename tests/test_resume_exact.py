@@ -3,7 +3,8 @@ tried as a user would: `kfvision job render` and `kfvision job run-local` in a s
 SIGKILL from outside the project's own fault drill, to processes found by their environment
 (/proc/PID/environ), at a step of epoch 2 of 3. 2 nodes x 2 processes: with 2 processes a sum of
 two gradients is the same in either order, so only 3 or more show a reduction done in another order
-(issue 26: DDP's first step after a fresh start, trainer/distributed.py: wrap_model).
+(DDP buckets a new wrapper's first backward differently from every later one: see
+trainer/distributed.py, wrap_model).
 """
 
 import contextlib
@@ -205,7 +206,7 @@ def setup(tmp_path_factory, resnet18_dir) -> dict:
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind, node, local_rank, step", [
-    ("pytorchjob", 1, 0, 2),     # the Worker's local rank 0 (issue 26)
+    ("pytorchjob", 1, 0, 2),     # the Worker's local rank 0: its DDP buckets start anew
     ("trainjob", 1, 0, 2),       # the same in a TrainJob
     ("pytorchjob", 1, None, 3),  # the whole Worker pod (both processes and the launcher)
     ("trainjob", 0, 0, 1),       # the Master's process (global rank 0, which writes checkpoints)

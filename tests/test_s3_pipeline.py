@@ -70,7 +70,8 @@ def test_on_a_cluster_an_s3_model_is_deployed_from_there(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_local_pipeline_from_an_s3_source_to_an_s3_model(s3_bucket, tiny_digits, tmp_path):
-    from pipelines.clients import s3, s3sync
+    from pipelines.clients import s3
+    from pipelines.clients.models import resolve_model
     from pipelines.localrun import find, run_local_pipeline
     from trainer.data.imagedir import MANIFEST
 
@@ -86,5 +87,5 @@ def test_local_pipeline_from_an_s3_source_to_an_s3_model(s3_bucket, tiny_digits,
     keys = {o.key for o in s3.list_objects(uri)}
     assert {"models/digits/model.json", "models/digits/weights.pt"} <= keys
     trained = find(run, "train-pytorch-model", "trained_model")
-    assert (s3sync.fetch_model(uri) / "weights.pt").read_bytes() == \
+    assert (resolve_model(uri) / "weights.pt").read_bytes() == \
         (trained / "weights.pt").read_bytes()

@@ -1,4 +1,4 @@
-"""A user's own script (issue 31): packing, render (ConfigMap + PyTorchJob/TrainJob, checked
+"""A user's own script: packing, render (ConfigMap + PyTorchJob/TrainJob, checked
 against the upstream schemas and rules), the pod-side boot, and local runs of scripts written in
 the three styles users bring (tests/scripts/), each unchanged."""
 

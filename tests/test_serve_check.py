@@ -1,22 +1,39 @@
-"""The pipeline deploy step's functions: the accuracy gate, and serve-and-check on a real server."""
+"""The pipeline deploy step's functions: the accuracy gate (the register step's too), and
+serve-and-check on a real server."""
 
 import csv
+import json
 
 import pytest
 
-from pipelines.serve.check import ServedLabelsDifferError, deploy_decision, serve_and_check
+from pipelines.serve.check import ServedLabelsDifferError, serve_and_check
+from pipelines.steps.common import accuracy_gate
+from trainer.errors import EvaluationError
 from trainer.use.score import score
 
 
-@pytest.mark.parametrize("accuracy, minimum, deploy, words", [
-    (0.95, 0.9, True, "deploying: accuracy 0.9500 >= deploy_min_accuracy 0.9000"),
-    (0.9, 0.9, True, "deploying"),
-    (0.5, 0.9, False, "below deploy_min_accuracy 0.9000"),
-    (None, 0.0, False, "no evaluated accuracy"),
+@pytest.mark.parametrize("step", ["register", "deploy"])
+@pytest.mark.parametrize("metrics, minimum, passes, words", [
+    ({"accuracy": 0.95}, 0.9, True, "ing: accuracy 0.9500 >= {step}_min_accuracy 0.9000"),
+    ({"accuracy": 0.9}, 0.9, True, "ing: accuracy 0.9000"),
+    ({"accuracy": 0.5}, 0.9, False, "ed: accuracy 0.5000 is below {step}_min_accuracy 0.9000"),
+    ({"accuracy": None}, 0.0, False, "ed: no evaluated accuracy"),  # unlabelled images
+    ({"rows": 60}, 0.0, False, "ed: no evaluated accuracy"),
 ])
-def test_deploy_decision(accuracy, minimum, deploy, words):
-    got = deploy_decision(accuracy, minimum)
-    assert got[0] is deploy and words in got[1]
+def test_one_accuracy_gate_for_register_and_deploy(step, metrics, minimum, passes, words,
+                                                   tmp_path):
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    ok, accuracy, reason = accuracy_gate(tmp_path, minimum, step=step)
+    assert ok is passes and accuracy == metrics.get("accuracy")
+    assert words.format(step=step) in reason
+
+
+@pytest.mark.parametrize("text", [None, "{not json", "[1, 2]"])
+def test_an_unreadable_evaluation_is_an_evaluation_error(text, tmp_path):
+    if text is not None:
+        (tmp_path / "metrics.json").write_text(text)
+    with pytest.raises(EvaluationError, match="metrics.json: the evaluation cannot be read"):
+        accuracy_gate(tmp_path, 0.5, step="register")
 
 
 def test_serve_and_check_agrees_with_score_and_notices_a_difference(trained_tiny, tiny_digits,

@@ -14,8 +14,9 @@ import threading
 import uuid
 
 import pytest
-from conftest import REPO, _converted, free_port, train_argv
+from conftest import REPO, _converted, train_argv
 
+from pipelines.clients.endpoints import free_port
 from trainer.tracking import Tracker, failure
 from trainer.train import main
 

@@ -19,14 +19,14 @@ from test_least_privilege import restricted_problems
 from pipelines.cli import main
 from pipelines.jobs.config import JobConfig, Toleration, Volume
 from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.trainjob.build import PERMANENT_CODES, Runtime, build_runtime, build_trainjob
+from pipelines.jobs.trainjob.build import PERMANENT_CODES, RuntimeRef, build_runtime, build_trainjob
 from pipelines.jobs.trainjob.rules import runtime_jobs, validate_trainjob, webhook_problems
 from trainer import exitcodes
 
 TRAINER_V2 = SHARED_REFERENCE / "trainer-v2"
 RUNTIMES = REPO / "manifests" / "trainer-v2"
 KFV = ["--kind", "trainjob", "--runtime", "kfvision-torch"]
-GOLDEN = {  # the four shapes: 1x1 CPU, 2x2 CPU, 3x4 GPU, 4x8 GPU
+GOLDEN = {  # nodes x processes: 1x1 and 2x2 on CPU, 3x4 and 4x8 on GPUs (one node, many, both)
     "trainjob-cpu-1x1": ["--kind", "trainjob", "--name", "digits", "--image", IMAGE, *DATA,
                          "--epochs", "15", "--image-size", "32", "--batch-size", "32"],
     "trainjob-cpu-2x2": [*KFV, "--name", "digits-2x2", "--image", IMAGE, "--nodes", "2",
@@ -71,7 +71,7 @@ def trainjob_schema() -> dict:
 def job_of(runtime=None, **kwargs) -> dict:
     return build_trainjob(JobConfig(**{"name": "digits", "train": TRAIN,
                                        "image": "registry.example.com/kfvision:0.1", **kwargs}),
-                          runtime or Runtime())
+                          runtime or RuntimeRef())
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -92,7 +92,7 @@ def test_shipped_runtimes_are_current_and_pass_their_crd(file):
     options = RUNTIME_FILES[file]
     runtime = build_runtime(IMAGE, **options)
     text = "".join(f"# {line}\n" for line in RUNTIME_HEADER.splitlines())
-    from pipelines.jobs.config import to_yaml
+    from pipelines.clients.k8s import to_yaml
 
     text += to_yaml(runtime)
     if UPDATE:
@@ -177,8 +177,8 @@ def test_rendered_trainjob_passes_the_crd_and_its_pods_are_restricted(config, tr
     (dict(restart_policy="OnFailure"), "--restart-policy does not apply to a TrainJob"),
     (dict(backoff_limit=5), "--backoff-limit does not apply"),
     (dict(ttl=60), "--ttl does not apply"),
-    (dict(runtime=Runtime("x", "JobSet")), "--runtime-kind 'JobSet'"),
-    (dict(runtime=Runtime("Bad_Name")), "--runtime 'Bad_Name'"),
+    (dict(runtime=RuntimeRef("x", "JobSet")), "--runtime-kind 'JobSet'"),
+    (dict(runtime=RuntimeRef("Bad_Name")), "--runtime 'Bad_Name'"),
 ])
 def test_render_refuses_what_the_cluster_would(kwargs, message):
     with pytest.raises(InvalidJobError, match=message):

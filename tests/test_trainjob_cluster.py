@@ -30,13 +30,13 @@ from pipelines.jobs.cluster import job_state, submit
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError, JobFailedError, JobTimeoutError
 from pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB, pick_kind, served_kinds
-from pipelines.jobs.trainjob.build import Runtime, build_trainjob
+from pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
 from pipelines.steps import train as train_step
 from trainer.config import TrainConfig
 
 CFG = JobConfig(name="digits", image="i", nodes=3,
                 train=TrainConfig(model="/m", train="/t", val="/v", out="/o"))
-TJOB = build_trainjob(CFG, Runtime("kfvision-torch"))
+TJOB = build_trainjob(CFG, RuntimeRef("kfvision-torch"))
 
 
 class FakeTrainer(FakeCluster):
@@ -170,7 +170,7 @@ def test_job_state_reads_trainjob_conditions(status, state):
 
 
 def test_the_role_grants_exactly_the_calls_both_kinds_make(tmp_path, monkeypatch, capsys):
-    namespaced = build_trainjob(CFG, Runtime("kfvision-torch", "TrainingRuntime"))
+    namespaced = build_trainjob(CFG, RuntimeRef("kfvision-torch", "TrainingRuntime"))
     calls = set()
     for fake, job in ((FakeTrainer([T_RUNNING, T_COMPLETE]), TJOB),
                       (FakeTrainer([T_COMPLETE], runtimes=(("trainingruntimes",

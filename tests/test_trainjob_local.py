@@ -13,7 +13,7 @@ from conftest import run_job
 
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
-from pipelines.jobs.trainjob.build import Runtime, build_runtime, build_trainjob
+from pipelines.jobs.trainjob.build import RuntimeRef, build_runtime, build_trainjob
 from pipelines.jobs.trainjob.local import (
     STOCK,
     FailurePolicy,
@@ -30,7 +30,7 @@ TRAIN = TrainConfig(model="/m", train="/t", val="/v", out="/o")
 def make_trainjob(nodes=2, nproc=1, runtime="kfvision-torch", script="", name="t", **extra):
     """A rendered TrainJob whose nodes run `python -c script` instead of torchrun."""
     job = build_trainjob(JobConfig(name=name, image="local", train=TRAIN, nodes=nodes,
-                                   procs_per_node=nproc, **extra), Runtime(runtime))
+                                   procs_per_node=nproc, **extra), RuntimeRef(runtime))
     job["spec"]["trainer"].update(command=["python", "-c", textwrap.dedent(script)], args=[])
     return job
 
@@ -94,7 +94,7 @@ def test_render_writes_numprocpernode_so_the_plugin_takes_ours(extra, nproc):
     `auto` (one per GPU torchrun sees) with GPUs: render always writes it, for CPU and GPU jobs
     alike, so the processes per node are those of --procs-per-node (else one per GPU, else 1)."""
     job = build_trainjob(JobConfig(name="t", image="i", train=TRAIN, nodes=2, **extra),
-                         Runtime("kfvision-torch"))
+                         RuntimeRef("kfvision-torch"))
     assert str(job["spec"]["trainer"]["numProcPerNode"]) == nproc
     assert torch_env(job, 1)["PET_NPROC_PER_NODE"] == nproc
     del job["spec"]["trainer"]["numProcPerNode"]  # what the plugin would have done instead

@@ -265,7 +265,7 @@ def test_the_local_trainjob_runner_injects_what_the_controller_does(tmp_path, ti
     as trainjobstatus.go injects them, and rank 0 reports every epoch, re-reading the token that
     rotates after each report. 2 nodes x 1 process."""
     from pipelines.jobs.config import JobConfig
-    from pipelines.jobs.trainjob.build import Runtime, build_trainjob
+    from pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
     from pipelines.jobs.trainjob.local import StatusEndpoint, run_local
     from trainer.config import TrainConfig
 
@@ -273,7 +273,7 @@ def test_the_local_trainjob_runner_injects_what_the_controller_does(tmp_path, ti
                         val=str(tiny_digits["val"]), out=str(tmp_path / "out"), epochs=2,
                         image_size=32, batch_size=16, lr=0.05, augment="none", print_freq=100)
     job = build_trainjob(JobConfig(name="digits-progress", image="local", train=train, nodes=2),
-                         Runtime("kfvision-torch"))
+                         RuntimeRef("kfvision-torch"))
     server = StatusServer(tmp_path / "kubeflow-trainer", namespace="default",
                           name="digits-progress", rotate=True)
     base = "{0.scheme}://{0.netloc}".format(urlsplit(server.url))

@@ -138,9 +138,10 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext, example: torch.Tensor,
     element in an order set by where it falls in its bucket, so with 3 or more processes the two
     layouts round the same gradients differently. A resumed run's first step is its processes'
     first, an unbroken run's is not: a resumed run ended some ulps away from one that never
-    stopped (issue 26). So one throwaway backward of `example` (an input like a batch's, forward
-    under `autocast()` as in training) has DDP rebuild before the first real step, in a run that
-    starts and one that resumes alike. It changes nothing of the model: eval mode (BatchNorm
+    stopped (tests/test_resume_exact.py shows it with 2 x 2 processes). So one throwaway
+    backward of `example` (an input like a batch's, forward under `autocast()` as in training)
+    has DDP rebuild before the first real step, in a run that starts and one that resumes
+    alike. It changes nothing of the model: eval mode (BatchNorm
     statistics stay, dropout draws no random numbers), no optimizer step, gradients dropped.
     """
     if not ctx.distributed:

@@ -27,7 +27,7 @@ from trainer.distributed import (
 from trainer.errors import NonFiniteLossError
 from trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
 from trainer.rng import capture_rng, restore_rng
-from trainer.runtime import Runtime
+from trainer.runtime import FastPath
 
 log = logging.getLogger("trainer")
 
@@ -101,13 +101,13 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, ctx: DistContext, model: nn.Module, train_loader,
                  val_loader, train_sampler=None, normalizer: Normalizer | None = None,
-                 runtime: Runtime | None = None):
+                 runtime: FastPath | None = None):
         self.cfg, self.ctx = cfg, ctx
         self.train_loader, self.val_loader, self.train_sampler = (train_loader, val_loader,
                                                                   train_sampler)
         self.normalize = normalizer or Normalizer()
-        rt = runtime or Runtime(cache=False, workers=0, amp=False, channels_last=False,
-                                compile=False)
+        rt = runtime or FastPath(cache=False, workers=0, amp=False, channels_last=False,
+                                 compile=False)
         self.memory_format = torch.channels_last if rt.channels_last else torch.contiguous_format
         self.amp = rt.amp
         model = model.to(ctx.device, memory_format=self.memory_format)

@@ -82,7 +82,19 @@ class NotLabeledDatasetError(InvalidDatasetError):
 
 
 class InvalidModelDirectoryError(KfvisionError):
-    """A folder given as an (untrained or trained) model directory is not one."""
+    """A folder given as an (untrained or trained) model directory is not one, or its weights do
+    not fit its architecture. Only that: a storage, parameter or evaluation problem has its own
+    error (tests/test_errors.py checks every raise)."""
+
+
+class StorageError(KfvisionError):
+    """The storage a step needs is not there: neither the run's KFP workspace nor the data PVC,
+    or a PVC that is not mounted where the step must read or write it."""
+
+
+class EvaluationError(KfvisionError):
+    """An evaluation (the metrics.json `kfvision evaluate` and the evaluate step write) cannot be
+    read."""
 
 
 class NonFiniteLossError(KfvisionError):

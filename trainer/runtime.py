@@ -3,7 +3,7 @@
 The processor is read in one place, `cpu_features` (`/proc/cpuinfo`'s flags less what
 ONEDNN_MAX_CPU_ISA hides from the kernels): its kind (AMX, AVX512_BF16, AVX-512, AVX2 only)
 and VNNI. Every CPU speed choice reads it, here (bf16, and channels_last with it) and for int8
-(`int8_reduce_range`); the resolved Runtime carries it (`cpu`) into metrics.json and config.yaml.
+(`int8_reduce_range`); the resolved FastPath carries it (`cpu`) into metrics.json and config.yaml.
 docs/benchmarks.md says which choice depends on which feature.
 
 Every switch has an explicit on/off value in TrainConfig; `auto` picks what measured faster on that
@@ -44,7 +44,7 @@ from trainer.presets import CPU_BF16_MIN_IMAGE_SIZE
 
 
 @dataclass(frozen=True)
-class Runtime:
+class FastPath:
     cache: bool
     workers: int
     amp: bool
@@ -206,7 +206,7 @@ def available_memory() -> int:
     return 4 << 30
 
 
-def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float = 0.0) -> Runtime:
+def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float = 0.0) -> FastPath:
     """The concrete fast-path settings from the config's auto/on/off values and this machine.
 
     `decoded_bytes`: of the training and validation images decoded; `jpeg_share`: the fraction
@@ -235,11 +235,11 @@ def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float
                                             and jpeg_share > 0.5)
     conv_gemm = cfg.conv_gemm == "on" or (cfg.conv_gemm == "auto" and not cuda)
     dct_scaling = cfg.dct_scaling == "on" and not gpu_decode
-    return Runtime(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm,
-                   dct_scaling, amp_reason, cpu.to_dict())
+    return FastPath(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm,
+                    dct_scaling, amp_reason, cpu.to_dict())
 
 
-def describe(rt: Runtime) -> str:
+def describe(rt: FastPath) -> str:
     cache = ("on (validation only)" if rt.gpu_decode else "on") if rt.cache else "off"
     return (f"cache {cache}, workers {rt.workers}, "
             f"{'bf16 autocast' if rt.amp else 'fp32'}"

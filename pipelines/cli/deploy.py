@@ -22,8 +22,7 @@ def _check_kubeflow(uri: str) -> None:
     import os
 
     from pipelines.clients.endpoints import EndpointUnreachableError
-    from pipelines.clients.registry import check_kubeflow_uri
-    from pipelines.steps.register import REGISTRY_TOKEN, REGISTRY_URL
+    from pipelines.clients.registry import REGISTRY_TOKEN, REGISTRY_URL, check_kubeflow_uri
 
     url = os.environ.get(REGISTRY_URL)
     if not url:
@@ -41,7 +40,8 @@ def _check_kubeflow(uri: str) -> None:
 
 
 def _render(args) -> int:
-    from pipelines.serve.deploy import build_inference_service, to_yaml
+    from pipelines.clients.k8s import to_yaml
+    from pipelines.serve.deploy import build_inference_service
 
     if args.model.startswith("models:/"):  # MLflow's registry: the version's storage URI
         from pipelines.clients.registry import storage_uri

@@ -7,7 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
-from pipelines.jobs.config import JobConfig, to_yaml
+from pipelines.clients.k8s import to_yaml
+from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
 from pipelines.jobs.kinds import KINDS as JOB_KINDS
@@ -91,12 +92,12 @@ def build_job(args, cfg: JobConfig) -> tuple:
             raise InvalidJobError("--runtime and --runtime-kind are for --kind trainjob; a "
                                   "PyTorchJob has no runtime. Drop them or add --kind trainjob.")
         return build_pytorchjob(cfg), []
-    from pipelines.jobs.trainjob.build import Runtime, build_trainjob
+    from pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
 
-    runtime = Runtime(args.runtime or Runtime.name, args.runtime_kind or Runtime.kind)
+    runtime = RuntimeRef(args.runtime or RuntimeRef.name, args.runtime_kind or RuntimeRef.kind)
     argv = ["--kind", "trainjob", "--runtime", runtime.name]
     return build_trainjob(cfg, runtime), argv + (
-        ["--runtime-kind", runtime.kind] if runtime.kind != Runtime.kind else [])
+        ["--runtime-kind", runtime.kind] if runtime.kind != RuntimeRef.kind else [])
 
 
 def _add_kind_flags(g) -> None:
@@ -123,7 +124,7 @@ def add_render(sub) -> None:
     add_flags(g, JOB_OPTIONS)
     _add_kind_flags(g)
     g.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
-    # --- a user's own script (issue 31): pipelines/cli/jobscript.py ---
+    # --- a user's own script: pipelines/cli/jobscript.py ---
     from pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
 
     add_script_flags(r)
@@ -320,7 +321,7 @@ def register(subparsers, help: str) -> None:
     d.add_argument("name", help="job name")
     d.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
     d.set_defaults(func=_delete)
-    # --- a user's own script in one step (issue 31): pipelines/cli/jobscript.py ---
+    # --- a user's own script in one step: pipelines/cli/jobscript.py ---
     from pipelines.cli.jobscript import add_download, add_run
 
     add_run(sub, JOB_OPTIONS, _add_kind_flags, _run_script)

@@ -42,8 +42,8 @@ def add_script_flags(parser, *, positional: bool = True) -> None:
     g.add_argument("-m", "--module", metavar="NAME", help="or the module to run (python -m)")
     g.add_argument("--requirements", metavar="FILE", help="pip requirements, relative to "
                    "--source (default: requirements.txt beside the entry)")
-    g.add_argument("--launcher", choices=LAUNCHERS, default="torchrun", help="torchrun (one "
-                   "process per GPU) or python (one per pod, the operator's RANK/WORLD_SIZE)")
+    g.add_argument("--launcher", choices=LAUNCHERS, default="torchrun",
+                   help="torchrun, or python: one process per pod, the operator's RANK/WORLD_SIZE")
     g.add_argument("--input", type=_pair("--input"), action="append", default=[],
                    metavar="NAME=URI", help="data channel: s3://, pvc://CLAIM/PATH or a pod "
                    "path (repeatable)")
@@ -180,7 +180,8 @@ def _ship(snap, transport, output: str | None) -> str:
 
 def render_script(args, build_kind) -> tuple:
     """(YAML text, the job dict, lines to tell the user) of `job render --source`."""
-    from pipelines.jobs.config import JobConfig, to_yaml
+    from pipelines.clients.k8s import to_yaml
+    from pipelines.jobs.config import JobConfig
     from pipelines.script.job import (
         NO_TRAINER,
         build_script_job,

@@ -8,20 +8,26 @@ from trainer.options import HelpFormatter
 
 
 def _register(args) -> int:
+    from pipelines.clients.models import resolve_model
+
     registry.check_name(args.name)
-    if registry.check_registry(args.registry) == "mlflow":
-        got = registry.register_mlflow(args.model, args.name, description=args.description,
+    kind = registry.check_registry(args.registry)
+    if kind == "kubeflow" and not args.registry_url:
+        from trainer.errors import InvalidParameterError
+
+        raise InvalidParameterError("--registry kubeflow needs --registry-url "
+                                    "(https://HOST[:PORT] of the Model Registry).")
+    env = {**os.environ, **({"MLFLOW_TRACKING_URI": args.tracking_uri} if args.tracking_uri
+                            else {})}
+    model = resolve_model(args.model, environ=env)  # a registered or pushed model: its copy
+    if kind == "mlflow":
+        got = registry.register_mlflow(model, args.name, description=args.description,
                                        tracking_uri=args.tracking_uri, run_id=args.run_id)
         where = f"MLflow at {args.tracking_uri or os.environ.get('MLFLOW_TRACKING_URI')}"
         uri = f"models:/{got['name']}/{got['version']}"
     else:
-        from trainer.errors import InvalidParameterError
-
-        if not args.registry_url:
-            raise InvalidParameterError("--registry kubeflow needs --registry-url "
-                                        "(https://HOST[:PORT] of the Model Registry).")
-        token = os.environ.get("KFVISION_REGISTRY_TOKEN")
-        got = registry.register_kubeflow(args.model, args.name, storage_uri=args.storage_uri,
+        token = os.environ.get(registry.REGISTRY_TOKEN)
+        got = registry.register_kubeflow(model, args.name, storage_uri=args.storage_uri,
                                          url=args.registry_url,
                                          author=args.author or os.environ.get("USER", "kfvision"),
                                          description=args.description, token=token)
@@ -34,7 +40,8 @@ def _register(args) -> int:
 
 def register(sub, help: str) -> None:
     r = sub.add_parser("register", help=help, formatter_class=HelpFormatter)
-    r.add_argument("--model", required=True, help="trained model directory")
+    r.add_argument("--model", required=True, help="trained model directory, or its s3://, "
+                   "models:/ or model-registry:// URI")
     r.add_argument("--name", required=True, help="registered model name")
     r.add_argument("--registry", default=registry.REGISTRIES[0],
                    help=f"one of {', '.join(registry.REGISTRIES)} "

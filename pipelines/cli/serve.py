@@ -27,6 +27,9 @@ def _serve(args) -> int:
         name = default_name(last.removesuffix(".onnx"))
     elif name is None and args.model.startswith("models:/"):  # models:/NAME/1: NAME
         name = default_name(args.model[len("models:/"):].split("/")[0].split("@")[0])
+    elif name is None and args.model.startswith("model-registry://"):  # [HOST/]NAME/VERSION
+        parts = args.model[len("model-registry://"):].split("/")
+        name = default_name(parts[-2] if len(parts) > 1 else parts[0])
     model = resolve_model(args.model, max_connections=args.max_connections)
     serve(model, name=name, http_port=args.http_port, grpc_port=args.grpc_port,
           workers=args.workers, model_threads=args.model_threads,

@@ -59,7 +59,7 @@ def _render(args) -> int:
     import dataclasses
 
     from pipelines.cli.job import build_job, job_config_from_args
-    from pipelines.jobs.config import to_yaml
+    from pipelines.clients.k8s import to_yaml
     from pipelines.tune.experiment import TRIAL_KINDS, build_experiment
 
     cfg = job_config_from_args(args)

@@ -18,6 +18,24 @@ from trainer.errors import KfvisionError
 from trainer.exitcodes import EXIT_AUTH, EXIT_TLS, EXIT_UNAVAILABLE
 
 
+def free_ports(n: int) -> list[int]:
+    """n different TCP ports nothing listens on now, on the loopback interface (for a local
+    server to take, or for an endpoint that is sure not to answer)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port() -> int:
+    """One TCP port nothing listens on now (loopback)."""
+    return free_ports(1)[0]
+
+
 class EndpointError(KfvisionError):
     """A server could not be used; `endpoint` names it."""
 

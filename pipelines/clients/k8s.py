@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from pipelines.clients.endpoints import EndpointAuthError, EndpointError, endpoint_error
 from trainer.errors import KfvisionError
 
@@ -358,3 +360,22 @@ class Api:
             if timeout_s is not None and self.clock() - start >= timeout_s:
                 raise timed_out()
             self.sleep(poll_s)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, lists indented under their key (as kubectl and most manifests write them)."""
+
+    def increase_indent(self, flow=False, indentless=False):
+        return super().increase_indent(flow, False)
+
+    def ignore_aliases(self, data):  # never &id001 anchors, even for a shared sub-dict
+        return True
+
+
+def to_yaml(manifest: dict, header: str | None = None) -> str:
+    """Deterministic YAML of a manifest (key order as built), with optional `# header` lines:
+    what every `render` command and step writes."""
+    text = yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+    if header:
+        text = "".join(f"# {line}\n" for line in header.splitlines()) + text
+    return text

@@ -30,6 +30,10 @@ from pipelines.script.contract import read_provenance
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, KfvisionError
 
 REGISTRIES = ("mlflow", "kubeflow")
+REGISTRY_URL = "KFVISION_REGISTRY_URL"  # ours: the Kubeflow Model Registry, https://HOST[:PORT]
+REGISTRY_TOKEN = "KFVISION_REGISTRY_TOKEN"  # ours: its bearer token
+MLFLOW_SCHEME = "models:/"  # models:/NAME/VERSION, models:/NAME@ALIAS (MLflow's own URIs)
+KUBEFLOW_SCHEME = "model-registry://"  # KServe's Model Registry storage initializer reads these
 FORMAT = "kfvision"  # the model format name in the Kubeflow registry
 HASH_TAG = "kfvision.content_sha256"
 SKIP = ("checkpoints",)  # never part of a registered model
@@ -280,23 +284,12 @@ def check_kubeflow_uri(uri: str, *, url: str, token: str | None = None) -> str:
         raise _endpoint_error(e, url, f"looking up {uri}") from e
 
 
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kfvision" / "models"
-
-
-def is_registry_uri(uri) -> bool:
-    return str(uri).startswith("models:/")
-
-
-def resolve_model(uri, *, tracking_uri: str | None = None, cache: Path | None = None) -> Path:
-    """A local trained model directory for `uri`: a path as it is; `models:/NAME/VERSION` or
-    `models:/NAME@ALIAS` (MLflow) fetched once into the cache (~/.cache/kfvision/models/NAME/
-    VERSION) and reused. Raises InvalidParameterError for a malformed URI, RegistryError for an
+def fetch_mlflow_version(uri: str, *, tracking_uri: str | None, cache: Path) -> Path:
+    """The local copy of the MLflow version `models:/NAME/VERSION` (or `models:/NAME@ALIAS`):
+    fetched once into `cache`/NAME/VERSION and reused (pipelines.clients.models.resolve_model is
+    what commands call). Raises InvalidParameterError for a malformed URI, RegistryError for an
     unknown model or version, Endpoint*Error when the server cannot be used."""
     text = str(uri)
-    if not is_registry_uri(text):
-        return Path(text)
     m = MODELS_URI.fullmatch(text)
     if not m:
         raise InvalidParameterError(f"--model {text!r}: write models:/NAME/VERSION or "
@@ -306,7 +299,7 @@ def resolve_model(uri, *, tracking_uri: str | None = None, cache: Path | None = 
     try:
         v = (client.get_model_version(name, m.group("version")) if m.group("version") else
              client.get_model_version_by_alias(name, m.group("alias")))
-        target = (cache or cache_root()) / name / str(v.version)
+        target = Path(cache) / name / str(v.version)
         if target.is_dir():  # renamed into place whole (below): a script's model has no model.json
             return target
         from mlflow.artifacts import download_artifacts

@@ -13,16 +13,31 @@ One mapping of failures, whichever command made the call (README, "Errors"):
     no such bucket                     NoSuchBucketError           2
     no such key, nothing under prefix  NoSuchObjectError           2
     nothing answered, timed out, 5xx   EndpointUnreachableError   69  (clients/endpoints.py)
+    a body that broke, came short, or   ObjectTransferError        69
+    with the wrong ETag, throttling,
+    on every try of the retry budget
     TLS handshake failed               EndpointTLSError           76
     no, wrong or expired credentials,  EndpointAuthError          77
     access denied
     object changed since listed        ChangedDatasetError         2
     any other refusal                  ObjectStoreError            2
 Messages name the URI and the endpoint, never a credential.
+
+Retries are ours, not botocore's (its own are switched off): botocore retries a request whose
+answer never came, but not a body that breaks while it is read (IncompleteReadError,
+ResponseStreamingError, a read timeout mid-body), and a body that comes short or with another
+ETag is no error to it at all. Here every call (a whole GET: request, body, size and ETag
+check) is one try, and a try that fails in a way another may fix (throttled, 5xx, reset, cut
+short, stalled, wrong bytes) is repeated under one `RetryPolicy`: exponential backoff with full
+jitter, a bounded number of tries and a bounded total time (docs/data.md, "Object storage").
 """
+import base64
 import contextlib
+import hashlib
 import os
+import random
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,12 +49,14 @@ from pipelines.clients.endpoints import (
     EndpointUnreachableError,
 )
 from trainer.errors import ChangedDatasetError, InvalidParameterError, KfvisionError
+from trainer.fileio import disk_errors
 from trainer.options import option
 
 SCHEME = "s3://"
 PART = ".kfvision-part-"
 CHUNK = 1 << 20
 DEFAULT_CONNECTIONS = 16
+SINGLE_PUT = 8 << 20  # files up to this size go up in one PUT whose ETag is checked
 AUTH_HINT = ("check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
              "AWS_SESSION_TOKEN, AWS_PROFILE, or the pod's web identity) and that they may read "
              "and write this bucket")
@@ -61,6 +78,51 @@ class NoSuchBucketError(ObjectStoreError):
 
 class NoSuchObjectError(ObjectStoreError):
     """No object at an `s3://` URI, and nothing under it as a prefix."""
+
+
+class ObjectTransferError(EndpointUnreachableError):
+    """Object storage answered, but every try of the retry budget failed in a way another try
+    might fix: throttled (503 SlowDown), a 5xx, a body that broke off, came short, stalled, or
+    came with an ETag other than the listed one. Exit 69: running the command again resumes."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How every object-storage call is retried (the one place: docs/data.md shows it).
+
+    Try n (0, 1, ...) that fails in a way another may fix is followed, after a random wait in
+    [0, min(cap_s, base_s * 2**n)] ("full jitter": clients that failed together do not come
+    back together), by try n + 1; at most `attempts` tries, and none that would start more than
+    `total_s` after the first. Timeouts apply to each try: connecting, and each read of the
+    answer (a body that stalls longer than `read_timeout_s` is a failed try)."""
+
+    attempts: int = 8
+    base_s: float = 0.2
+    cap_s: float = 10.0
+    total_s: float = 60.0
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 60.0
+
+    def wait(self, n: int) -> float:
+        """The backoff before try n + 1 (after try n failed)."""
+        return random.uniform(0.0, min(self.cap_s, self.base_s * 2 ** n))  # noqa: S311
+
+
+_policy = RetryPolicy()
+
+
+def retry_policy() -> RetryPolicy:
+    """The policy every call uses."""
+    return _policy
+
+
+def set_retry_policy(policy: RetryPolicy) -> RetryPolicy:
+    """Use `policy` from now on (the clients are made anew: their timeouts come from it);
+    returns the one it replaces."""
+    global _policy
+    old, _policy = _policy, policy
+    reset_clients()
+    return old
 
 
 def is_s3(uri) -> bool:
@@ -113,9 +175,12 @@ def client(max_connections: int = DEFAULT_CONNECTIONS):
                 import boto3
                 from botocore.config import Config
 
+                # botocore's own retries off: `retried` does them all, under one policy
                 _clients[max_connections] = boto3.session.Session().client("s3", config=Config(
-                    max_pool_connections=max_connections, connect_timeout=10, read_timeout=60,
-                    retries={"max_attempts": 3, "mode": "standard"}))
+                    max_pool_connections=max_connections,
+                    connect_timeout=_policy.connect_timeout_s,
+                    read_timeout=_policy.read_timeout_s,
+                    retries={"total_max_attempts": 1, "mode": "standard"}))
         return _clients[max_connections]
 
 
@@ -130,8 +195,7 @@ def _error(e: Exception, uri: str, doing: str) -> KfvisionError | None:
     """The named error of a boto3/botocore failure while `doing` `uri`, or None."""
     from botocore import exceptions as bx
 
-    made = list(_clients.values())
-    where = made[0].meta.endpoint_url if made else "the S3 endpoint"
+    where = _where()
     if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError,
                       bx.CredentialRetrievalError)):
         return EndpointAuthError(f"cannot {doing} {uri}: no usable AWS credentials ({e}); "
@@ -189,18 +253,105 @@ def mapped(uri: str, doing: str):
         raise err from e
 
 
+# S3 error codes that ask the client to slow down or try again (AWS S3 API reference, "Error
+# responses"; botocore's retryhandler.py lists the same for its own retries)
+_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
+                    "RequestThrottled", "RequestLimitExceeded", "TooManyRequestsException",
+                    "RequestTimeout", "RequestTimeoutException", "InternalError",
+                    "ServiceUnavailable", "BadDigest", "IncompleteBody"}
+
+
+class _BadBody(Exception):
+    """A GET or PUT whose answer came but is not the object: short, or another ETag or MD5."""
+
+
+def _transient(e: BaseException) -> bool:
+    """Whether another try may succeed where this one failed with `e`."""
+    import http.client
+
+    from botocore import exceptions as bx
+    from urllib3.exceptions import ProtocolError
+    from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+    if isinstance(e, _BadBody):
+        return True
+    if isinstance(e, bx.ClientError):
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code in _TRANSIENT_CODES or status == 429 or (isinstance(status, int)
+                                                             and status >= 500)
+    if isinstance(e, bx.SSLError):  # a certificate does not get better by asking again
+        return False
+    return isinstance(e, (bx.HTTPClientError, bx.ConnectTimeoutError, bx.ReadTimeoutError,
+                          bx.IncompleteReadError, bx.ResponseStreamingError, ProtocolError,
+                          Urllib3Timeout, http.client.HTTPException, ConnectionError,
+                          TimeoutError))
+
+
+def _what_failed(e: BaseException) -> str:
+    """A few words on a failed try, for the error after the last one."""
+    from botocore import exceptions as bx
+
+    if isinstance(e, _BadBody):
+        return str(e)
+    if isinstance(e, bx.ClientError):
+        err = e.response.get("Error", {})
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = str(err.get("Code", ""))
+        return f"HTTP {status}" + (f" {code}" if code and code != str(status) else "")
+    if isinstance(e, bx.ReadTimeoutError):
+        return f"no answer within the read timeout ({_policy.read_timeout_s:g} s)"
+    return f"{type(e).__name__}: {str(e).rstrip('.')}"
+
+
+def retried(uri: str, doing: str, attempt):
+    """attempt() under the retry policy; its failures, and the last of a spent budget, as named
+    errors (the module doc's table)."""
+    from botocore import exceptions as bx
+
+    policy, start = _policy, time.monotonic()
+    with mapped(uri, doing):
+        for n in range(policy.attempts):
+            try:
+                return attempt()
+            except Exception as e:
+                if isinstance(e, KfvisionError) or not _transient(e):
+                    raise
+                wait = policy.wait(n)
+                spent = time.monotonic() - start
+                if n + 1 >= policy.attempts or spent + wait > policy.total_s:
+                    tries = f"{n + 1} tr{'y' if n == 0 else 'ies'} over {spent:.1f} s"
+                    if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
+                        err = _error(e, uri, doing)
+                        raise type(err)(f"{err} ({tries})", err.endpoint) from e
+                    raise ObjectTransferError(
+                        f"cannot {doing} {uri}: {_what_failed(e)}, on the last of {tries} (the "
+                        "retry budget: docs/data.md, 'Object storage'). Running the same command "
+                        "again resumes: what is done is kept.", _where()) from e
+                time.sleep(wait)
+    raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+
+def _where() -> str:
+    made = list(_clients.values())
+    return made[0].meta.endpoint_url if made else "the S3 endpoint"
+
+
 def head(uri: str) -> Obj | None:
     """The object at `uri`, or None when there is none (the bucket must exist)."""
     from botocore.exceptions import ClientError
 
     bucket, key = split_uri(uri)
-    with mapped(uri, "read"):
+
+    def attempt():
         try:
-            r = client().head_object(Bucket=bucket, Key=key)
+            return client().head_object(Bucket=bucket, Key=key)
         except ClientError as e:
             if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 404:
                 raise
-            r = None
+            return None
+
+    r = retried(uri, "read", attempt)
     if r is None:
         check_bucket(uri)
         return None
@@ -211,62 +362,122 @@ def check_bucket(uri: str) -> None:
     """NoSuchBucketError unless the bucket of `uri` exists (a HEAD answers 404 with no code)."""
     bucket, _ = split_uri(uri)
     try:
-        with mapped(uri, "read"):
-            client().head_bucket(Bucket=bucket)
+        retried(uri, "read", lambda: client().head_bucket(Bucket=bucket))
     except NoSuchObjectError as e:
         raise NoSuchBucketError(f"no bucket {bucket!r} at {endpoint()} (for {uri}): check the "
                                 "name and the endpoint (AWS_ENDPOINT_URL).") from e
 
 
 def list_objects(uri: str, max_connections: int = DEFAULT_CONNECTIONS) -> Iterator[Obj]:
-    """The objects under the prefix of `uri`, page by page (1,000 at a time), in key order."""
+    """The objects under the prefix of `uri`, page by page (1,000 at a time), in key order; each
+    page is one call under the retry policy."""
     bucket, prefix = split_uri(uri)
-    with mapped(uri, "list"):
-        pages = client(max_connections).get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=prefix)
-        for page in pages:
-            for o in page.get("Contents", ()):
-                yield Obj(o["Key"], o["Size"], o["ETag"].strip('"'))
+    args = {"Bucket": bucket, "Prefix": prefix}
+    while True:
+        page = retried(uri, "list", lambda a=dict(args): client(max_connections)
+                       .list_objects_v2(**a))
+        for o in page.get("Contents", ()):
+            yield Obj(o["Key"], o["Size"], o["ETag"].strip('"'))
+        if not page.get("IsTruncated"):
+            return
+        args["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def _is_md5(etag: str, answer: dict) -> bool:
+    """Whether `etag` is the MD5 of the object's bytes: a single-part upload not encrypted with
+    KMS or a customer key (AWS S3 user guide, "Checking object integrity": those ETags are not)."""
+    return (len(etag) == 32 and "-" not in etag
+            and answer.get("ServerSideEncryption") not in ("aws:kms", "aws:kms:dsse")
+            and not answer.get("SSECustomerAlgorithm"))
 
 
 def download(obj: Obj, bucket: str, target: Path, max_connections: int = DEFAULT_CONNECTIONS,
              on_bytes=None) -> int:
     """Download `obj` (as listed: its ETag is asked for) to `target`, through a hidden temporary
-    file renamed into place when complete; returns the bytes written."""
+    file renamed into place once its size, ETag and (where the ETag is one) MD5 are checked;
+    retried under the policy. Returns the bytes written.
+
+    Raises:
+        ChangedDatasetError: the object changed or went since it was listed. ObjectTransferError:
+            no try of the budget brought it whole. OutputError: the local disk is full.
+    """
     uri = f"{SCHEME}{bucket}/{obj.key}"
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f"{PART}{uuid.uuid4().hex[:8]}-{target.name}"
-    written = 0
-    try:
-        with mapped(uri, "download"):
-            body = client(max_connections).get_object(Bucket=bucket, Key=obj.key,
-                                                       IfMatch=f'"{obj.etag}"')["Body"]
-            with open(tmp, "wb") as f:
-                for chunk in body.iter_chunks(CHUNK):
+
+    def attempt() -> int:
+        written = 0
+        try:
+            r = client(max_connections).get_object(Bucket=bucket, Key=obj.key,
+                                                   IfMatch=f'"{obj.etag}"')
+            etag = r["ETag"].strip('"')
+            if etag != obj.etag:  # a stale cache or proxy: the server itself checked If-Match
+                raise _BadBody(f"an answer with ETag {etag}, not the listed {obj.etag}")
+            md5 = hashlib.md5(usedforsecurity=False) if _is_md5(etag, r) else None
+            with disk_errors(target, obj.size), open(tmp, "wb") as f:
+                for chunk in r["Body"].iter_chunks(CHUNK):
                     f.write(chunk)
                     written += len(chunk)
+                    if md5 is not None:
+                        md5.update(chunk)
                     if on_bytes:
                         on_bytes(len(chunk))
-        os.replace(tmp, target)
+            if written != obj.size:
+                raise _BadBody(f"a body of {written} bytes, not {obj.size}")
+            if md5 is not None and md5.hexdigest() != etag:
+                raise _BadBody(f"a body whose MD5 {md5.hexdigest()} is not its ETag {etag}")
+        except BaseException:
+            if on_bytes and written:
+                on_bytes(-written)  # the progress bar counts this try's bytes again
+            raise
+        with disk_errors(target, obj.size):
+            os.replace(tmp, target)
+        return written
+
+    try:
+        return retried(uri, "download", attempt)
     except NoSuchObjectError as e:  # listed a moment ago
         raise ChangedDatasetError(f"{uri} was removed while it was being fetched; fetch again "
                                   "once nothing writes to the source.") from e
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    return written
 
 
 def upload(path: Path, bucket: str, key: str,
            max_connections: int = DEFAULT_CONNECTIONS) -> None:
-    """Upload the file `path` to `key` (multipart for large files, as boto3 decides)."""
-    with mapped(f"{SCHEME}{bucket}/{key}", "write"):
-        client(max_connections).upload_file(str(path), bucket, key)
+    """Upload the file `path` to `key`, retried under the policy. Up to SINGLE_PUT bytes: one PUT
+    with its Content-MD5 (the server refuses a damaged body) whose answered ETag must be that
+    MD5; larger: multipart (boto3's transfer manager), then its size checked with a HEAD."""
+    uri = f"{SCHEME}{bucket}/{key}"
+    path = Path(path)
+    size = path.stat().st_size
+    if size > SINGLE_PUT:
+        retried(uri, "write", lambda: client(max_connections).upload_file(str(path), bucket, key))
+        got = head(uri)
+        if got is None or got.size != size:
+            raise ObjectTransferError(f"{uri} holds {got and got.size} bytes after its upload, "
+                                      f"not the {size} of {path}: push again.", _where())
+        return
+    data = path.read_bytes()
+    digest = hashlib.md5(data, usedforsecurity=False)
+
+    def attempt() -> None:
+        r = client(max_connections).put_object(
+            Bucket=bucket, Key=key, Body=data,
+            ContentMD5=base64.b64encode(digest.digest()).decode())
+        etag = r["ETag"].strip('"')
+        if _is_md5(etag, r) and etag != digest.hexdigest():
+            raise _BadBody(f"an answer with ETag {etag}, not the MD5 {digest.hexdigest()} of "
+                           "what was sent")
+
+    retried(uri, "write", attempt)
 
 
 def delete(bucket: str, keys: list) -> None:
     """Delete `keys` (best effort: used to clean up; a failure is not raised)."""
-    with contextlib.suppress(KfvisionError), mapped(f"{SCHEME}{bucket}/", "delete from"):
+    with contextlib.suppress(KfvisionError):
         for i in range(0, len(keys), 1000):
-            client().delete_objects(Bucket=bucket, Delete={
-                "Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
+            batch = {"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True}
+            retried(f"{SCHEME}{bucket}/", "delete from",
+                    lambda b=batch: client().delete_objects(Bucket=bucket, Delete=b))

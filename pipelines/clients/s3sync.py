@@ -5,7 +5,7 @@ parallel fetch of a prefix or an object, a push of a folder, and the model cache
     fetch("s3://bucket/photos/", dest)          # every object under the prefix, into dest/
     fetch("s3://bucket/photos.tar.gz", dest)    # one object (an archive), into dest/
     push(model_dir, "s3://bucket/models/r18/")  # a folder up, every file under the prefix
-    fetch_model("s3://bucket/models/r18/")      # a local copy in a cache keyed by the ETags
+    fetch_model("s3://bucket/models/r18/", cache=...)  # a local copy, keyed by the ETags
 
 A fetch is resumable and checked. Each object is downloaded to a hidden temporary name beside its
 place (`.kfvision-part-...`: `convert` ignores hidden files, so a half-written file is never taken
@@ -16,6 +16,13 @@ the journal's, or that is gone, is a ChangedDatasetError. Every GET asks for the
 (`If-Match`), so an object rewritten between the listing and the download is caught too. The
 listing is streamed page by page and at most 2 x `max_connections` downloads are in flight, each
 streamed to disk in 1 MiB chunks: memory stays flat however many objects there are.
+
+A fetch ends in one of two states. Every object in place with its listed size and ETag (and its
+MD5, where the ETag is one), each GET retried under the object-storage layer's retry policy when
+throttled, reset, cut short, stalled or answered with another ETag. Or a named error: exit 69
+(ObjectTransferError, EndpointUnreachableError) once the policy's budget is spent, exit 4
+(OutputError) when the local disk is full, with the journal holding what is in place, so the
+same command resumes there.
 """
 
 import contextlib
@@ -23,13 +30,13 @@ import hashlib
 import json
 import os
 import threading
-import uuid
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from pipelines.clients import s3
 from trainer.errors import ChangedDatasetError, InvalidParameterError
+from trainer.fileio import atomic_write_bytes, disk_errors
 
 JOURNAL = ".kfvision-s3.jsonl"
 SCHEME = s3.SCHEME
@@ -96,17 +103,19 @@ class _Journal:
                 raise InvalidParameterError(
                     f"{folder} already holds files but no fetch (no {JOURNAL}): give a new "
                     "folder to fetch into, or an empty one.")
-            folder.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps({"source": uri}) + "\n", encoding="utf-8")
+            with disk_errors(self.path):
+                folder.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(self.path, (json.dumps({"source": uri}) + "\n").encode())
         self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
 
     def add(self, rel: str, obj: s3.Obj) -> None:
-        with self._lock:
+        with self._lock, disk_errors(self.path):  # a torn last line is ignored when read
             self._f.write(json.dumps({"path": rel, "etag": obj.etag, "bytes": obj.size}) + "\n")
             self._f.flush()
 
     def close(self) -> None:
-        self._f.close()
+        with contextlib.suppress(OSError):  # a full disk: the line is lost, the object fetched anew
+            self._f.close()
 
 
 def _changed(uri: str, what: str, folder: Path) -> ChangedDatasetError:
@@ -277,19 +286,13 @@ def push(folder, uri: str, *, max_connections: int = s3.DEFAULT_CONNECTIONS, ski
     return sorted(written)
 
 
-def cache_root(environ=None) -> Path:
-    """Where fetched models are kept: $XDG_CACHE_HOME/kfvision/s3 (~/.cache/kfvision/s3)."""
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kfvision" / "s3"
-
-
-def fetch_model(uri: str, *, cache: Path | None = None,
+def fetch_model(uri: str, *, cache: Path,
                 max_connections: int = s3.DEFAULT_CONNECTIONS) -> Path:
     """The local copy of the model at `uri`: a prefix (a model directory) or one object (an
-    ONNX export). Fetched once into `cache` (default `cache_root()`), in a folder keyed by its
-    objects' keys and ETags: the same model again costs one request, a changed one gets a new
-    folder."""
+    ONNX export). Fetched once into `cache` (under pipelines.clients.models.cache_root), in a
+    folder keyed by its objects' keys and ETags: the same model again costs one request, a
+    changed one gets a new folder. A fetch that stops (retry budget spent, full disk) resumes on
+    the next call."""
     bucket, key = s3.split_uri(uri)
     one = s3.head(uri) if key and not key.endswith("/") else None
     if one is not None:
@@ -302,18 +305,28 @@ def fetch_model(uri: str, *, cache: Path | None = None,
             raise s3.NoSuchObjectError(f"no model at {uri} ({s3.endpoint()}): check the path "
                                        "(upload one with `kfvision push DIR URI`).")
     digest = hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:16]
-    root = (cache or cache_root()) / bucket / key.strip("/").replace("/", "__")
+    root = Path(cache) / bucket / key.strip("/").replace("/", "__")
     final = root / digest
     name = PurePosixPath(key).name if one is not None else ""
     if not (final / JOURNAL).exists():
-        tmp = root / f".{digest}.tmp-{uuid.uuid4().hex[:8]}"
-        try:
-            fetch(source, tmp, max_connections=max_connections, progress=False)
-            if not final.exists():  # else another process got there first: the same objects
-                os.replace(tmp, final)
-        finally:
-            if tmp.exists():
-                import shutil
-
-                shutil.rmtree(tmp, ignore_errors=True)
+        _fetch_into_cache(source, root, digest, max_connections)
     return final / name if name else final
+
+
+def _fetch_into_cache(source: str, root: Path, digest: str, max_connections: int) -> None:
+    """Fetch `source` into root/digest: into root/.digest.partial, renamed when whole. The
+    partial folder stays after a failure, so the next try resumes it; a lock file keeps two
+    processes from fetching into it at once (the second waits, then finds the model there)."""
+    import fcntl
+
+    final, partial = root / digest, root / f".{digest}.partial"
+    with disk_errors(root):
+        root.mkdir(parents=True, exist_ok=True)
+        lock = open(root / f".{digest}.lock", "a+b")  # noqa: SIM115 (closed below)
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / JOURNAL).exists():  # another process got there first: the same objects
+            return
+        fetch(source, partial, max_connections=max_connections, progress=False)
+        with disk_errors(final):
+            os.replace(partial, final)

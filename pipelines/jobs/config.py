@@ -24,8 +24,6 @@ import re
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
-import yaml
-
 from pipelines.clients.k8s import GPU_RESOURCE, dns1035_problem, dns1123_problem
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.pytorchjob.rules import RESTART_POLICIES
@@ -308,21 +306,3 @@ def pod_spec(cfg: JobConfig, container: str, ports: list = ()) -> dict:
     spec["containers"] = [_container(cfg, container, list(ports))]
     spec["volumes"] = volumes
     return spec
-
-
-class _Dumper(yaml.SafeDumper):
-    """Block style, lists indented under their key (as kubectl and most manifests write them)."""
-
-    def increase_indent(self, flow=False, indentless=False):
-        return super().increase_indent(flow, False)
-
-    def ignore_aliases(self, data):  # never &id001 anchors, even for a shared sub-dict
-        return True
-
-
-def to_yaml(job: dict, header: str | None = None) -> str:
-    """Deterministic YAML of `job` (key order as built), with optional `# header` lines."""
-    text = yaml.dump(job, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
-    if header:
-        text = "".join(f"# {line}\n" for line in header.splitlines()) + text
-    return text

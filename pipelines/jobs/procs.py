@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -246,12 +245,6 @@ def _wait_gone(replicas: list, seconds: float, until=lambda: False) -> None:
                 or _alive_of(replicas, proc_table())):
             return
         time.sleep(0.1)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def container_env(container: dict, source: str) -> dict:

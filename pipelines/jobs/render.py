@@ -10,9 +10,9 @@ def render_job(cfg: JobConfig, kind, runtime: str) -> dict:
     from pipelines.jobs.kinds import TRAINJOB
 
     if kind is TRAINJOB:
-        from pipelines.jobs.trainjob.build import Runtime, build_trainjob
+        from pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
 
-        return build_trainjob(cfg, Runtime(runtime).validate())
+        return build_trainjob(cfg, RuntimeRef(runtime).validate())
     from pipelines.jobs.pytorchjob.build import build_pytorchjob
 
     return build_pytorchjob(cfg)

@@ -235,10 +235,10 @@ def build_script_job(cfg: JobConfig, script: ScriptConfig, snap: Snapshot, trans
     args = _boot_args(cfg, script, transport, snap.sha256, hosts)
     volumes, mounts = _mounts(transport, snap.sha256)
     if kind == "trainjob":
-        from pipelines.jobs.trainjob.build import Runtime, build_trainjob
+        from pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
         from pipelines.jobs.trainjob.rules import validate_trainjob
 
-        job = build_trainjob(cfg, Runtime(runtime or Runtime.name))
+        job = build_trainjob(cfg, RuntimeRef(runtime or RuntimeRef.name))
         job["spec"]["trainer"].update(command=list(BOOT_COMMAND), args=args)
         patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
         pod = patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]

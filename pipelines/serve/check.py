@@ -1,8 +1,9 @@
 """What the pipeline's deploy step runs, as ordinary functions (the KFP component is a thin shell).
 
-On a cluster the step deploys only a model good enough (`deploy_decision`); locally it starts
-`kfvision serve` on a free port, sends the validation images through the v1 and v2 protocols,
-checks the served labels equal the scored ones, and stops the server (`serve_and_check`).
+Locally the step starts `kfvision serve` on a free port, sends the validation images through the
+v1 and v2 protocols, checks the served labels equal the scored ones, and stops the server
+(`serve_and_check`). Whether to deploy at all is the gate the register step shares
+(pipelines.steps.common.accuracy_gate).
 """
 
 import csv
@@ -19,16 +20,6 @@ class ServedLabelsDifferError(KfvisionError):
     """The served labels are not the scored labels for the same images."""
 
     exit_code = 1
-
-
-def deploy_decision(accuracy: float | None, min_accuracy: float) -> tuple[bool, str]:
-    """(deploy?, why): deploy only when the evaluated accuracy reaches `min_accuracy`."""
-    if accuracy is None:
-        return False, "not deployed: no evaluated accuracy (the validation data has no labels)"
-    if accuracy < min_accuracy:
-        return False, (f"not deployed: accuracy {accuracy:.4f} is below deploy_min_accuracy "
-                       f"{min_accuracy:.4f}")
-    return True, f"deploying: accuracy {accuracy:.4f} >= deploy_min_accuracy {min_accuracy:.4f}"
 
 
 def _post(url: str, body: bytes) -> dict:

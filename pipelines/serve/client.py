@@ -7,7 +7,6 @@ until `/v2/health/ready`, send v1 or v2 requests, stop it.
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,21 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-
-def free_ports(n: int) -> list[int]:
-    """n different ports free on the loopback interface now."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
+from pipelines.clients.endpoints import free_ports
 
 
 def request(url: str, body: bytes | None = None, content_type: str = "application/json",

@@ -173,9 +173,3 @@ def build_inference_service(cfg: DeployConfig) -> dict:
                                      "effect": "NoSchedule"}]
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
             "spec": {"predictor": predictor}}
-
-
-def to_yaml(manifest: dict) -> str:
-    import yaml
-
-    return yaml.safe_dump(manifest, sort_keys=False)

@@ -1,7 +1,8 @@
 """The deploy step: after evaluation, put the model behind KServe's protocols if it is good enough.
 
     gate    both modes deploy only when the evaluated accuracy reaches deploy_min_accuracy
-            (pipelines.serve.check.deploy_decision); otherwise the step says why and succeeds.
+            (pipelines.steps.common.accuracy_gate, the register step's too); otherwise the step
+            says why and succeeds.
     cluster the trained model is copied onto the data PVC (`<mount>/kfvision-models/<name>/<run>`),
             the InferenceService serving `pvc://<pvc_name>/...` is rendered
             (pipelines.serve.deploy), applied and waited for until Ready (pipelines.serve.cluster).
@@ -13,7 +14,7 @@
 registered  when the register step registered the model (its `registration` folder says so),
             the step serves that version: on a cluster its storage URI (an MLflow version's
             source when KServe can read it, or `model-registry://NAME/VERSION` as it is), locally
-            the version fetched from MLflow's registry (pipelines.clients.registry.resolve_model).
+            the version fetched from its registry (pipelines.clients.models.resolve_model).
             Otherwise, and where the registered copy cannot be served, the trained model, as
             when register is off; the step says which.
 
@@ -28,11 +29,11 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from pipelines.serve.check import deploy_decision, serve_and_check
-from pipelines.steps.common import resolve_mode
-from pipelines.steps.train import is_mount
-from pipelines.storage import DATA_MOUNT
-from trainer.errors import InvalidModelDirectoryError
+from pipelines.serve.check import serve_and_check
+from pipelines.steps.common import accuracy_gate, resolve_mode
+from pipelines.storage import DATA_MOUNT, is_mount
+from trainer.errors import StorageError
+from trainer.fileio import disk_errors
 
 MODELS = "kfvision-models"  # on the data PVC: the models InferenceServices serve
 READY_TIMEOUT_S = 900.0
@@ -56,20 +57,21 @@ def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
     out = out or sys.stdout
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    metrics = json.loads((Path(evaluation_dir) / "metrics.json").read_text(encoding="utf-8"))
-    accuracy = metrics.get("accuracy")
-    ok, reason = deploy_decision(accuracy, min_accuracy)
+    ok, accuracy, reason = accuracy_gate(evaluation_dir, min_accuracy, step="deploy")
     print(reason, file=out, flush=True)
     figures = {"deployed": 0, "accuracy": accuracy, "reason": reason}
     cluster = resolve_mode(mode) == "cluster"
+    if ok and cluster:  # built and validated once, before the registry or the cluster is asked
+        isvc_cfg, copy_to = deploy_config(name, image, pvc_name, run_key, model_uri,
+                                          service_account)
     if ok:
         served = registered_model(registration_dir, cluster=cluster, environ=environ, out=out)
         model_dir = served.pop("model_dir", model_dir)
-        model_uri = served.pop("storage_uri", model_uri)
+        registered_uri = served.pop("storage_uri", None)
         figures.update(served)
     if ok and cluster:
-        figures.update(_deploy_on_cluster(model_dir, out_dir, name, image, pvc_name, run_key,
-                                          connect, out, model_uri, service_account))
+        figures.update(_deploy_on_cluster(model_dir, out_dir, isvc_cfg, copy_to, registered_uri,
+                                          pvc_name, connect, out))
     elif ok:
         from trainer.use.score import score
 
@@ -90,6 +92,7 @@ def registered_model(registration_dir, *, cluster: bool, environ=None, out=None)
     was registered. A version that cannot be served here is said in one line, and the trained
     model is served instead (no "storage_uri" / "model_dir")."""
     from pipelines.clients import registry
+    from pipelines.clients.models import ModelURIError, resolve_model
     from pipelines.steps.register import read_registration
 
     got = read_registration(registration_dir)
@@ -98,22 +101,18 @@ def registered_model(registration_dir, *, cluster: bool, environ=None, out=None)
         return {}
     env = os.environ if environ is None else environ
     served = {"registered_model": uri}
-    if uri.startswith("model-registry://"):
-        if cluster:  # KServe's Model Registry storage initializer resolves it on the cluster
-            served["storage_uri"] = uri
+    try:
+        if cluster and uri.startswith(registry.KUBEFLOW_SCHEME):
+            served["storage_uri"] = uri  # KServe's Model Registry storage initializer reads it
+        elif cluster:
+            served["storage_uri"] = registry.storage_uri(
+                uri, tracking_uri=env.get("MLFLOW_TRACKING_URI"))
         else:
-            print(f"serving the trained model: {uri} is resolved by KServe on a cluster only",
-                  file=out, flush=True)
+            served["model_dir"] = resolve_model(uri, environ=env, out=out)
+    except (registry.RegistryError, ModelURIError) as e:
+        # stored where only KServe or MLflow reads it, or no registry is configured here
+        print(f"serving the trained model, not {uri}: {e}", file=out, flush=True)
         return served
-    tracking = env.get("MLFLOW_TRACKING_URI")
-    if cluster:
-        try:
-            served["storage_uri"] = registry.storage_uri(uri, tracking_uri=tracking)
-        except registry.RegistryError as e:  # stored where only MLflow reads: the PVC copy
-            print(f"serving the trained model, not {uri}: {e}", file=out, flush=True)
-            return served
-    else:
-        served["model_dir"] = registry.resolve_model(uri, tracking_uri=tracking)
     print(f"serving the registered version {uri}", file=out, flush=True)
     return served
 
@@ -126,28 +125,41 @@ def pvc_model_uri(pvc_name: str, name: str, run_key: str) -> tuple[Path, str]:
     return Path(DATA_MOUNT) / rel, f"pvc://{pvc_name}/{rel}"
 
 
-def _deploy_on_cluster(model_dir, out_dir: Path, name, image, pvc_name, run_key, connect,
-                       out, model_uri: str = "", service_account: str = "") -> dict:
-    from pipelines.serve import cluster
-    from pipelines.serve.deploy import DeployConfig, build_inference_service, to_yaml
+def deploy_config(name: str, image: str, pvc_name: str, run_key: str, model_uri: str = "",
+                  service_account: str = "") -> tuple:
+    """(the InferenceService's DeployConfig, checked; where this step copies the model first, or
+    None). It serves `model_uri` (where the train step pushed the model), else a copy this step
+    makes on the data PVC."""
+    from pipelines.serve.deploy import DeployConfig
 
-    isvc_cfg = DeployConfig(name=name, model="pvc://x", image=image,
-                            service_account=service_account or None).check()  # before copying
-    if model_uri:  # pushed by the train step: KServe fetches it from object storage
-        uri = model_uri
-    else:
-        target, uri = pvc_model_uri(pvc_name, name, run_key)
+    target, uri = (None, model_uri) if model_uri else pvc_model_uri(pvc_name, name, run_key)
+    cfg = DeployConfig(name=name, model=uri, image=image, service_account=service_account or None)
+    return cfg.check(), target
+
+
+def _deploy_on_cluster(model_dir, out_dir: Path, cfg, copy_to: Path | None,
+                       registered_uri: str | None, pvc_name, connect, out) -> dict:
+    """Serve `cfg.model` (the model copied to `copy_to` first, when given), or the registered
+    version's `registered_uri` (a storage URI its registry recorded) instead."""
+    from pipelines.clients.k8s import to_yaml
+    from pipelines.serve import cluster
+    from pipelines.serve.deploy import build_inference_service
+
+    if registered_uri:
+        cfg = replace(cfg, model=registered_uri)
+    elif copy_to is not None:  # not pushed by the train step: copy it onto the PVC
         if not is_mount(DATA_MOUNT):
-            raise InvalidModelDirectoryError(
+            raise StorageError(
                 f"{DATA_MOUNT} is not mounted in this step: on a cluster the deploy step copies "
                 f"the model onto the PVC {pvc_name!r} (pipeline parameter pvc_name) for KServe "
                 "to serve, unless model_uri names an s3:// place for it.")
-        shutil.copytree(model_dir, target, dirs_exist_ok=True)
-    isvc = build_inference_service(replace(isvc_cfg, model=uri))
+        with disk_errors(copy_to):
+            shutil.copytree(model_dir, copy_to, dirs_exist_ok=True)
+    isvc = build_inference_service(cfg)
     (out_dir / "inferenceservice.yaml").write_text(to_yaml(isvc), encoding="utf-8")
     client = (connect or cluster.connect)(out=out)
-    print(f"{client.apply(isvc)} InferenceService {client.namespace}/{name} serving {uri}",
-          file=out, flush=True)
-    ready = client.wait_ready(name, READY_TIMEOUT_S)
-    return {"deployed": 1, "where": "cluster", "storage_uri": uri,
+    print(f"{client.apply(isvc)} InferenceService {client.namespace}/{cfg.name} serving "
+          f"{cfg.model}", file=out, flush=True)
+    ready = client.wait_ready(cfg.name, READY_TIMEOUT_S)
+    return {"deployed": 1, "where": "cluster", "storage_uri": cfg.model,
             "url": (ready.get("status") or {}).get("url", "")}

@@ -1,7 +1,7 @@
 """The register step: after evaluation, the trained model as a version in MLflow's registry.
 
     gate   only when the evaluated accuracy reaches register_min_accuracy; otherwise the step says
-           why and succeeds (as the deploy step does).
+           why and succeeds (the deploy step's gate: pipelines.steps.common.accuracy_gate).
     where  registry mlflow: MLflow at MLFLOW_TRACKING_URI: Kubeflow Pipelines 2.17 with MLflow
            configured injects it (the model goes into the task's nested run, MLFLOW_RUN_ID);
            locally `make demo` sets its SQLite store. registry kubeflow: Kubeflow's Model
@@ -20,11 +20,10 @@ import os
 import sys
 from pathlib import Path
 
-from trainer.errors import InvalidModelDirectoryError
+from pipelines.clients.registry import REGISTRY_TOKEN, REGISTRY_URL
+from pipelines.steps.common import accuracy_gate
 
 RECORD = "registration.json"  # in the step's output folder; the deploy step reads it
-REGISTRY_URL = "KFVISION_REGISTRY_URL"  # ours: the Kubeflow Model Registry, https://HOST[:PORT]
-REGISTRY_TOKEN = "KFVISION_REGISTRY_TOKEN"  # ours, as `kfvision register` reads it
 
 
 def register_step(model_dir, evaluation_dir, *, name: str, min_accuracy: float,
@@ -61,16 +60,9 @@ def _register(model_dir, evaluation_dir, *, name, min_accuracy, pipeline_run, en
         reason = "not registered: register_name is empty"
         print(reason, file=out, flush=True)
         return {"registered": False, "reason": reason}
-    path = Path(evaluation_dir) / "metrics.json"
-    try:
-        accuracy = json.loads(path.read_text(encoding="utf-8"))["accuracy"]
-    except (OSError, ValueError, KeyError) as e:
-        raise InvalidModelDirectoryError(f"{path}: the evaluation's accuracy cannot be read "
-                                         f"({e}).") from e
-    if accuracy < min_accuracy:
-        reason = (f"not registered: accuracy {accuracy:.4f} is below register_min_accuracy "
-                  f"{min_accuracy:.4f}")
-        print(reason, file=out, flush=True)
+    ok, _, reason = accuracy_gate(evaluation_dir, min_accuracy, step="register")
+    print(reason, file=out, flush=True)
+    if not ok:
         return {"registered": False, "reason": reason}
     if registry == "kubeflow":
         return _register_kubeflow(model_dir, name, env, pipeline_run, storage_uri, out)

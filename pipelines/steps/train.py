@@ -29,17 +29,26 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
-from pipelines.jobs.config import JobConfig, Volume, job_name, to_yaml
+from pipelines.clients.k8s import to_yaml
+from pipelines.jobs.config import JobConfig, Volume, job_name
 from pipelines.jobs.render import render_job
 from pipelines.params import JOB_KINDS, job_options
 from pipelines.steps.common import resolve_mode
-from pipelines.storage import DATA_MOUNT, data_place
+from pipelines.storage import DATA_MOUNT, data_place, is_mount
 from trainer.config import TrainConfig
-from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, check_choice, ref
+from trainer.errors import (
+    InvalidModelDirectoryError,
+    InvalidParameterError,
+    StorageError,
+    check_choice,
+    ref,
+)
+from trainer.fileio import disk_errors
 
 JOB_PREFIX = "kfvision-train"
 
@@ -71,7 +80,6 @@ def job_kinds(job_kind: str, mode: str) -> tuple:
 
 JOBS = "jobs"  # the jobs' folders in the run's data place
 STAGED_MARK = ".staged"
-is_mount = os.path.ismount  # a PVC is a mount point; a folder of the image is not
 
 
 def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dict,
@@ -97,20 +105,30 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
     """
     out = out or sys.stdout
     mode = resolve_mode(mode)
+    kinds = job_kinds(kind, mode)
+    run_id = run_key.partition("/")[0]  # steps.unique_run_key: the run's folder, as convert's
+    name = job_name(JOB_PREFIX, run_key)  # the run key alone: a retried step finds its job
+    if mode == "cluster":  # the job reads copies staged where its pods see them
+        stage = staging_folder(workspace, run_id) / name
+        paths = {"model": stage / "model", "train": stage / "train", "val": stage / "val",
+                 "out": stage / "trained"}
+    else:
+        paths = {"model": model_dir, "train": train_dir, "val": val_dir, "out": out_dir}
+    cfg = TrainConfig(**{k: str(v) for k, v in paths.items()}, **options).validate()
+    # built and validated once, before connecting anywhere; a cluster adds what only it knows
+    volumes = data_volumes(pvc_name) if mode == "cluster" else ()
+    job = job_config(cfg, run_id=run_key, volumes=volumes, **settings)
     if mode == "cluster":
-        return _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options,
-                                 settings, run_key, pvc_name, kind, runtime, workspace, out)
-    (job_kind,) = job_kinds(kind, mode)
-    cfg = TrainConfig(model=str(model_dir), train=str(train_dir), val=str(val_dir),
-                      out=str(out_dir), **options).validate()
-    env = tracking_env(os.environ, kind=job_kind.kind, name=job_config(
-        cfg, run_id=run_key, **settings).name, run_id=run_key.partition("/")[0], local=True)
-    job = _render(cfg, settings, run_key, (), job_yaml, job_kind, runtime, env)
+        return _train_on_cluster(job, kinds, stage, model_dir, train_dir, val_dir, out_dir,
+                                 job_yaml, pvc_name, runtime, workspace, run_id, out)
+    (job_kind,) = kinds
+    env = tracking_env(os.environ, kind=job_kind.kind, name=name, run_id=run_id, local=True)
+    job = render(replace(job, env=env), job_yaml, job_kind, runtime)
     from pipelines.jobs.kinds import TRAINJOB
     from pipelines.jobs.pytorchjob import local as pytorchjob_local
     from pipelines.jobs.trainjob import local as trainjob_local
 
-    name, what = job["metadata"]["name"], job_kind.kind
+    what = job_kind.kind
     runner = (trainjob_local if job_kind is TRAINJOB else pytorchjob_local).run_local
     with tempfile.TemporaryDirectory(prefix=f"{name}-logs-") as logs:
         print(f"running {what} {name} on this machine (kfvision job run-local)", file=out,
@@ -142,10 +160,9 @@ def tracking_env(environ, *, kind: str, name: str, run_id: str, local: bool, out
     return (*env, *((k, v) for k, v in tags.items() if v))
 
 
-def _render(cfg: TrainConfig, settings: dict, run_key: str, volumes: tuple, job_yaml, kind,
-            runtime: str, env: tuple = ()) -> dict:
-    job = render_job(job_config(cfg, run_id=run_key, volumes=volumes, env=env, **settings), kind,
-                     runtime)
+def render(job: JobConfig, job_yaml, kind, runtime: str) -> dict:
+    """The manifest of `job` as `kind`, also written to `job_yaml` (the step's job artifact)."""
+    job = render_job(job, kind, runtime)
     Path(job_yaml).parent.mkdir(parents=True, exist_ok=True)
     Path(job_yaml).write_text(to_yaml(job, "Rendered by kfvision's train-pytorch-model step; "
                                       "`kubectl apply -f` runs it again."), encoding="utf-8")
@@ -161,57 +178,64 @@ def stage_inputs(stage: Path, inputs: dict) -> None:
     if (stage / STAGED_MARK).exists():
         return
     shutil.rmtree(stage, ignore_errors=True)  # a half-finished copy of an interrupted attempt
-    for key, src in inputs.items():
-        shutil.copytree(src, stage / key, ignore=shutil.ignore_patterns(SAMPLES))
-    (stage / STAGED_MARK).write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"), encoding="utf-8")
+    with disk_errors(stage):  # a half copy stays unmarked: the next attempt starts it over
+        for key, src in inputs.items():
+            shutil.copytree(src, stage / key, ignore=shutil.ignore_patterns(SAMPLES))
+        (stage / STAGED_MARK).write_text(time.strftime("%Y-%m-%dT%H:%M:%S\n"), encoding="utf-8")
 
 
-def _train_on_cluster(model_dir, train_dir, val_dir, out_dir, job_yaml, options, settings,
-                      run_key, pvc_name, kind, runtime, workspace, out) -> dict:
-    from pipelines.jobs.cluster import connect, submit
-    from pipelines.jobs.kinds import pick_kind
-
-    cfg = TrainConfig(model="model", train="train", val="val", out="trained", **options)
-    name = job_config(cfg.validate(), run_id=run_key, **settings).name
-    run_id = run_key.partition("/")[0]  # steps.unique_run_key: the run's folder, as convert's
+def staging_folder(workspace: str, run_id: str) -> Path:
+    """Where a cluster step stages its job's inputs: `<the run's data place>/jobs`. Raises
+    StorageError when the step has neither the workspace nor the data PVC."""
     place = data_place(workspace, run_id, cluster=True, mounted=is_mount, data_mount=DATA_MOUNT)
     if place is None:
-        raise InvalidModelDirectoryError(
+        raise StorageError(
             "this step has neither the run's KFP workspace nor the data PVC (at "
             f"{DATA_MOUNT}): on a cluster the job needs one of them to see its data. Compile the "
             "pipeline with a workspace (the default; KFP 2.15+) or with --data-pvc NAME "
             "(docs/pipeline.md, 'Storage'), or run with execution_mode=local.")
-    stage = place / JOBS / name
-    kinds = job_kinds(kind, "cluster")
+    return place / JOBS
+
+
+def _train_on_cluster(job: JobConfig, kinds: tuple, stage: Path, model_dir, train_dir, val_dir,
+                      out_dir, job_yaml, pvc_name, runtime, workspace, run_id, out) -> dict:
+    from pipelines.jobs.cluster import connect, submit
+    from pipelines.jobs.kinds import pick_kind
+
     client = connect(out=out)
     job_kind = pick_kind(client.api) if len(kinds) > 1 else kinds[0]
     if job_kind is not client.kind:
         client = connect(out=out, kind=job_kind)
-    volumes = job_volumes(client, workspace, pvc_name, int(settings["nodes"]))
+    volumes = job_volumes(client, workspace, pvc_name, job.nodes)
     stage_inputs(stage, {"model": model_dir, "train": train_dir, "val": val_dir})
-    cfg = TrainConfig(model=str(stage / "model"), train=str(stage / "train"),
-                      val=str(stage / "val"), out=str(stage / "trained"), **options)
-    env = tracking_env(os.environ, kind=job_kind.kind, name=name, run_id=run_id, local=False,
-                       out=out)
-    job = _render(cfg, settings, run_key, volumes, job_yaml, job_kind, runtime, env)
-    replace_failed_job(client, name, stage / "trained")
-    submit(client, job, wait=True, poll_s=10.0, logs=True)
-    shutil.copytree(stage / "trained", out_dir, dirs_exist_ok=True)
+    env = tracking_env(os.environ, kind=job_kind.kind, name=job.name, run_id=run_id,
+                       local=False, out=out)
+    # the workspace's claim comes from this step's own pod, not from a parameter
+    manifest = render(replace(job, volumes=volumes, env=env), job_yaml, job_kind, runtime)
+    replace_failed_job(client, job.name, stage / "trained")
+    submit(client, manifest, wait=True, poll_s=10.0, logs=True)
+    with disk_errors(out_dir):
+        shutil.copytree(stage / "trained", out_dir, dirs_exist_ok=True)
     shutil.rmtree(stage, ignore_errors=True)  # the model is in the step's output now
     print(f"copied the trained model into {out_dir}", file=out, flush=True)
     return read_metrics(out_dir)
 
 
+def data_volumes(pvc_name: str) -> tuple:
+    """The data PVC, when this step has it mounted (the job's pods mount it at the same path)."""
+    return (Volume(pvc_name, DATA_MOUNT),) if pvc_name and is_mount(DATA_MOUNT) else ()
+
+
 def job_volumes(client, workspace: str, pvc_name: str, nodes: int) -> tuple:
     """The PVCs the job's pods mount, at the paths this step sees them at: the data PVC (when
     this step has it) and the run's workspace (its claim read from this step's own pod)."""
-    volumes = [Volume(pvc_name, DATA_MOUNT)] if pvc_name and is_mount(DATA_MOUNT) else []
+    volumes = data_volumes(pvc_name)
     if not workspace:
-        return tuple(volumes)
+        return volumes
     pod = os.environ.get("HOSTNAME", "")
     claim = client.own_claims(pod).get(workspace)
     if claim is None:
-        raise InvalidModelDirectoryError(
+        raise StorageError(
             f"this step's pod {pod!r} mounts no PVC at {workspace}, the run's KFP workspace, so "
             "the job could not see the run's data. Is the KFP backend 2.15 or later?")
     modes = client.access_modes(claim) if nodes > 1 else []
@@ -261,8 +285,9 @@ def read_metrics(model_dir) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise InvalidModelDirectoryError(f"{path} cannot be read after training ({e}); the "
-                                         "job's log above says why.") from e
+        raise InvalidModelDirectoryError(
+            f"{path}, the trained model directory's metrics, cannot be read after training "
+            f"({e}); the job's log above says why.") from e
 
 
 def job_summary(job_yaml) -> dict:

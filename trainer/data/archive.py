@@ -23,6 +23,7 @@ import zlib
 from pathlib import Path
 
 from trainer.errors import InvalidDatasetError, UnsafeArchiveError
+from trainer.fileio import full_disk_error
 from trainer.progress import progress_bar
 
 # suffix (lower case) -> tarfile mode, or "zip"
@@ -69,6 +70,9 @@ def extract_archive(src, dest, progress: bool | None = False) -> None:
             "file is complete (re-download or re-create it)."
         ) from e
     except OSError as e:  # gzip.BadGzipFile, a truncated bz2 stream, or the disk itself
+        full = full_disk_error(e, dest)
+        if full is not None:
+            raise full from e
         raise InvalidDatasetError(f"{src}: extraction failed ({type(e).__name__}: {e}).") from e
 
 

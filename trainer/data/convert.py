@@ -42,6 +42,7 @@ from trainer.data.archive import archive_kind, extract_archive
 from trainer.data.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
 from trainer.data.sources import plan_source, relative_path
 from trainer.errors import ChangedDatasetError, DecompressionBombError, InvalidDatasetError
+from trainer.fileio import disk_errors, full_disk_error
 from trainer.progress import progress_bar
 
 UNLABELLED_NOTE = "no class folders and no labels: an UNLABELLED image directory (scoring only)"
@@ -143,8 +144,9 @@ def convert(src, out, *, labels=None, strict: bool = False, overwrite: bool = Fa
     _check_paths(src, out, overwrite)
     extract_to = _check_extract_to(src, in_place, extract_to)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    done = False
+    with disk_errors(out):
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    done, plan = False, None
     try:
         root, archived = Path(os.path.abspath(src)), src.is_file()
         if archived:
@@ -173,11 +175,26 @@ def convert(src, out, *, labels=None, strict: bool = False, overwrite: bool = Fa
             write_manifest(staging / "imagedir", plan.classes, entries, source=origin)
         _publish(staging / "imagedir", out, staging)
         done = True
+    except Exception as e:
+        # decided before the staging folder is removed (it fills the volume); a copy needs
+        # about the bytes of the images it copies
+        err = full_disk_error(e, out, None if plan is None or in_place else _bytes_of(plan))
+        if err is None:
+            raise
+        raise err from e
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if extract_to is not None and not done:
             shutil.rmtree(extract_to, ignore_errors=True)
     return report
+
+
+def _bytes_of(plan) -> int | None:
+    """The bytes of the files `plan` would copy (for a full disk's message)."""
+    try:
+        return sum(os.path.getsize(item.file) for item in plan.items) or None
+    except OSError:
+        return None
 
 
 def _check_extract_to(src: Path, in_place: bool, extract_to) -> Path | None:

@@ -35,7 +35,7 @@ import torch
 
 from trainer.data.decode import decode_file
 from trainer.data.imagedir import ImageDirectory, read_image_directory
-from trainer.errors import InvalidDatasetError
+from trainer.errors import InvalidDatasetError, OutputError
 from trainer.fileio import atomic_write, atomic_write_bytes
 from trainer.progress import progress_bar
 
@@ -162,8 +162,8 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
         force: rewrite a pack that is already up to date.
         progress: a progress bar (None: only when attached to a terminal).
     Raises:
-        InvalidDatasetError: not an image directory, an image changed since it was made, or not
-            enough free disk for the pixels.
+        InvalidDatasetError: not an image directory, or an image changed since it was made.
+        OutputError: not enough free disk for the pixels (checked first), or the disk filled.
     """
     imdir = read_image_directory(root)
     root, index = imdir.root, imdir.root / INDEX
@@ -173,7 +173,7 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
         return PackReport(root, len(imdir.images), need, files, written=False)
     free = shutil.disk_usage(root).free
     if need > free:
-        raise InvalidDatasetError(
+        raise OutputError(
             f"packing {root} needs {need / 2**30:.1f} GiB for {PIXELS} (width x height x 3 bytes "
             f"per image) but {free / 2**30:.1f} GiB is free there. Free some space, or train "
             "without a pack (the images are then decoded every epoch).")
@@ -189,7 +189,7 @@ def write_pack(root, *, force: bool = False, progress: bool | None = None) -> Pa
             entries.append([offset, hwc.shape[0], hwc.shape[1]])
             offset += hwc.nbytes
 
-    atomic_write(root / PIXELS, write)
+    atomic_write(root / PIXELS, write, need)
     total = sum(h * w * 3 for _, h, w in entries)
     doc = {"format": FORMAT, "version": VERSION, "images_sha256": images_digest(imdir),
            "pixels": PIXELS, "bytes": total, "images": entries}

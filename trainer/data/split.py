@@ -23,6 +23,7 @@ from pathlib import Path
 
 from trainer.data.imagedir import ImageDirectory, read_image_directory, write_manifest
 from trainer.errors import InvalidDatasetError, InvalidParameterError
+from trainer.fileio import disk_errors
 
 
 def _order_key(seed: int, path: str) -> str:
@@ -102,7 +103,8 @@ def split(src, first_out, second_out, *, fraction: float = 0.9, seed: int = 1,
         for side, out, indices in (("first", outs[0], first), ("second", outs[1], second)):
             out.parent.mkdir(parents=True, exist_ok=True)
             stagings.append(Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent)))
-            counts[side] = _write_side(imdir, indices, stagings[-1] / "imagedir", in_place)
+            with disk_errors(out):
+                counts[side] = _write_side(imdir, indices, stagings[-1] / "imagedir", in_place)
         for out, staging in zip(outs, stagings):  # both complete: now put them in place
             if out.exists():
                 os.replace(out, staging / "previous")

@@ -12,7 +12,8 @@ import torch
 import torchvision
 from torch import nn
 
-from trainer.errors import InvalidModelDirectoryError, check_choice
+from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, check_choice
+from trainer.fileio import atomic_write, atomic_write_bytes
 from trainer.presets import ARCHITECTURES
 
 SPEC_FILE = "spec.json"
@@ -105,7 +106,7 @@ def write_untrained_model(out, arch: str, *, pretrained: bool = False, weights=N
     """
     family = family_of(arch)
     if pretrained and weights:
-        raise InvalidModelDirectoryError("give either --pretrained or --weights FILE, not both.")
+        raise InvalidParameterError("give either --pretrained or --weights FILE, not both.")
     spec = ModelSpec(family, arch, pretrained, WEIGHTS_FILE if (pretrained or weights) else None,
                      zero_init_residual and family == "resnet",
                      memory_efficient and family == "densenet")
@@ -118,8 +119,9 @@ def write_untrained_model(out, arch: str, *, pretrained: bool = False, weights=N
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if state is not None:
-        torch.save(state, out / WEIGHTS_FILE)
-    (out / SPEC_FILE).write_text(json.dumps(spec.to_json(), indent=1) + "\n", encoding="utf-8")
+        # to a file, not a path: torch's zip writer then raises on a full disk, it does not abort
+        atomic_write(out / WEIGHTS_FILE, lambda f: torch.save(state, f))
+    atomic_write_bytes(out / SPEC_FILE, (json.dumps(spec.to_json(), indent=1) + "\n").encode())
     return spec
 
 
@@ -137,7 +139,8 @@ def read_model_spec(model_dir) -> ModelSpec:
             raise ValueError("unknown format or version")
         spec = ModelSpec(**doc)
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise InvalidModelDirectoryError(f"{path} is malformed ({e}). " + hint) from e
+        raise InvalidModelDirectoryError(f"{path}, the model directory's spec, is malformed "
+                                         f"({e}). " + hint) from e
     if spec.arch not in ARCHITECTURES.get(spec.family, ()):
         raise InvalidModelDirectoryError(f"{path}: unknown architecture {spec.family}/{spec.arch}. "
                                          + hint)

@@ -94,7 +94,8 @@ def load_trained_model(model_dir) -> tuple[torch.nn.Module, dict]:
             raise ValueError(f"format is not {MODEL_FORMAT!r}")
         classes = info["classes"]
     except (ValueError, KeyError) as e:
-        raise InvalidModelDirectoryError(f"{path} is malformed ({e}).") from e
+        raise InvalidModelDirectoryError(f"{path}, the trained model directory's model.json, "
+                                         f"is malformed ({e}).") from e
     spec = read_model_spec(model_dir)
     model = build_model(dataclasses.replace(spec, weights=None), len(classes))
     state = torch.load(model_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True)

@@ -16,6 +16,7 @@ A script's model directory (trainer/model/scripted.py) exports the same way wher
 holds what the exporters trace (`SCRIPT_EXPORTS`).
 """
 
+import io
 import json
 import os
 import tempfile
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from trainer.errors import ExportError, ExportNotSupportedError, check_choice
+from trainer.fileio import disk_errors
 from trainer.model.trained import load_model
 
 FORMATS = ("onnx", "torchscript", "torch-export")
@@ -107,18 +109,30 @@ def _save_onnx(wrapped: nn.Module, sample: torch.Tensor, meta: dict, path: Path)
     onnx.save(proto, str(path))
 
 
+def _write_zip(save, path: Path) -> None:
+    """save(buffer) into memory, then the bytes to `path`: torch's zip writer, given a path (or a
+    file for torch.export), aborts the whole process (std::terminate) on a full disk instead of
+    raising, so it writes nowhere that can fill."""
+    buffer = io.BytesIO()
+    save(buffer)
+    with open(path, "wb") as f:
+        f.write(buffer.getbuffer())
+
+
 def _save_torchscript(wrapped, sample, meta, path: Path) -> None:
     with warnings.catch_warnings():
         # deprecated, but still what libtorch and Triton's PyTorch backend load
         warnings.simplefilter("ignore", FutureWarning)
         traced = torch.jit.trace(wrapped, sample)
-        torch.jit.save(traced, str(path), _extra_files={EXTRA_FILE: json.dumps(meta)})
+        _write_zip(lambda f: torch.jit.save(traced, f, _extra_files={EXTRA_FILE: json.dumps(meta)}),
+                   path)
 
 
 def _save_torch_export(wrapped, sample, meta, path: Path) -> None:
     batch = torch.export.Dim("batch", min=1, max=65536)
     program = torch.export.export(wrapped, (sample,), dynamic_shapes={"image": {0: batch}})
-    torch.export.save(program, str(path), extra_files={EXTRA_FILE: json.dumps(meta)})
+    _write_zip(lambda f: torch.export.save(program, f, extra_files={EXTRA_FILE: json.dumps(meta)}),
+               path)
 
 
 SAVERS = {"onnx": _save_onnx, "torchscript": _save_torchscript,
@@ -163,10 +177,11 @@ def export(model_dir, fmt: str, out) -> dict:
     meta = export_metadata(info, fmt)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=SUFFIXES[fmt], dir=out.parent)
+    with disk_errors(out):
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=SUFFIXES[fmt], dir=out.parent)
     os.close(fd)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), disk_errors(out):  # decided while the half-written file is there
             SAVERS[fmt](wrapped, _sample(meta["image_size"]), meta, Path(tmp))
         result = compare(wrapped, load_exported(tmp, fmt)[0], _sample(meta["image_size"], 3))
         if result["max_abs_diff"] > TOLERANCE:

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from trainer.errors import InvalidDatasetError, QuantizationError, check_range
+from trainer.fileio import disk_errors
 from trainer.progress import progress_bar
 
 QUANTIZE = ("none", "int8")  # --quantize
@@ -184,7 +185,8 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
                                 "runtime": RUNTIME, "calibration_images": len(images),
                                 "top1_fp32": acc["fp32"], "top1_int8": acc["int8"],
                                 "val_images": acc["images"]}
-        _set_metadata(work / "int8.onnx", meta)
+        with disk_errors(out):
+            _set_metadata(work / "int8.onnx", meta)
         os.chmod(work / "int8.onnx", 0o644)
         os.replace(work / "int8.onnx", out)
     finally:

@@ -16,6 +16,7 @@ from trainer.data.datasets import ImageDataset, make_loader
 from trainer.data.imagedir import read_image_directory
 from trainer.data.transforms import Normalizer, eval_transform
 from trainer.errors import InvalidDatasetError, check_range
+from trainer.fileio import full_disk_error
 from trainer.model.trained import load_model
 
 
@@ -51,8 +52,11 @@ def score(model_dir, data_dir, out_csv, *, batch_size: int = 64, workers: int = 
     tmp = out_csv.with_name(f".{out_csv.name}.tmp")
     try:
         correct, rows = _write_rows(tmp, model, loader, normalize, dev, imdir, classes, progress)
-    except BaseException:
+    except BaseException as e:
+        full = full_disk_error(e, out_csv) if isinstance(e, Exception) else None
         tmp.unlink(missing_ok=True)  # never leave half a table behind
+        if full is not None:
+            raise full from e
         raise
     tmp.replace(out_csv)
     return {"rows": rows, "accuracy": correct / rows if imdir.labelled else None}

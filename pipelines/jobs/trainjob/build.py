@@ -1,7 +1,7 @@
 """The Kubeflow Trainer v2 TrainJob of a training run, and kfvision's runtime: pure functions.
 
     job = build_trainjob(JobConfig(name="digits", image="...", train=train_config, nodes=2,
-                                   procs_per_node=2), Runtime("kfvision-torch"))
+                                   procs_per_node=2), RuntimeRef("kfvision-torch"))
 
 The same JobConfig as the PyTorchJob (pipelines/jobs/pytorchjob/build.py), the same container
 command
@@ -52,7 +52,7 @@ ISTIO_OFF = {"sidecar.istio.io/inject": "false"}
 
 
 @dataclass(frozen=True)
-class Runtime:
+class RuntimeRef:
     """The runtime a TrainJob references: `name` of a ClusterTrainingRuntime (or a namespaced
     TrainingRuntime); `service_account` for the pods (None: the namespace's default)."""
 
@@ -60,7 +60,7 @@ class Runtime:
     kind: str = "ClusterTrainingRuntime"
     service_account: str | None = None
 
-    def validate(self) -> "Runtime":
+    def validate(self) -> "RuntimeRef":
         for what, value in (("--runtime", self.name), ("service account", self.service_account)):
             if value is not None and dns1123_problem(what, value, subdomain=True):
                 raise InvalidJobError(dns1123_problem(what, value, subdomain=True) + ".")
@@ -89,7 +89,7 @@ def _check(cfg: JobConfig) -> None:
             f"{63 - len(host) + len(cfg.name)} characters.")
 
 
-def _patch(cfg: JobConfig, runtime: Runtime) -> dict:
+def _patch(cfg: JobConfig, runtime: RuntimeRef) -> dict:
     """The runtimePatches entry: the pod settings of the PyTorchJob's pods that a TrainJob's
     `trainer` cannot carry (the schema allows only these pod and container fields)."""
     pod = pod_spec(cfg, NODE)
@@ -109,7 +109,7 @@ def _patch(cfg: JobConfig, runtime: Runtime) -> dict:
         {"name": NODE, "template": {"spec": {"template": template}}}]}}}}
 
 
-def build_trainjob(cfg: JobConfig, runtime: Runtime = Runtime()) -> dict:
+def build_trainjob(cfg: JobConfig, runtime: RuntimeRef = RuntimeRef()) -> dict:
     """The TrainJob for `cfg` on `runtime` as a plain dict (no I/O; same config, same dict).
 
     Raises:

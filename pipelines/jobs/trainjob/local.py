@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.clients.endpoints import free_port
 from pipelines.clients.k8s import quantity
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.jobs.faults import FaultInjector
@@ -32,7 +33,6 @@ from pipelines.jobs.procs import (
     ReplicaProcess,
     container_argv,
     failure,
-    free_port,
     gpu_env,
     pod_env,
     proc_table,
