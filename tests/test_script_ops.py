@@ -223,7 +223,7 @@ def test_kfvision_opens_the_scripts_mlflow_run_and_register_records_its_snapshot
 @pytest.mark.distributed
 def test_a_dead_tracking_server_is_one_warning_and_the_script_logs_into_its_outputs(
         tmp_path, capsys):
-    from conftest import free_port
+    from pipelines.clients.endpoints import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     _, code, log = _tracked_run(tmp_path, capsys, dead, LOGS_ONLY)
