@@ -336,7 +336,7 @@ def test_a_script_runs_in_its_workdir_and_reads_dot_dot_data(tmp_path, capfd, mo
                       "--output-uri", str(out), "--", "a b"])
     got = capfd.readouterr()
     assert code == 0, got.err
-    assert got.out.strip() == "cwd src digits ['a b']"
+    assert got.out.strip() == "[0/0] cwd src digits ['a b']"  # the relay's [node/rank]
     assert (out / "outputs" / "o.txt").read_text() == "o"
 
 
@@ -604,8 +604,8 @@ def test_a_requirement_pip_cannot_install_fails_the_job_at_once(tmp_path, capsys
                                            "--launcher", "python", []], capsys)
     assert code == 1
     assert "master-0 exited with code 2 (restartPolicy ExitCode does not retry it)" in err
-    assert "cause: [kfvision script] error: RequirementsInstallError: pip could not install " \
-        "requirements.txt" in err
+    assert "cause: [0/-] [kfvision script] error: RequirementsInstallError: pip could not " \
+        "install requirements.txt" in err
     assert "never" not in log and "restart" not in log
 
 

@@ -124,13 +124,14 @@ class Tracker:
 
     @classmethod
     def from_env(cls, cfg, environ=None) -> "Tracker | None":
-        """The tracker of a run with `cfg` (TrainConfig), or None without a tracking URI
-        (neither --tracking-uri nor MLFLOW_TRACKING_URI): then mlflow is never imported."""
+        """The tracker of a run with `cfg` (TrainConfig; None: from the environment alone), or
+        None without a tracking URI (neither --tracking-uri nor MLFLOW_TRACKING_URI): then
+        mlflow is never imported."""
         env = os.environ if environ is None else environ
-        uri = cfg.tracking_uri or env.get(upstream.MLFLOW_TRACKING_URI)
+        uri = (cfg and cfg.tracking_uri) or env.get(upstream.MLFLOW_TRACKING_URI)
         if not uri:
             return None
-        experiment = (cfg.experiment or env.get(upstream.MLFLOW_EXPERIMENT_NAME)
+        experiment = ((cfg and cfg.experiment) or env.get(upstream.MLFLOW_EXPERIMENT_NAME)
                       or DEFAULT_EXPERIMENT)
         tags = {tag: env[var] for var, tag in JOB_TAGS.items() if env.get(var)}
         return cls(uri=uri, run_id=env.get(upstream.MLFLOW_RUN_ID) or None,
@@ -232,6 +233,14 @@ class Tracker:
                 else:
                     self._client.log_artifact(self.run_id, str(p), "model")
         self._guard("uploading the model", upload)
+
+    def log_folders(self, folders: dict) -> None:
+        """Upload each {artifact path: folder} that holds files (a user's script's outputs)."""
+        def upload():
+            for path, folder in folders.items():
+                if any(Path(folder).iterdir()):
+                    self._client.log_artifacts(self.run_id, str(folder), path)
+        self._guard("uploading the outputs", upload)
 
     def finish(self, ok: bool) -> None:
         """Close a run this tracker opened (KFP closes its own nested runs)."""

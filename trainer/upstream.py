@@ -55,6 +55,10 @@ MLFLOW_FORWARDED = (MLFLOW_TRACKING_URI, MLFLOW_RUN_ID, MLFLOW_EXPERIMENT_ID,
                     MLFLOW_EXPERIMENT_NAME, MLFLOW_WORKSPACE, MLFLOW_TRACKING_AUTH,
                     MLFLOW_TRACKING_INSECURE_TLS, MLFLOW_TRACKING_SERVER_CERT_PATH)
 MLFLOW_CREDENTIALS = (MLFLOW_TRACKING_TOKEN, MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD)
+# mlflow v3.17.2, mlflow/environment_variables.py: lets the client write a local folder store
+# (mlflow/store/tracking/file_store.py refuses one without it); a user's script is pointed at one
+# when the tracking server does not answer (pipelines/script/track.py)
+MLFLOW_ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
 # mlflow v3.17.2, mlflow/environment_variables.py: the client's HTTP retries (default 7, backoff
 # factor 2: minutes against a dead server) and timeout (default 120 s); the trainer lowers them
 # unless the user set them, so a dead server costs seconds, not epochs.

@@ -229,21 +229,31 @@ def _submit(args) -> int:
 
 
 def _logs(args) -> int:
+    from pipelines.jobs import podlogs
     from pipelines.jobs.cluster import attach, connect
 
+    if args.all and args.replica:
+        raise InvalidJobError("--all shows every replica; drop --replica (or --all).")
     client = attach(connect(_namespace(args)), args.name)
+    if args.follow:
+        replicas = None if args.all else {args.replica or client.kind.primary}
+        podlogs.Follower(client, args.name, write=lambda line: print(line, flush=True),
+                         note=lambda line: print(line, file=sys.stderr, flush=True),
+                         replicas=replicas, tag=args.all).run(args.poll)
+        return 0
+    if args.all:
+        for line in podlogs.merged(client, args.name, tail=args.tail, previous=args.previous):
+            print(line)
+        return 0
     replica = args.replica or client.kind.primary
     pod = client.find_pod(args.name, replica)
     if pod is None:
         raise InvalidJobError(f"{client.kind.kind} {client.namespace}/{args.name} has no pod "
                               f"for replica {replica} (yet); see `kubectl get pods -l "
-                              f"{client.kind.pod_label}={args.name}`.")
-    pod_name = pod["metadata"]["name"]
-    if args.follow:
-        for line in client.follow_log(pod_name):
-            print(line, flush=True)
-    else:
-        sys.stdout.write(client.pod_log(pod_name, tail=args.tail, previous=args.previous))
+                              f"{client.kind.pod_label}={args.name}`, or --follow to wait "
+                              "for it.")
+    sys.stdout.write(client.pod_log(pod["metadata"]["name"], tail=args.tail,
+                                    previous=args.previous))
     return 0
 
 
@@ -297,8 +307,13 @@ def register(subparsers, help: str) -> None:
     lg.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
     lg.add_argument("--replica", help="master-0, worker-0, ... (PyTorchJob) or node-0-0, "
                     "node-0-1, ... (TrainJob); default: rank 0's")
-    lg.add_argument("-f", "--follow", action="store_true", help="stream until it ends")
-    lg.add_argument("--tail", type=int, help="only the last N lines")
+    lg.add_argument("--all", action="store_true", help="every pod, interleaved, each line "
+                    "prefixed [node/rank]")
+    lg.add_argument("-f", "--follow", action="store_true", help="wait through Pending, then "
+                    "stream until the job ends")
+    lg.add_argument("--poll", type=float, default=5.0, help="--follow: seconds between status "
+                    "checks")
+    lg.add_argument("--tail", type=int, help="only the last N lines (of each pod)")
     lg.add_argument("--previous", action="store_true", help="the log of the container before "
                     "its last restart")
     lg.set_defaults(func=_logs)
@@ -307,9 +322,10 @@ def register(subparsers, help: str) -> None:
     d.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
     d.set_defaults(func=_delete)
     # --- a user's own script in one step: pipelines/cli/jobscript.py ---
-    from pipelines.cli.jobscript import add_run
+    from pipelines.cli.jobscript import add_download, add_run
 
     add_run(sub, JOB_OPTIONS, _add_kind_flags, _run_script)
+    add_download(sub, _namespace)
 
 
 def _run_script(args) -> int:
@@ -321,3 +337,4 @@ def _run_script(args) -> int:
     then = run_args(args)
     _render_script(args)
     return _submit(then) if args.submit else _run_local(then)
+

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pipelines.jobs.errors import InvalidJobError
 
+# the built-in trainer's flags a script job takes too: its MLflow run (pipelines/script/track.py)
+TRACKING = ("tracking_uri", "experiment")
 SCRIPT_FLAGS = ("source", "entry", "module", "requirements", "workdir", "launcher", "input",
                 "output_uri", "source_store", "source_pvc", "include_secret", "env")
 
@@ -76,7 +78,8 @@ def check_mode(args) -> bool:
 
     from trainer.config import TrainConfig
 
-    trainer = [f.name for f in fields(TrainConfig) if getattr(args, f.name, None) is not None]
+    trainer = [f.name for f in fields(TrainConfig) if getattr(args, f.name, None) is not None
+               and (args.source is None or f.name not in TRACKING)]
     trainer += ["config"] if getattr(args, "config", None) else []
     if args.source is None:
         script = [n for n in SCRIPT_FLAGS if getattr(args, n)
@@ -126,8 +129,32 @@ def _script_config(args, snap):
         requirements = beside if beside in files else None
     return ScriptConfig(source=args.source, entry=args.entry, module=args.module,
                         args=tuple(args.script_args), requirements=requirements,
-                        workdir=workdir, launcher=args.launcher, inputs=tuple(args.input),
-                        output_uri=args.output_uri, env=tuple(args.env))
+                        workdir=workdir, launcher=args.launcher,
+                        inputs=tuple(args.input),
+                        output_uri=args.output_uri,
+                        env=(*args.env, *tracking_env(args, {n for n, _ in args.env})))
+
+
+def tracking_env(args, given: set) -> tuple:
+    """((name, value), ...) that turn the script's MLflow run on in its pods: --tracking-uri
+    (else MLFLOW_TRACKING_URI here) and --experiment, forwarded as the train step forwards them
+    (pipelines.steps.train.tracking_env: no credentials in the file), with the job's kind and
+    name as tags; none that --env sets itself."""
+    import os
+
+    from pipelines.jobs.kinds import KINDS
+    from pipelines.steps.train import tracking_env as forwarded
+    from trainer import upstream
+
+    environ = dict(os.environ)
+    if getattr(args, "tracking_uri", None):
+        environ[upstream.MLFLOW_TRACKING_URI] = args.tracking_uri
+    if getattr(args, "experiment", None):
+        environ[upstream.MLFLOW_EXPERIMENT_NAME] = args.experiment
+    kind = next(k for k in KINDS if k.lower() == args.kind)
+    pairs = forwarded(environ, kind=kind, name=args.name, run_id="", local=False,
+                      out=sys.stderr)
+    return tuple((n, v) for n, v in pairs if n not in given)
 
 
 def _ship(snap, transport, output: str | None) -> str:
@@ -252,3 +279,57 @@ def run_args(args) -> argparse.Namespace:
     return argparse.Namespace(manifest=args.output, namespace=args.namespace, wait=args.wait,
                               timeout=None, keep_on_timeout=False, poll=10.0, no_logs=False,
                               log_dir=args.log_dir, quiet=args.quiet, grace=30.0, fault=[])
+
+
+def add_download(sub, namespace_of) -> None:
+    """`kfvision job download NAME PATH`: a file or folder of a script job's outputs
+    (pipelines/script/outputs.py); `namespace_of(args)`: the namespace, as the job commands
+    choose it."""
+    from trainer.options import HelpFormatter
+
+    dl = sub.add_parser("download", formatter_class=HelpFormatter, help="fetch a file or "
+                        "folder of a finished script job's outputs (model/..., outputs/...)",
+                        description="Fetch PATH (model/... or outputs/...) of what a script "
+                        "job kept after success: from its local run's folder, else from the "
+                        "--output-uri (s3://) the job on the cluster carries (docs/scripts.md).")
+    dl.add_argument("name", help="job name")
+    dl.add_argument("path", help="model/FILE, outputs/FILE, or a folder such as outputs")
+    dl.add_argument("--out", default=".", help="folder to write it into (default: .)")
+    dl.add_argument("-n", "--namespace", help="the cluster's job in this namespace "
+                    "(default: a local run if any, else the context's)")
+    dl.add_argument("--log-dir", help="the local run's folder (default: build/jobs/NAME)")
+    dl.set_defaults(func=lambda args: _download(args, namespace_of))
+
+
+def _download(args, namespace_of) -> int:
+    from pipelines.clients.k8s import KubernetesError
+    from pipelines.jobs.errors import JobOutputsError
+    from pipelines.script import outputs
+
+    path = outputs.check_path(args.path)
+    log_dir = Path(args.log_dir or Path("build") / "jobs" / args.name)
+    work = None if args.namespace else outputs.local_run(args.name, log_dir)
+    if work is not None:
+        got = outputs.from_local(work, path, Path(args.out))
+        print(f"downloaded {path} of job {args.name} from its local run in {log_dir} to {got}")
+        return 0
+    from pipelines.jobs.cluster import attach, connect
+    from pipelines.jobs.podstatus import job_state
+
+    try:
+        client = attach(connect(namespace_of(args)), args.name)
+    except KubernetesError as e:
+        if args.namespace or e.status not in (None, 404):
+            raise
+        raise JobOutputsError(f"job {args.name} has no local run in {log_dir} (--log-dir), and "
+                              f"the cluster has none either: {e}") from e
+    job = client.get(args.name)
+    what = f"{client.kind.kind} {client.namespace}/{args.name}"
+    uri = outputs.output_uri(job, what)
+    state, _ = job_state(job)
+    if state != client.kind.succeeded:
+        raise JobOutputsError(f"{what} is {state}, not {client.kind.succeeded}: node 0 copies "
+                              f"its outputs to {uri} after success.")
+    got = outputs.from_uri(uri, path, Path(args.out))
+    print(f"downloaded {path} of {what} from {uri} to {got}")
+    return 0

@@ -48,8 +48,8 @@ def register(sub, help: str) -> None:
                    f"(default: {registry.REGISTRIES[0]})")
     r.add_argument("--description", default="", help="description of the version")
     r.add_argument("--tracking-uri", help="MLflow server (default: MLFLOW_TRACKING_URI)")
-    r.add_argument("--run-id", help="MLflow run the model came from (default: a new run in "
-                   "experiment kfvision)")
+    r.add_argument("--run-id", help="MLflow run the model came from (default: the script job's "
+                   "run, else a new one)")
     r.add_argument("--registry-url", help="Kubeflow Model Registry: https://HOST[:PORT] "
                    "(token: KFVISION_REGISTRY_TOKEN)")
     r.add_argument("--storage-uri", help="Kubeflow Model Registry: where KServe reads this "

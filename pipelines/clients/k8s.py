@@ -323,8 +323,12 @@ class Api:
                                self.namespace)
 
     def pod_log(self, pod: str, container: str, tail: int | None = None,
-                previous: bool = False) -> str:
+                previous: bool = False, timestamps: bool = False) -> str:
+        """The container's log; with `timestamps`, each line starts with the kubelet's RFC 3339
+        time and a space."""
         kwargs = {"tail_lines": tail} if tail else {}
+        if timestamps:
+            kwargs["timestamps"] = True
         resp = self.call("read log of", "Pod", pod, self.core.read_namespaced_pod_log, pod,
                          self.namespace, container=container, previous=previous,
                          _preload_content=False, **kwargs)

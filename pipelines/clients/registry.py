@@ -26,6 +26,7 @@ from pipelines.clients.endpoints import (
     EndpointTLSError,
     EndpointUnreachableError,
 )
+from pipelines.script.contract import read_provenance
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, KfvisionError
 
 REGISTRIES = ("mlflow", "kubeflow")
@@ -140,14 +141,19 @@ def register_mlflow(model_dir, name: str, *, description: str = "",
                     experiment: str = "kfvision") -> dict:
     """Register `model_dir` as a version of `name` in MLflow's registry (once per content).
 
-    The directory is uploaded as the artifacts (`model/`) of `run_id` (the training run) or of a
-    new run in `experiment`; the version's source is that folder, its tags the metrics, classes,
-    image size, content hash and source run. Returns {"name", "version", "source", "run_id",
-    "created"}.
+    The directory is uploaded as the artifacts (`model/`) of `run_id` (the training run; for a
+    script job's model folder, by default the run its kfvision-source.json names on the same
+    server) or of a new run in `experiment`; the version's source is that folder, its tags the
+    metrics, classes, image size, content hash, source run and a script's snapshot sha256.
+    Returns {"name", "version", "source", "run_id", "created"}.
     """
     model_dir, name = Path(model_dir), check_name(name)
     about, digest = describe_model(model_dir), content_hash(model_dir)
+    made = read_provenance(model_dir)  # a script job's model folder: its run and snapshot
+    about["source_sha256"] = made.get("source_sha256")
     client, uri = _mlflow_client(tracking_uri)
+    if run_id is None and made.get("mlflow_tracking_uri") == uri:
+        run_id = made.get("mlflow_run_id")  # the version links to the script's own run
     try:
         for v in client.search_model_versions(f"name='{name}'"):
             if v.tags.get(HASH_TAG) == digest:
@@ -172,6 +178,8 @@ def register_mlflow(model_dir, name: str, *, description: str = "",
                 "kfvision.image_size": str(about["image_size"]), "kfvision.run_id": run_id,
                 **({"kfvision.model_format": about["model_format"]}
                    if about.get("model_format") else {}),
+                **({"kfvision.source_sha256": about["source_sha256"]}
+                   if about.get("source_sha256") else {}),
                 **{f"kfvision.{k}": f"{v:.6g}" for k, v in about["metrics"].items()}}
         v = client.create_model_version(name, source, run_id=run_id, tags=tags,
                                         description=description or None)
@@ -196,6 +204,7 @@ def register_kubeflow(model_dir, name: str, *, storage_uri: str, url: str, autho
             f"--storage-uri {storage_uri!r}: the Kubeflow registry records where KServe reads "
             "the model: give an s3://BUCKET/PATH or pvc://CLAIM/PATH URI of this directory.")
     about = describe_model(model_dir)
+    about["source_sha256"] = read_provenance(model_dir).get("source_sha256")
     version = f"sha256-{content_hash(model_dir)[:16]}"
     m = re.match(r"^(https?)://([^/:]+)(?::(\d+))?/?$", url or "")
     if not m:
@@ -215,6 +224,8 @@ def register_kubeflow(model_dir, name: str, *, storage_uri: str, url: str, autho
                     **{k: float(v) for k, v in about["metrics"].items()}}
         if about.get("model_format"):  # a script's model directory: which file serves
             metadata["model_format"] = about["model_format"]
+        if about.get("source_sha256"):  # a script's model folder: the snapshot it came from
+            metadata["source_sha256"] = about["source_sha256"]
         if pipeline_run:
             metadata["pipeline_run"] = pipeline_run
         registered = registry.register_model(

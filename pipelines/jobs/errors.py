@@ -21,3 +21,7 @@ class JobFailedError(KfvisionError):
 
 class JobTimeoutError(WaitTimeoutError):
     """Waiting for the job took longer than the caller allowed."""
+
+
+class JobOutputsError(KfvisionError):
+    """A job's outputs cannot be fetched: no such job or file, or the job has not succeeded."""

@@ -40,6 +40,17 @@ class JobKind(Resource):
                 return f"{rtype.lower()}-{index}"
         return pod["metadata"]["name"]
 
+    def node_index(self, pod: dict) -> int | None:
+        """The pod's node index as torchrun numbers nodes (PyTorchJob: master-0 is 0, worker-i
+        is i + 1; TrainJob: node-0-i is i), or None for a pod of another shape."""
+        replica = self.replica_name(pod)
+        kind, _, index = replica.rpartition("-")
+        if not index.isdigit():
+            return None
+        if self is TRAINJOB:
+            return int(index) if kind == f"{trainjob_rules.NODE}-0" else None
+        return {"master": int(index), "worker": int(index) + 1}.get(kind)
+
 
 PYTORCHJOB = JobKind(
     kind=pytorchjob_rules.KIND, group=pytorchjob_rules.GROUP, version=pytorchjob_rules.VERSION,

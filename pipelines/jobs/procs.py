@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.clients.k8s import GPU_RESOURCE
+from pipelines.jobs import ranktag
 from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.jobs.signals import STOP
 
@@ -313,15 +314,18 @@ class LocalResult:
 
 
 class Printer:
-    """Prefixes each replica's lines with `[master-0]` and keeps concurrent lines whole."""
+    """Prefixes each replica's lines with `[master-0]` and keeps concurrent lines whole; a line
+    that carries its `[node/rank] ` already (a user's script: pipelines/jobs/ranktag.py) is
+    printed as it is, as `kfvision job logs --all` shows it."""
 
     def __init__(self, stream, quiet: bool):
         self.stream, self.quiet, self.lock = stream, quiet, threading.Lock()
 
     def __call__(self, name: str, line: str) -> None:
         if not self.quiet:
+            shown = line if ranktag.TAGGED.match(line) else f"[{name}] {line}"
             with self.lock:
-                self.stream.write(f"[{name}] {line}\n")
+                self.stream.write(shown + "\n")
                 self.stream.flush()
 
 

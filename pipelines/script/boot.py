@@ -16,7 +16,16 @@ type it. Steps, once per pod:
    `python -m trainer.launch` (torchrun that keeps exit codes) by default, or one `python` per
    pod with the Training Operator's classic variables (`--launcher python`; on a TrainJob they
    are made from the torch plugin's `PET_*`);
-5. after success, node 0 copies the model and outputs folders to `--output-uri`.
+5. after success, node 0 writes contract.PROVENANCE into the model folder and copies the model
+   and outputs folders to `--output-uri`.
+
+With MLFLOW_TRACKING_URI in the pod, node 0 opens the script's MLflow run before step 4 and
+closes it after (pipelines/script/track.py says why here and not at render).
+
+Every line of the pod's log starts with `[node/rank] ` (pipelines/jobs/ranktag.py): torchrun tees
+each rank's output with that prefix, and the boot relays the rest (its own lines, pip's,
+torchrun's) as `[node/-] `, so `kubectl logs`, `kfvision job logs --all` and `job run-local` tell
+the ranks apart.
 
 The exit code is the script's own (a signal N: 128 + N), so the job's restart policy retries
 128-255 and fails 1-127 at once, as for the built-in trainer; the boot's own errors (a changed
@@ -25,16 +34,19 @@ rank on which node failed, with what code, after how long.
 """
 
 import argparse
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+from pipelines.jobs import ranktag
 from pipelines.jobs.trainjob.rules import PET_NAMES
-from pipelines.script import contract
+from pipelines.script import contract, track
 from pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
 from trainer import exitcodes
 from trainer.errors import KfvisionError
@@ -48,8 +60,13 @@ _NNODES, _, NODE_RANK, _ADDR, _PORT = PET_NAMES
 CLASSIC = {"MASTER_ADDR": _ADDR, "MASTER_PORT": _PORT, "RANK": NODE_RANK, "WORLD_SIZE": _NNODES}
 
 
+def node_of(environ) -> str:
+    """This pod's node index: the torch plugin's (TrainJob, torchrun) or the operator's RANK."""
+    return environ.get(NODE_RANK) or environ.get("RANK") or "0"
+
+
 def say(text: str) -> None:
-    print(f"{PREFIX} {text}", file=sys.stderr, flush=True)
+    print(f"{ranktag.tag(node_of(os.environ))}{PREFIX} {text}", file=sys.stderr, flush=True)
 
 
 def pod_path(path: str) -> Path:
@@ -164,7 +181,7 @@ def _env_cache(work: Path) -> Path:
 def script_env(args, python: Path, dirs: dict, inputs: dict) -> dict:
     env = dict(os.environ)
     env.pop(contract.POD_ROOT, None)
-    node = int(env.get(NODE_RANK, env.get("RANK", "0")) or 0)
+    node = int(node_of(env))
     hosts = args.hosts.split(",") if args.hosts else [f"node-{node}"]
     env.update(contract.contract_env(
         model=dirs["model"], outputs=dirs["outputs"], checkpoints=dirs["checkpoints"],
@@ -179,19 +196,38 @@ def script_env(args, python: Path, dirs: dict, inputs: dict) -> dict:
     return env
 
 
-def command(args, python: Path, src: Path | None = None) -> list:
-    """The launcher's argv; `src`: the entry as a path under it (the script runs elsewhere)."""
+def command(args, python: Path, node: str, work: Path, src: Path | None = None) -> list:
+    """The launcher's argv. torchrun tees every rank's output with its `[node/rank] ` prefix
+    (and keeps a file per rank under WORK/logs); `src`: the entry as a path under it (the
+    script runs elsewhere: --workdir)."""
     entry = str(src / args.entry) if src is not None and args.entry else args.entry
     target = ["-m", args.module] if args.module else [entry]
     if args.launcher == "torchrun":
-        return [str(python), "-m", "trainer.launch", *target, *args.script_args]
+        tee = ["--tee", "3", "--log-line-prefix-template", ranktag.torchrun_template(node),
+               "--log-dir", str(work / "logs")]
+        return [str(python), "-m", "trainer.launch", *tee, *target, *args.script_args]
     return [str(python), *target, *args.script_args]
 
 
-def run(argv: list, cwd: Path, env: dict) -> int:
-    """Run the launcher, passing SIGTERM/SIGINT on (a deleted pod); its exit status (128 + N for
-    a signal N)."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env)
+def relay(stream, node: str, rank: str, out) -> None:
+    """Copy the launcher's output to `out` line by line, each line prefixed with its
+    `[node/rank] ` unless it carries one (torchrun's tee'd lines do)."""
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        out.write((ranktag.tagged(line, node, rank) + "\n").encode("utf-8"))
+        out.flush()
+    stream.close()
+
+
+def run(argv: list, cwd: Path, env: dict, rank: str = ranktag.POD) -> int:
+    """Run the launcher, passing SIGTERM/SIGINT on (a deleted pod), its output relayed with the
+    `[node/rank] ` prefix (`rank`: of every line that has none); its exit status (128 + N for a
+    signal N)."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    pump = threading.Thread(target=relay, args=(proc.stdout, node_of(env), rank,
+                                                sys.stdout.buffer), daemon=True)
+    pump.start()
 
     def forward(signum, frame):
         proc.send_signal(signum)
@@ -202,6 +238,7 @@ def run(argv: list, cwd: Path, env: dict) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+    pump.join(timeout=5.0)  # a process the script left behind may still hold the pipe
     return 128 - code if code < 0 else code
 
 
@@ -211,6 +248,7 @@ def boot(args) -> int:
     src = work / "src"
     if src.exists():
         shutil.rmtree(src)  # a restarted container starts from the snapshot again
+    (work / contract.SUCCEEDED).unlink(missing_ok=True)
     files = unpack(read_snapshot(args.snapshot, args.sha256), src)
     target = args.module or args.entry
     say(f"source {args.sha256[:12]}: {len(files)} file(s) into {src}")
@@ -227,20 +265,26 @@ def boot(args) -> int:
 
         python = ensure_env(requirements, _env_cache(work), say=say)
     state = pod_path(args.state) if args.state else work / "state"
-    dirs = {"model": work / "model", "outputs": cwd / "outputs",  # the script's ./outputs
+    dirs = {"model": work / contract.RESULTS["model"],
+            "outputs": cwd / "outputs",  # the script's ./outputs, where it runs (--workdir)
             "checkpoints": state / "checkpoints", "tensorboard": state / "tensorboard"}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
     inputs = fetch_inputs(args.input, work)
+    node = node_of(os.environ)
+    tracker = None if node != "0" else track.open_run(
+        os.environ, sha256=args.sha256, target=target, args=args.script_args,
+        launcher=args.launcher, state=state, say=say)
     env = script_env(args, python, {k: str(v) for k, v in dirs.items()}, inputs)
     if cwd != src and args.module:  # python -m finds it in the source folder, not in cwd
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
-    argv = command(args, python, src if cwd != src else None)
+    track.script_env(tracker, env, dirs["outputs"])
+    argv = command(args, python, node, work, src if cwd != src else None)
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
     began = time.monotonic()
-    code = run(argv, cwd, env)
+    rank = env.get("RANK", node) if args.launcher == "python" else ranktag.POD
+    code = run(argv, cwd, env, rank)
     took = time.monotonic() - began
-    node = env.get(NODE_RANK, env.get("RANK", "0"))
     if code != 0:
         if args.launcher == "python":
             say(f"FAILED: rank {env.get('RANK', node)} on node {node} exited with {code} "
@@ -248,11 +292,35 @@ def boot(args) -> int:
         else:  # torchrun's launcher named the rank above
             say(f"FAILED: node {node} exited with {code} ({exitcodes.describe(code)}) after "
                 f"{took:.1f} s")
+        track.close_run(tracker, False, {})
         return code
     say(f"node {node}: {target} succeeded in {took:.1f} s")
-    if args.output_uri and node == "0":
-        save_outputs(args.output_uri, {"model": dirs["model"], "outputs": dirs["outputs"]})
+    if node == "0":
+        results = {"model": dirs["model"], "outputs": dirs["outputs"]}
+        write_provenance(dirs["model"], args, tracker)
+        track.close_run(tracker, True, results)
+        if args.output_uri:
+            save_outputs(args.output_uri, results)
+        # the marker says where the results are (./outputs moves with --workdir)
+        (work / contract.SUCCEEDED).write_text(json.dumps(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             **{n: os.path.relpath(f, work) for n, f in results.items()}}) + "\n")
     return 0
+
+
+def write_provenance(model_dir: Path, args, tracker) -> None:
+    """contract.PROVENANCE in the model folder: the snapshot, entry and arguments it came from,
+    and its MLflow run (`kfvision register` records them with the version)."""
+    import json
+
+    if not any(model_dir.iterdir()):  # the script saved no model there
+        return
+    record = {"source_sha256": args.sha256, "entry": args.module or args.entry,
+              "args": list(args.script_args)}
+    if tracker is not None and not tracker.off:
+        record.update(mlflow_run_id=tracker.run_id, mlflow_tracking_uri=tracker.uri)
+    (model_dir / contract.PROVENANCE).write_text(json.dumps(record, indent=1) + "\n",
+                                                  encoding="utf-8")
 
 
 def get_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,15 @@ CHECKPOINT_DIR = "KFVISION_CHECKPOINT_DIR"
 TENSORBOARD_DIR = "KFVISION_TENSORBOARD_DIR"
 INPUT_PREFIX = "KFVISION_INPUT_"
 SOURCE_SHA256 = "KFVISION_SOURCE_SHA256"
+# What the boot writes into the model folder after success, so that the folder says where it came
+# from wherever it is copied (`kfvision register` tags the version with the snapshot's sha256):
+# {"source_sha256", "entry", "args", "mlflow_run_id", "mlflow_tracking_uri"}. The model readers
+# ignore files they do not know (trainer/model/scripted.py).
+PROVENANCE = "kfvision-source.json"
+# What node 0 keeps after success, under the boot's work folder, by the names they have under
+# --output-uri (URI/model/, URI/outputs/); SUCCEEDED (in the work folder) says it got there.
+RESULTS = {"model": "model", "outputs": "src/outputs"}
+SUCCEEDED = "succeeded"
 # run-local's stand-in for a pod's own filesystem (pipelines/jobs/volumes.py): absolute paths of
 # the pod's emptyDir and ConfigMap mounts are found under it. Never set on a cluster.
 POD_ROOT = "KFVISION_POD_ROOT"
@@ -65,3 +74,14 @@ def contract_env(*, model: str, outputs: str, checkpoints: str, tensorboard: str
         env[INPUT_PREFIX + channel_key(name)] = path
         env[SM_CHANNEL_PREFIX + channel_key(name)] = path
     return env
+
+
+def read_provenance(model_dir) -> dict:
+    """The PROVENANCE record of a model folder, or {} (none, or not a JSON object)."""
+    from pathlib import Path
+
+    try:
+        got = json.loads((Path(model_dir) / PROVENANCE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}

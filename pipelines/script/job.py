@@ -32,6 +32,7 @@ LAUNCHERS = ("torchrun", "python")
 SOURCE_VOLUME, SOURCE_MOUNT = "kfvision-source", "/kfvision/source"
 WORK_VOLUME, WORK_MOUNT = "kfvision-work", "/kfvision/work"
 SHA_ANNOTATION = "kfvision.dev/source-sha256"
+OUTPUT_ANNOTATION = "kfvision.dev/output-uri"  # --output-uri as given: `job download` reads it
 # Kubernetes v1.33 pkg/apis/core/types.go MaxSecretSize (1 MiB), which
 # pkg/apis/core/validation/validation.go ValidateConfigMap applies to the sum of a ConfigMap's
 # data and binaryData. We count the base64 text the manifest carries, not the decoded bytes: the
@@ -259,7 +260,8 @@ def build_script_job(cfg: JobConfig, script: ScriptConfig, snap: Snapshot, trans
             container["volumeMounts"] += mounts
             pod["volumes"] += [dict(v) for v in volumes]
         validate = validate_pytorchjob
-    job["metadata"]["annotations"] = {SHA_ANNOTATION: snap.sha256}
+    job["metadata"]["annotations"] = {SHA_ANNOTATION: snap.sha256, **(
+        {OUTPUT_ANNOTATION: script.output_uri} if script.output_uri else {})}
     job = validate(job, f"the rendered job {cfg.name!r}")
     if transport.how == "configmap":
         return [config_map(snap, cfg.namespace), job]
