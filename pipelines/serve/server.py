@@ -58,9 +58,10 @@ class ServeOptions:
                                   "decoding", low=0, high=1000, doc="Then it runs the batch it "
                                   "has; a lone client never waits for it.")
     max_queue: int | None = option(None, "images waiting for the model at most (0: no bound)",
-                                   low=0, high=1_000_000, unset="0.5 s of forward passes, "
-                                   "measured at start-up, at least --max-batch-size", doc="Images "
-                                   "being decoded or queued, not those in a running pass. Beyond "
+                                   low=0, high=1_000_000, unset="0.5 s of passes, measured",
+                                   doc="Images being decoded or queued, not those in a running "
+                                   "pass; by default what a pass measured at start-up says the "
+                                   "model answers in 0.5 s, at least --max-batch-size. Beyond "
                                    "it a request is refused at once: REST 503 with Retry-After, "
                                    "gRPC RESOURCE_EXHAUSTED (docs/faults.md). A request finding "
                                    "the queue empty is always taken.")
