@@ -34,7 +34,7 @@ MODEL_LOADED, MODEL_FAILED = "Loaded", "FailedToLoad"
 PROMETHEUS_SCRAPING = "serving.kserve.io/enable-prometheus-scraping"
 METRICS_PATH = "/metrics"  # kserve 0.21 kserve/protocol/rest/server.py
 # KServe v0.20.0 pkg/apis/serving/v1beta1/component.go (ComponentExtensionSpec.ContainerConcurrency):
-# the requests one replica is given at once, Knative's hard limit; its autoscaler aims at 70% of it
+# the requests one replica is given at once, Knative's hard limit (its autoscaler aims at a share)
 CONTAINER_CONCURRENCY = "containerConcurrency"
 RUN_AS = 1000  # the image's user (images/Dockerfile: USER 1000:1000)
 # model-registry://[HOST/]NAME[/VERSION]: Kubeflow Model Registry's storage initializer resolves it
