@@ -198,9 +198,10 @@ def test_the_pipeline_parameters_deploy_options_name_exist():
 
 
 @pytest.mark.parametrize("options, queue, concurrency", [
-    ({}, 32, 64),  # kfvision serve's batch of 32: one batch waiting, one in the pass
-    ({"max_batch_size": 8}, 8, 16),
-    ({"max_batch_size": 8, "max_queue": 40}, 40, 48),
+    ({}, 16, 32),  # kfvision serve's batch of 32: half waiting, a pass of as many
+    ({"max_batch_size": 8}, 4, 8),
+    ({"max_batch_size": 8, "max_queue": 40}, 40, 48),  # a pass takes 8 at most
+    ({"max_queue": 3}, 3, 6),
 ])
 def test_container_concurrency_matches_the_servers_queue(options, queue, concurrency):
     """KServe's autoscaler and Knative's queue-proxy see the bound `kfvision serve` refuses

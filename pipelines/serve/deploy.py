@@ -72,11 +72,11 @@ class DeployConfig:
     batch_wait_ms: float | None = option(None, "passed to `kfvision serve`",
                                          unset="kfvision serve's")
     max_queue: int | None = option(None, "passed to `kfvision serve`; sets containerConcurrency",
-                                   low=1, high=1_000_000, unset="the batch size", doc="Written "
+                                   low=1, high=1_000_000, unset="half the batch size", doc="Written "
                                    "out, not measured by the pod: KServe's autoscaler must know "
                                    "the bound before the pod runs. The predictor's "
-                                   "containerConcurrency is this plus one batch (one-image "
-                                   "requests waiting, and those in the running pass).")
+                                   "containerConcurrency is the one-image requests a replica "
+                                   "holds: those waiting, and a pass of at most as many.")
     service_account: str | None = option(
         None, "ServiceAccount the predictor runs as", doc="For an s3:// model: the one KServe's "
         "storage initializer takes the S3 credentials from (a Secret attached to it, with "
@@ -123,13 +123,16 @@ class DeployConfig:
 
 
 def max_queue(cfg: DeployConfig) -> int:
-    """The --max-queue the pod serves with: as given, else one batch (kfvision serve's least)."""
-    return cfg.max_queue or cfg.max_batch_size or ServeOptions.max_batch_size
+    """The --max-queue the pod serves with: as given, else half a batch (kfvision serve's least,
+    and what it picks for a CPU replica's model)."""
+    return cfg.max_queue or max(1, (cfg.max_batch_size or ServeOptions.max_batch_size) // 2)
 
 
 def container_concurrency(cfg: DeployConfig) -> int:
-    """Requests one replica holds at once: its queue and the pass under way, one image each."""
-    return max_queue(cfg) + (cfg.max_batch_size or ServeOptions.max_batch_size)
+    """One-image requests a replica holds at once: those waiting, and the pass under way (which
+    takes only what waited, at most a batch)."""
+    batch = cfg.max_batch_size or ServeOptions.max_batch_size
+    return max_queue(cfg) + min(max_queue(cfg), batch)
 
 
 def serve_args(cfg: DeployConfig) -> list[str]:

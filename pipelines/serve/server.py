@@ -18,7 +18,7 @@ from trainer.options import check_options, option
 # trainer.use.predict.RUNTIMES, written out: importing it would load torch for `kfvision --help`
 RUNTIMES = ("torch", "onnx", "openvino")
 # The queueing delay the default --max-queue allows an accepted request: images for this long
-# of forward passes wait at most (at least one full batch)
+# of forward passes wait at most (at least half a batch)
 QUEUE_DELAY_S = 0.5
 
 
@@ -61,7 +61,8 @@ class ServeOptions:
                                    low=0, high=1_000_000, unset="0.5 s of passes, measured",
                                    doc="Images being decoded or queued, not those in a running "
                                    "pass; by default what a pass measured at start-up says the "
-                                   "model answers in 0.5 s, at least --max-batch-size. Beyond "
+                                   "model answers in 0.5 s, at least half of --max-batch-size. "
+                                   "Beyond "
                                    "it a request is refused at once: REST 503 with Retry-After, "
                                    "gRPC RESOURCE_EXHAUSTED (docs/faults.md). A request finding "
                                    "the queue empty is always taken.")
@@ -98,8 +99,12 @@ def measured_rate(predictor, max_batch: int, streams: int) -> tuple[float, int]:
 
 
 def default_max_queue(rate: float, max_batch: int) -> int:
-    """Images the model answers in QUEUE_DELAY_S at `rate` images/s, at least one full batch."""
-    return max(max_batch, math.ceil(rate * QUEUE_DELAY_S))
+    """Images the model answers in QUEUE_DELAY_S at `rate` images/s, at least half a batch.
+
+    A pass takes only what waited, so with one-image requests the server then holds at most twice
+    the bound: on a slow model, at most a full batch, whose passes cost about what a full one
+    does per image; more waiting would only lengthen the wait (Little's law)."""
+    return max(max(1, max_batch // 2), math.ceil(rate * QUEUE_DELAY_S))
 
 
 async def _invalid_request(request, exc):
@@ -153,7 +158,7 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     chosen = "--max-queue"
     if max_queue is None:
         max_queue = default_max_queue(rate, max_batch_size)
-        chosen = f"{QUEUE_DELAY_S:g} s of passes, at least --max-batch-size"
+        chosen = f"{QUEUE_DELAY_S:g} s of passes, at least half of --max-batch-size"
     MAX_QUEUE.labels(name).set(max_queue)
     print(f"queue: {'no bound' if max_queue == 0 else f'at most {max_queue} images waiting'} "
           f"({chosen}; a pass of {n} images measured at {rate:.1f} images/s)", flush=True)
