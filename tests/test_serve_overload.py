@@ -3,7 +3,6 @@ on loopback ports. Beyond --max-queue a request is refused at once (REST 503 wit
 gRPC RESOURCE_EXHAUSTED) and counted on /metrics, the accepted ones get their labels; a client
 that disconnects while its request is queued costs no forward pass, and no error line."""
 
-import base64
 import http.client
 import json
 import socket
@@ -102,8 +101,8 @@ def test_beyond_max_queue_rest_gets_503_retry_after_and_grpc_resource_exhausted(
         for _ in range(6):  # rounds until both protocols have met a refusal
             start = threading.Barrier(clients)
             with ThreadPoolExecutor(clients) as pool:
-                results += list(pool.map(lambda k: _one(server, stub, k, files, start),
-                                         range(clients)))
+                results += list(pool.map(_one, [server] * clients, [stub] * clients,
+                                         range(clients), [files] * clients, [start] * clients))
             refused = {proto for proto, _, _, no in results if no}
             if refused == {"rest", "grpc"}:
                 break
@@ -171,7 +170,7 @@ def test_a_client_that_leaves_while_queued_costs_no_forward_pass(slow, transport
     """A big request holds the model; a one-image request queues behind it and its client goes
     away: the model passes the big request's images only; no error is logged."""
     server, files = slow
-    for attempt in range(3):  # the big request must still be running when the client leaves
+    for _ in range(3):  # the big request must still be running when the client leaves
         before = samples(server)
         decoded = before.get("kfvision_decode_seconds_count", 0)
         passes = before.get("kfvision_forward_seconds_count", 0)

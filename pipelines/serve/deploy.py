@@ -33,8 +33,9 @@ MODEL_LOADED, MODEL_FAILED = "Loaded", "FailedToLoad"
 # mode does not have; "false" leaves our port in both modes.
 PROMETHEUS_SCRAPING = "serving.kserve.io/enable-prometheus-scraping"
 METRICS_PATH = "/metrics"  # kserve 0.21 kserve/protocol/rest/server.py
-# KServe v0.20.0 pkg/apis/serving/v1beta1/component.go (ComponentExtensionSpec.ContainerConcurrency):
-# the requests one replica is given at once, Knative's hard limit (its autoscaler aims at a share)
+# KServe v0.20.0 pkg/apis/serving/v1beta1/component.go (ComponentExtensionSpec's
+# ContainerConcurrency): the requests one replica is given at once, Knative's hard limit (its
+# autoscaler aims at a share of it)
 CONTAINER_CONCURRENCY = "containerConcurrency"
 RUN_AS = 1000  # the image's user (images/Dockerfile: USER 1000:1000)
 # model-registry://[HOST/]NAME[/VERSION]: Kubeflow Model Registry's storage initializer resolves it
@@ -72,9 +73,10 @@ class DeployConfig:
     batch_wait_ms: float | None = option(None, "passed to `kfvision serve`",
                                          unset="kfvision serve's")
     max_queue: int | None = option(None, "passed to `kfvision serve`; sets containerConcurrency",
-                                   low=1, high=1_000_000, unset="half the batch size", doc="Written "
-                                   "out, not measured by the pod: KServe's autoscaler must know "
-                                   "the bound before the pod runs. The predictor's "
+                                   low=1, high=1_000_000, unset="half the batch size",
+                                   doc="Written out, not measured by the pod: KServe's "
+                                   "autoscaler must know the bound before the pod runs. The "
+                                   "predictor's "
                                    "containerConcurrency is the one-image requests a replica "
                                    "holds: those waiting, and a pass of at most as many.")
     service_account: str | None = option(

@@ -24,9 +24,9 @@ import struct
 import uuid
 
 import torch
+from grpc_interceptor.exceptions import ResourceExhausted
 from kserve import Model
 from kserve.errors import InvalidInput
-from grpc_interceptor.exceptions import ResourceExhausted
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
 from pipelines.serve.batcher import Batcher, QueueFull

@@ -62,10 +62,9 @@ class ServeOptions:
                                    doc="Images being decoded or queued, not those in a running "
                                    "pass; by default what a pass measured at start-up says the "
                                    "model answers in 0.5 s, at least half of --max-batch-size. "
-                                   "Beyond "
-                                   "it a request is refused at once: REST 503 with Retry-After, "
-                                   "gRPC RESOURCE_EXHAUSTED (docs/faults.md). A request finding "
-                                   "the queue empty is always taken.")
+                                   "Beyond it a request is refused at once: REST 503 with "
+                                   "Retry-After, gRPC RESOURCE_EXHAUSTED (docs/faults.md). A "
+                                   "request finding the queue empty is always taken.")
 
 
 def default_name(model) -> str:
