@@ -143,6 +143,16 @@ class ImageClassifier(Model):
                 {"name": "probabilities", "datatype": "FP32",
                  "shape": [-1, len(self.predictor.classes)]}]
 
+    def refusal(self) -> "Overloaded | None":
+        """The refusal any request would get now (the queue has no room even for one image), or
+        None; counted as one."""
+        try:
+            self.batcher.admit(1)
+        except QueueFull as e:
+            self._refused.inc()
+            return Overloaded(e)
+        return None
+
     async def classify(self, images: list[tuple]):
         """(labels, probabilities [n, classes]) of [(image element, where)]."""
         try:

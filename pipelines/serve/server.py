@@ -116,13 +116,17 @@ async def _invalid_request(request, exc):
         "error": f"the request body is not a v2 inference request ({problems})"})
 
 
-async def _overloaded(request, exc):
+def _refused(exc):
     """A refusal (`Overloaded`): 503 with Retry-After, not logged (one line per refused request
     would flood the log when the server is busiest)."""
     from fastapi.responses import ORJSONResponse
 
     return ORJSONResponse(status_code=503, content={"error": exc.details},
                           headers={"Retry-After": str(exc.retry_after)})
+
+
+async def _overloaded(request, exc):
+    return _refused(exc)
 
 
 def build_model(model, *, name: str | None = None, runtime: str | None = None,
@@ -175,6 +179,7 @@ def serve(model, *, http_port: int = ServeOptions.http_port,
     from fastapi.exceptions import RequestValidationError
     from kserve.model_server import app
 
+    from pipelines.serve.admission import RefuseWhenFull
     from pipelines.serve.disconnects import CancelOnDisconnect
     from pipelines.serve.model import Overloaded
     from pipelines.serve.protocol import V2DataPlane
@@ -182,6 +187,8 @@ def serve(model, *, http_port: int = ServeOptions.http_port,
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(Overloaded, _overloaded)
     app.add_middleware(CancelOnDisconnect)
+    # added last, so it runs first: a full queue refuses before the body is read
+    app.add_middleware(RefuseWhenFull, refusal=classifier.refusal, respond=_refused)
     server = _import_kserve()(http_port=http_port, grpc_port=grpc_port, workers=1,
                               enable_grpc=True, enable_docs_url=False)
     # ModelServer.start hands its data plane to the REST and gRPC servers it starts.
