@@ -13,7 +13,11 @@ epochs on 480 generated ImageNet-size JPEGs of 10 classes (`trained_model`, once
 2 minutes on 2 cores): throughput does not depend on the weights, but the int8 export's accuracy
 check needs a model that has learnt something. It serves clients that each send one v1 request
 with one image at a time, back to back, over a kept-alive connection, for `--seconds`, at 1, 4
-and 16 clients. The
+and 16 clients (and, for overload, 64 and 256: `--clients 16 64 256`). A client refused with 503
+(kfvision's full queue) waits the Retry-After it was given, counts the refusal and sends again;
+latencies and images/s count accepted requests only, and the overload table holds each
+contender's accepted images/s and p99 at more clients to its own at 16 (goal: images/s at least
+as high, p99 at most 3x, no errors besides the refusals). The
 images (bench/jpegset.py, generated) come in three sizes (`SIZES`): 256 px thumbnails,
 ImageNet-size JPEGs (about 500x375, quality 90, ~100 KB) and 12-megapixel phone photos
 (4032x3024, 3.5 MB). A round measures every cell once, the contenders' order alternating between
@@ -123,24 +127,30 @@ def load(url: str, bodies: list[bytes], clients: int, seconds: float, pid: int) 
     change much: a busy shared machine gives a process a share of the cores, not of the work)."""
     host, port = url.split("/")[2].split(":")
     path = "/" + url.split("/", 3)[3]
-    latencies, errors = [], []
+    latencies, errors, refused = [], [], []
     deadline = time.perf_counter() + seconds
 
     def client(k: int):
         conn = http.client.HTTPConnection(host, int(port), timeout=300)
         i = k
         while time.perf_counter() < deadline:
-            start = time.perf_counter()
+            start, retry = time.perf_counter(), None
             try:
                 conn.request("POST", path, bodies[i % len(bodies)],
                              {"Content-Type": "application/json"})
                 r = conn.getresponse()
                 r.read()
                 ok = r.status == 200
+                if r.status == 503 and r.getheader("Retry-After"):
+                    retry = float(r.getheader("Retry-After"))
             except OSError:  # counted, and the client reconnects
                 conn.close()
                 conn = http.client.HTTPConnection(host, int(port), timeout=300)
                 ok = False
+            if retry is not None:  # the documented refusal: wait as told, then send again
+                refused.append(retry)
+                time.sleep(max(0.0, min(retry, deadline - time.perf_counter())))
+                continue
             (latencies if ok else errors).append(time.perf_counter() - start)
             i += 1
         conn.close()
@@ -152,11 +162,12 @@ def load(url: str, bodies: list[bytes], clients: int, seconds: float, pid: int) 
     for t in threads:
         t.join()
     elapsed, cpu = time.perf_counter() - start, cpu_seconds(pid) - cpu
-    lat = sorted(latencies)
-    return {"images_per_s": len(lat) / elapsed, "images_per_cpu_s": len(lat) / max(cpu, 1e-9),
+    lat = sorted(latencies) or [float("nan")]
+    return {"images_per_s": len(latencies) / elapsed,
+            "images_per_cpu_s": len(latencies) / max(cpu, 1e-9),
             "p50_ms": 1000 * lat[len(lat) // 2],
             "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-            "requests": len(lat), "errors": len(errors)}
+            "requests": len(latencies), "errors": len(errors), "refused": len(refused)}
 
 
 # name: (size passed to make_jpeg_set, what the table calls it)
@@ -220,6 +231,36 @@ def table(results: dict, names: list, sizes: list, clients: list) -> str:
                     f"{_range([r['p99_ms'] for r in runs], '{:.0f}')} | {_range(p99)} | "
                     f"{_range([r['images_per_cpu_s'] for r in runs])} | {_range(cpu)} | "
                     f"{verdict} |")
+    return "\n".join(lines)
+
+
+OVERLOAD_FROM, OVERLOAD_P99 = 16, 3.0  # more clients than this: images/s held, p99 at most 3x
+
+
+def overload_table(results: dict, names: list, sizes: list, clients: list) -> str:
+    """Markdown: each contender at more than 16 clients against itself at 16, in the same round:
+    accepted images/s, p99 of accepted requests, refusals and errors (sums over rounds), and
+    whether the cell meets the overload goal. '' when the run has no such cells."""
+    more = [c for c in clients if c > OVERLOAD_FROM]
+    if OVERLOAD_FROM not in clients or not more:
+        return ""
+    lines = [f"| images | clients | server | accepted images/s | x at {OVERLOAD_FROM} | p99 ms "
+             f"(accepted) | x p99 at {OVERLOAD_FROM} | refused | errors | goal |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for size in sizes:
+        for c in more:
+            for name in names:
+                runs, base = results[size][name][c], results[size][name][OVERLOAD_FROM]
+                rate = [r["images_per_s"] / b["images_per_s"] for r, b in zip(runs, base)]
+                p99 = [r["p99_ms"] / b["p99_ms"] for r, b in zip(runs, base)]
+                errors = sum(r["errors"] for r in runs)
+                met = (statistics.median(rate) >= 1.0 and statistics.median(p99) <= OVERLOAD_P99
+                       and errors == 0)
+                lines.append(
+                    f"| {size} | {c} | {name} | {_range([r['images_per_s'] for r in runs])} | "
+                    f"{_range(rate)} | {_range([r['p99_ms'] for r in runs], '{:.0f}')} | "
+                    f"{_range(p99)} | {sum(r.get('refused', 0) for r in runs)} | {errors} | "
+                    f"{'met' if met else '**not met**'} |")
     return "\n".join(lines)
 
 
@@ -339,7 +380,7 @@ def main(argv=None) -> int:
                               f"{res['images_per_s']:6.2f} images/s  p50 {res['p50_ms']:6.0f} ms"
                               f"  p99 {res['p99_ms']:6.0f} ms  {res['images_per_cpu_s']:5.2f} "
                               f"images/CPU-s  ({res['requests']} requests, {res['errors']} "
-                              "errors)", flush=True)
+                              f"errors, {res['refused']} refused)", flush=True)
     finally:
         for s in servers.values():
             s.stop()
@@ -351,6 +392,10 @@ def main(argv=None) -> int:
             + "\n\n"
             + table(results, [n for n in names if n != "plain"] + ["plain"], a.sizes,
                     a.clients))
+    overload = overload_table(results, [n for n in names if n != "plain"] + ["plain"], a.sizes,
+                              a.clients)
+    if overload:
+        text += "\n\nOverload, each server against itself at 16 clients:\n\n" + overload
     bench.publish(text, "serve/serve.md")
     (BENCH / "serve.json").write_text(json.dumps(results, indent=1))
     return 0

@@ -1,7 +1,7 @@
 """bench.serve's verdicts: the table's goal column applies bench.serve's bar (GOAL_ONE, GOAL_MANY,
 GOAL_INT8, a p99 no worse than the plain server's) to each cell."""
 
-from bench.serve import goal_met, table
+from bench.serve import goal_met, overload_table, table
 
 
 def _run(images_per_s: float, p99_ms: float) -> dict:
@@ -33,3 +33,20 @@ def test_the_table_has_every_cell_with_medians_of_the_rounds_ratios():
     rows = [line.split(" | ") for line in table(results, ["kfvision", "plain"], ["imagenet"],
                                                  [16]).splitlines()[2:]]
     assert rows[0][4].startswith("1.45") and rows[0][-1] == "**not met** |"
+
+
+def test_the_overload_table_holds_each_server_to_itself_at_16_clients():
+    def run(images_per_s, p99_ms, errors=0, refused=0):
+        return {**_run(images_per_s, p99_ms), "errors": errors, "refused": refused}
+    results = {"imagenet": {"kfvision": {16: [run(50, 500)], 64: [run(51, 1400, refused=40)],
+                                         256: [run(49, 900, refused=300)]},
+                            "plain": {16: [run(30, 900)], 64: [run(30, 3000)],
+                                      256: [run(31, 2000, errors=2)]}}}
+    rows = [line.split(" | ") for line in overload_table(
+        results, ["kfvision", "plain"], ["imagenet"], [16, 64, 256]).splitlines()[2:]]
+    assert [(r[1], r[2], r[-1]) for r in rows] == [
+        ("64", "kfvision", "met |"), ("64", "plain", "**not met** |"),  # p99 3.33x
+        ("256", "kfvision", "**not met** |"),  # 0.98x the images/s at 16
+        ("256", "plain", "**not met** |")]  # errors
+    assert rows[0][7] == "40" and rows[2][7] == "300"
+    assert overload_table(results, ["kfvision"], ["imagenet"], [1, 4]) == ""

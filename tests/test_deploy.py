@@ -90,7 +90,8 @@ def test_the_checker_finds_an_unknown_field_and_a_wrong_type():
 def test_pod_parts_pass_kubernetes_own_schema(config):
     predictor = build_inference_service(DeployConfig(**{**BASE, **CONFIGS[config]})
                                         )["spec"]["predictor"]
-    pod = {k: v for k, v in predictor.items() if k not in ("minReplicas", "maxReplicas")}
+    pod = {k: v for k, v in predictor.items()
+           if k not in ("minReplicas", "maxReplicas", "containerConcurrency")}  # KServe's
     kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
                                   "metadata": {"name": "t"}, "template": {"spec": pod}},
                                  K8S_VERSION, strict=True)
@@ -194,3 +195,21 @@ def test_the_pipeline_parameters_deploy_options_name_exist():
     assert named == {"name": "deploy_name", "image": "image",
                      "service_account": "deploy_service_account"}
     assert set(named.values()) <= set(pipeline_options())
+
+
+@pytest.mark.parametrize("options, queue, concurrency", [
+    ({}, 16, 32),  # kfvision serve's batch of 32: half waiting, a pass of as many
+    ({"max_batch_size": 8}, 4, 8),
+    ({"max_batch_size": 8, "max_queue": 40}, 40, 48),  # a pass takes 8 at most
+    ({"max_queue": 3}, 3, 6),
+])
+def test_container_concurrency_matches_the_servers_queue(options, queue, concurrency):
+    """KServe's autoscaler and Knative's queue-proxy see the bound `kfvision serve` refuses
+    beyond: the predictor's containerConcurrency, and --max-queue written out for the pod."""
+    isvc = build_inference_service(DeployConfig(**{**BASE, **options}))
+    predictor = isvc["spec"]["predictor"]
+    assert predictor["containerConcurrency"] == concurrency
+    args = predictor["containers"][0]["args"]
+    assert args[args.index("--max-queue") + 1] == str(queue)
+    rendered = yaml.safe_load(io.StringIO(yaml.safe_dump(isvc)))
+    assert rendered["spec"]["predictor"]["containerConcurrency"] == concurrency

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.serve.batcher import Batcher
+from pipelines.serve.batcher import Batcher, QueueFull
 
 
 class Recorder:
@@ -167,3 +167,50 @@ def test_a_lone_client_sending_again_and_again_never_waits_for_the_window():
     start = time.perf_counter()
     assert _closed_loop(batcher, 1, 5) == [[[0]] * 5]
     assert time.perf_counter() - start < 1.0 and forward.sizes == [1] * 5
+
+
+# --- the bounded queue, and requests whose client went away ----------------------------------
+
+@pytest.mark.parametrize("max_queue, refused", [(0, 0), (20, 0), (4, 8), (1, 11)])
+def test_beyond_max_queue_requests_are_refused_at_once_and_the_others_answered(max_queue,
+                                                                               refused):
+    """12 one-image requests arriving together: at most `max_queue` wait; the rest are
+    refused before any decoding, with a time to retry in."""
+    forward = Recorder(delay=0.2)
+    batcher = Batcher(forward, max_batch=16, max_wait_s=0.0, decode_threads=4,
+                      max_queue=max_queue, rate=10.0)
+    got = _run(batcher, *[[i] for i in range(12)])
+    full = [g for g in got if isinstance(g, QueueFull)]
+    assert len(full) == batcher.refused == refused
+    assert all(g == [i] for i, g in enumerate(got) if not isinstance(g, QueueFull))
+    assert all(1 <= f.retry_after <= 60 and "at capacity" in str(f) for f in full)
+    assert sum(forward.sizes) == 12 - refused
+
+
+def test_a_request_finding_the_queue_empty_is_taken_whatever_its_size():
+    forward = Recorder()
+    batcher = Batcher(forward, max_batch=4, max_wait_s=0.0, decode_threads=2, max_queue=2)
+    assert _run(batcher, list(range(10))) == [list(range(10))]
+
+
+def test_a_cancelled_request_still_queued_costs_no_forward_pass():
+    """While a pass runs, three requests queue; one's caller is cancelled (its client left):
+    it leaves the queue, the next pass carries only the other two."""
+    forward = Recorder(delay=0.3)
+    batcher = Batcher(forward, max_batch=8, max_wait_s=0.0, decode_threads=2)
+
+    async def go():
+        try:
+            first = asyncio.create_task(_request(batcher, [1]))
+            await asyncio.sleep(0.1)  # its pass is running
+            queued = [asyncio.create_task(_request(batcher, [v])) for v in (2, 3, 4)]
+            await asyncio.sleep(0.1)  # decoded and queued behind the pass
+            queued[1].cancel()
+            return await asyncio.gather(first, *queued, return_exceptions=True)
+        finally:
+            batcher.close()
+    got = asyncio.run(go())
+    assert got[0] == [1] and got[1] == [2] and got[3] == [4]
+    assert isinstance(got[2], asyncio.CancelledError)
+    assert forward.sizes == [1, 2] and batcher.images == 3 and batcher.dropped == 1
+    assert batcher.waiting() == 0

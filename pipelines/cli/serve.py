@@ -34,7 +34,8 @@ def _serve(args) -> int:
     serve(model, name=name, http_port=args.http_port, grpc_port=args.grpc_port,
           workers=args.workers, model_threads=args.model_threads,
           model_streams=args.model_streams, device=args.device, runtime=args.runtime,
-          max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms)
+          max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms,
+          max_queue=args.max_queue)
     return 0
 
 

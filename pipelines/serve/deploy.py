@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from pipelines.clients.k8s import GPU_RESOURCE, dns1123_problem, quantity
+from pipelines.serve.server import ServeOptions
 from trainer.errors import InvalidParameterError
 from trainer.options import check_options, option, ref_of
 
@@ -32,6 +33,10 @@ MODEL_LOADED, MODEL_FAILED = "Loaded", "FailedToLoad"
 # mode does not have; "false" leaves our port in both modes.
 PROMETHEUS_SCRAPING = "serving.kserve.io/enable-prometheus-scraping"
 METRICS_PATH = "/metrics"  # kserve 0.21 kserve/protocol/rest/server.py
+# KServe v0.20.0 pkg/apis/serving/v1beta1/component.go (ComponentExtensionSpec's
+# ContainerConcurrency): the requests one replica is given at once, Knative's hard limit (its
+# autoscaler aims at a share of it)
+CONTAINER_CONCURRENCY = "containerConcurrency"
 RUN_AS = 1000  # the image's user (images/Dockerfile: USER 1000:1000)
 # model-registry://[HOST/]NAME[/VERSION]: Kubeflow Model Registry's storage initializer resolves it
 STORAGE_SCHEMES = ("pvc://", "s3://", "gs://", "https://", "http://", "hdfs://", "webhdfs://",
@@ -67,6 +72,13 @@ class DeployConfig:
                                         unset="kfvision serve's")
     batch_wait_ms: float | None = option(None, "passed to `kfvision serve`",
                                          unset="kfvision serve's")
+    max_queue: int | None = option(None, "passed to `kfvision serve`; sets containerConcurrency",
+                                   low=1, high=1_000_000, unset="half the batch size",
+                                   doc="Written out, not measured by the pod: KServe's "
+                                   "autoscaler must know the bound before the pod runs. The "
+                                   "predictor's "
+                                   "containerConcurrency is the one-image requests a replica "
+                                   "holds: those waiting, and a pass of at most as many.")
     service_account: str | None = option(
         None, "ServiceAccount the predictor runs as", doc="For an s3:// model: the one KServe's "
         "storage initializer takes the S3 credentials from (a Secret attached to it, with "
@@ -112,6 +124,19 @@ class DeployConfig:
         return self
 
 
+def max_queue(cfg: DeployConfig) -> int:
+    """The --max-queue the pod serves with: as given, else half a batch (kfvision serve's least,
+    and what it picks for a CPU replica's model)."""
+    return cfg.max_queue or max(1, (cfg.max_batch_size or ServeOptions.max_batch_size) // 2)
+
+
+def container_concurrency(cfg: DeployConfig) -> int:
+    """One-image requests a replica holds at once: those waiting, and the pass under way (which
+    takes only what waited, at most a batch)."""
+    batch = cfg.max_batch_size or ServeOptions.max_batch_size
+    return max_queue(cfg) + min(max_queue(cfg), batch)
+
+
 def serve_args(cfg: DeployConfig) -> list[str]:
     """The container's arguments: `kfvision serve` on the mounted model."""
     # Threads from the CPU request: the pod has no CPU limit, so the server would otherwise count
@@ -125,7 +150,7 @@ def serve_args(cfg: DeployConfig) -> list[str]:
         args += ["--max-batch-size", str(cfg.max_batch_size)]
     if cfg.batch_wait_ms is not None:
         args += ["--batch-wait-ms", f"{cfg.batch_wait_ms:g}"]
-    return args
+    return args + ["--max-queue", str(max_queue(cfg))]
 
 
 def _container(cfg: DeployConfig) -> dict:
@@ -161,6 +186,7 @@ def build_inference_service(cfg: DeployConfig) -> dict:
     predictor = {
         "minReplicas": cfg.min_replicas,
         "maxReplicas": cfg.max_replicas,
+        CONTAINER_CONCURRENCY: container_concurrency(cfg),
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
                             "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [_container(cfg)],

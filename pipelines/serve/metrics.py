@@ -7,7 +7,7 @@ They live in prometheus_client's default registry, the one KServe's `/metrics` w
 
 import time
 
-from prometheus_client import Histogram, Info
+from prometheus_client import Counter, Gauge, Histogram, Info
 
 DECODE_SECONDS = Histogram(
     "kfvision_decode_seconds", "seconds to decode one image (base64, file, resize) on a "
@@ -17,7 +17,15 @@ FORWARD_SECONDS = Histogram(
 BATCH_IMAGES = Histogram(
     "kfvision_batch_images", "images in one forward pass, across concurrent requests",
     ["model_name"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
-
+REFUSED = Counter(
+    "kfvision_refused_requests", "requests refused at once because the queue was full (REST "
+    "503 with Retry-After, gRPC RESOURCE_EXHAUSTED)", ["model_name"])
+ABANDONED = Counter(
+    "kfvision_abandoned_requests", "requests whose client went away before their answer (those "
+    "still queued leave the queue: no forward pass for them)", ["model_name"])
+MAX_QUEUE = Gauge(
+    "kfvision_max_queue_images", "images that may wait for the model (decoding or queued); "
+    "beyond it requests are refused; 0: no bound", ["model_name"])
 
 FAST_PATH = Info(
     "kfvision_fast_path", "the CPU the model is served on and the speed choices taken for it "

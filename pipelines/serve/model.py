@@ -12,9 +12,11 @@ A v2 element is the base64 text of an image file (a JSON string, or bytes), or t
 meet. A request that is not one of these gets `kserve.errors.InvalidInput` (HTTP 400, gRPC
 INVALID_ARGUMENT, a message naming what was wrong, and where); the model server goes on serving.
 Images are decoded on the batcher's threads and classified in batches shared with concurrent
-requests (`Batcher`).
+requests (`Batcher`). A request the batcher's queue has no room for gets `Overloaded` (HTTP 503
+with Retry-After, gRPC RESOURCE_EXHAUSTED) at once.
 """
 
+import asyncio
 import base64
 import binascii
 import re
@@ -22,17 +24,28 @@ import struct
 import uuid
 
 import torch
+from grpc_interceptor.exceptions import ResourceExhausted
 from kserve import Model
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
 
-from pipelines.serve.batcher import Batcher
-from pipelines.serve.metrics import timed_decode
+from pipelines.serve.batcher import Batcher, QueueFull
+from pipelines.serve.metrics import ABANDONED, REFUSED, timed_decode
 from trainer.use.predict import InvalidImageError, Predictor
 
 MAX_INSTANCES = 64  # images in one request at most (docs/serving.md)
 V1_EXAMPLE = '{"instances": [{"image": {"b64": "<base64 of an image file>"}}]}'
 BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
+
+
+class Overloaded(ResourceExhausted):
+    """A `QueueFull` refusal as KServe's servers send it: over gRPC, KServe's exception
+    interceptor aborts with a GrpcException's own code (RESOURCE_EXHAUSTED) and details, without
+    logging it; over REST, `pipelines.serve.server` answers it with 503 and Retry-After."""
+
+    def __init__(self, full: QueueFull):
+        super().__init__(str(full))
+        self.retry_after = full.retry_after
 
 
 def _image(element, where: str, predictor: Predictor) -> torch.Tensor:
@@ -116,6 +129,7 @@ class ImageClassifier(Model):
         super().__init__(name)
         self.predictor, self.batcher = predictor, batcher
         self._decode = timed_decode(lambda element, where: _image(element, where, predictor), name)
+        self._refused, self._abandoned = REFUSED.labels(name), ABANDONED.labels(name)
         self.ready = True  # the model was loaded before the server starts, once
 
     def load(self) -> bool:
@@ -129,13 +143,29 @@ class ImageClassifier(Model):
                 {"name": "probabilities", "datatype": "FP32",
                  "shape": [-1, len(self.predictor.classes)]}]
 
+    def refusal(self) -> "Overloaded | None":
+        """The refusal any request would get now (the queue has no room even for one image), or
+        None; counted as one."""
+        try:
+            self.batcher.admit(1)
+        except QueueFull as e:
+            self._refused.inc()
+            return Overloaded(e)
+        return None
+
     async def classify(self, images: list[tuple]):
         """(labels, probabilities [n, classes]) of [(image element, where)]."""
         try:
             decoded = await self.batcher.decode(self._decode, images)
+            probs = await self.batcher.submit(torch.stack(decoded))
+        except QueueFull as e:
+            self._refused.inc()
+            raise Overloaded(e) from None
         except InvalidImageError as e:
             raise InvalidInput(str(e)) from e
-        probs = await self.batcher.submit(torch.stack(decoded))
+        except asyncio.CancelledError:  # the client went away (REST or gRPC)
+            self._abandoned.inc()
+            raise
         classes = self.predictor.classes
         return [classes[i] for i in probs.argmax(axis=1).tolist()], probs
 

@@ -6,8 +6,10 @@ batched into forward passes (pipelines/serve/batcher.py). Scale out with replica
 InferenceService's min/max replicas), not with processes on one machine.
 """
 
+import math
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +17,9 @@ from trainer.options import check_options, option
 
 # trainer.use.predict.RUNTIMES, written out: importing it would load torch for `kfvision --help`
 RUNTIMES = ("torch", "onnx", "openvino")
+# The queueing delay the default --max-queue allows an accepted request: images for this long
+# of forward passes wait at most (at least half a batch)
+QUEUE_DELAY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,14 @@ class ServeOptions:
     batch_wait_ms: float = option(5.0, "how long an idle model waits for requests still "
                                   "decoding", low=0, high=1000, doc="Then it runs the batch it "
                                   "has; a lone client never waits for it.")
+    max_queue: int | None = option(None, "images waiting for the model at most (0: no bound)",
+                                   low=0, high=1_000_000, unset="0.5 s of passes, measured",
+                                   doc="Images being decoded or queued, not those in a running "
+                                   "pass; by default what a pass measured at start-up says the "
+                                   "model answers in 0.5 s, at least half of --max-batch-size. "
+                                   "Beyond it a request is refused at once: REST 503 with "
+                                   "Retry-After, gRPC RESOURCE_EXHAUSTED (docs/faults.md). A "
+                                   "request finding the queue empty is always taken.")
 
 
 def default_name(model) -> str:
@@ -71,6 +84,28 @@ def _import_kserve():
     return ModelServer
 
 
+def measured_rate(predictor, max_batch: int, streams: int) -> tuple[float, int]:
+    """(images/s of the model, images in the measured pass): one pass of up to max_batch blank
+    images after a warm-up pass (whose allocations and first-call work a server pays once)."""
+    import torch
+
+    n = min(max_batch, 32)
+    batch = torch.zeros(n, 3, predictor.image_size, predictor.image_size, dtype=torch.uint8)
+    predictor.probabilities(batch)
+    start = time.perf_counter()
+    predictor.probabilities(batch)
+    return n * streams / max(time.perf_counter() - start, 1e-6), n
+
+
+def default_max_queue(rate: float, max_batch: int) -> int:
+    """Images the model answers in QUEUE_DELAY_S at `rate` images/s, at least half a batch.
+
+    A pass takes only what waited, so with one-image requests the server then holds at most twice
+    the bound: on a slow model, at most a full batch, whose passes cost about what a full one
+    does per image; more waiting would only lengthen the wait (Little's law)."""
+    return max(max(1, max_batch // 2), math.ceil(rate * QUEUE_DELAY_S))
+
+
 async def _invalid_request(request, exc):
     """FastAPI's body validation (v2 requests) as the other errors look: 400 {"error": ...}."""
     from fastapi.responses import ORJSONResponse
@@ -81,15 +116,29 @@ async def _invalid_request(request, exc):
         "error": f"the request body is not a v2 inference request ({problems})"})
 
 
+def _refused(exc):
+    """A refusal (`Overloaded`): 503 with Retry-After, not logged (one line per refused request
+    would flood the log when the server is busiest)."""
+    from fastapi.responses import ORJSONResponse
+
+    return ORJSONResponse(status_code=503, content={"error": exc.details},
+                          headers={"Retry-After": str(exc.retry_after)})
+
+
+async def _overloaded(request, exc):
+    return _refused(exc)
+
+
 def build_model(model, *, name: str | None = None, runtime: str | None = None,
                 device: str = "cpu", workers: int | None = None,
                 model_threads: int | None = None, model_streams: int | None = None,
                 max_batch_size: int = ServeOptions.max_batch_size,
-                batch_wait_ms: float = ServeOptions.batch_wait_ms):
+                batch_wait_ms: float = ServeOptions.batch_wait_ms,
+                max_queue: int | None = None):
     """The loaded `ImageClassifier` for a trained model directory or an ONNX export."""
     _import_kserve()
     from pipelines.serve.batcher import Batcher
-    from pipelines.serve.metrics import FAST_PATH, timed_forward
+    from pipelines.serve.metrics import FAST_PATH, MAX_QUEUE, timed_forward
     from pipelines.serve.model import ImageClassifier
     from trainer.distributed import usable_cpus
     from trainer.use.predict import Predictor
@@ -97,7 +146,7 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     check_options(ServeOptions(
         str(model), name=name, runtime=runtime, device=device, workers=workers,
         model_threads=model_threads, model_streams=model_streams,
-        max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms))
+        max_batch_size=max_batch_size, batch_wait_ms=batch_wait_ms, max_queue=max_queue))
     cpus = usable_cpus()  # a container's CPU limit, not the node's cores
     workers = min(workers or cpus, 256)
     # One forward pass at a time on all the cores, by default: batches then grow with the load,
@@ -108,9 +157,17 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     predictor = Predictor(model, runtime, device, threads=model_threads)
     name = name or default_name(model)
     FAST_PATH.labels(name).info(predictor.fast_path())
+    rate, n = measured_rate(predictor, max_batch_size, model_streams)
+    chosen = "--max-queue"
+    if max_queue is None:
+        max_queue = default_max_queue(rate, max_batch_size)
+        chosen = f"{QUEUE_DELAY_S:g} s of passes, at least half of --max-batch-size"
+    MAX_QUEUE.labels(name).set(max_queue)
+    print(f"queue: {'no bound' if max_queue == 0 else f'at most {max_queue} images waiting'} "
+          f"({chosen}; a pass of {n} images measured at {rate:.1f} images/s)", flush=True)
     batcher = Batcher(timed_forward(predictor.probabilities, name), max_batch=max_batch_size,
                       max_wait_s=batch_wait_ms / 1000, decode_threads=workers,
-                      streams=model_streams)
+                      streams=model_streams, max_queue=max_queue, rate=rate)
     return ImageClassifier(name, predictor, batcher)
 
 
@@ -122,9 +179,16 @@ def serve(model, *, http_port: int = ServeOptions.http_port,
     from fastapi.exceptions import RequestValidationError
     from kserve.model_server import app
 
+    from pipelines.serve.admission import RefuseWhenFull
+    from pipelines.serve.disconnects import CancelOnDisconnect
+    from pipelines.serve.model import Overloaded
     from pipelines.serve.protocol import V2DataPlane
 
     app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(Overloaded, _overloaded)
+    app.add_middleware(CancelOnDisconnect)
+    # added last, so it runs first: a full queue refuses before the body is read
+    app.add_middleware(RefuseWhenFull, refusal=classifier.refusal, respond=_refused)
     server = _import_kserve()(http_port=http_port, grpc_port=grpc_port, workers=1,
                               enable_grpc=True, enable_docs_url=False)
     # ModelServer.start hands its data plane to the REST and gRPC servers it starts.
