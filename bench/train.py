@@ -14,9 +14,10 @@ favours neither.
     bash bench/gpu.sh                                            # on a GPU machine (see there)
 
 For the JPEG set on CUDA, kfvision runs twice: with its defaults, and with `--gpu-decode on`
-(JPEGs decoded and augmented on the GPU, trainer/data/devicedata.py); `--variants` picks.
-The JPEG set
-needs only torch, torchvision, pillow and numpy (the digits need scikit-learn).
+(JPEGs decoded and augmented on the GPU, trainer/data/devicedata.py); `--variants` picks, and
+`no-cache` (`--cache off`: every epoch decodes on the CPU, the path of data too large to cache)
+is the baseline for `--gpu-decode`. The JPEG set needs only torch, torchvision, pillow and
+numpy (the digits need scikit-learn).
 
 Prints a Markdown table of ratios (kfvision / plain loop) and writes it to build/bench/.
 """
@@ -40,7 +41,7 @@ from trainer.model.arch import write_untrained_model
 
 BENCH = Path("build/bench")
 # kfvision runs compared with the plain loop: name -> extra `trainer.train` flags
-VARIANTS = {"default": (), "gpu-decode": ("--gpu-decode", "on")}
+VARIANTS = {"default": (), "gpu-decode": ("--gpu-decode", "on"), "no-cache": ("--cache", "off")}
 
 
 def prepare(args) -> tuple[Path, Path, Path]:
