@@ -29,8 +29,13 @@ after are printed with the table). The goal column checks the bar kfvision serve
 plain server's images/s at 4 and 16 clients, at least 1.0x at 1 client, a p99 no worse (int8:
 at least 2.5x at 16 clients).
 
+On a machine with more cores than the server should have, `--server-cpus 0-1` pins every
+server to those cores and the clients to the others, so the load generator (a thread per client,
+in this process) takes no CPU from the server: what a 2-core serving pod sees with its clients
+elsewhere. Without it, clients and servers share the machine's cores.
+
     python -m bench.serve [--rounds 3 --seconds 10 --sizes thumbnail imagenet photo
-                           --clients 1 4 16 --runtimes torch int8]
+                           --clients 1 4 16 --runtimes torch int8 --server-cpus 0-1]
 """
 
 import argparse
@@ -329,6 +334,35 @@ def _sources(model: Path, runtimes: list, train: Path, check: Path) -> tuple[dic
     return sources, accuracy
 
 
+def cpu_list(text: str) -> set[int]:
+    """"0-1,4" -> {0, 1, 4}, as taskset and cgroups write CPU lists."""
+    cpus = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def pin(server_cpus: str | None) -> str:
+    """Pin this process to `server_cpus` (the servers it starts next inherit them) and say where
+    servers and clients run; `split_off_clients` then moves this process to the other CPUs."""
+    if not server_cpus:
+        return f"servers and clients share {len(os.sched_getaffinity(0))} CPUs"
+    mine, wanted = os.sched_getaffinity(0), cpu_list(server_cpus)
+    if not wanted < mine:
+        raise SystemExit(f"--server-cpus {server_cpus}: this process may use CPUs "
+                         f"{sorted(mine)}; name a part of them, leaving some for the clients")
+    os.sched_setaffinity(0, wanted)
+    return (f"servers pinned to {len(wanted)} CPUs ({server_cpus}), clients on the other "
+            f"{len(mine - wanted)}")
+
+
+def split_off_clients(server_cpus: str | None, allowed: set) -> None:
+    """Move this process (its client threads start later) off the servers' CPUs."""
+    if server_cpus:
+        os.sched_setaffinity(0, allowed - cpu_list(server_cpus))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--images", type=int, default=12, help="distinct images of each size")
@@ -344,6 +378,8 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="*", default=[], metavar="NAME=FLAGS",
                    help="more kfvision contenders (PyTorch runtime) with these serve flags, "
                    "e.g. 's2=--model-streams 2 --model-threads 1'")
+    p.add_argument("--server-cpus", metavar="LIST",
+                   help="pin the servers to these CPUs (e.g. 0-1) and the clients to the rest")
     a = p.parse_args(argv)
     BENCH.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out
@@ -352,6 +388,8 @@ def main(argv=None) -> int:
     model, train, check = ((bench_model(BENCH / "untrained-224"), None, None) if a.untrained
                            else trained_model())
     bodies = {size: [_body(b) for b in _images(size, a.images)] for size in a.sizes}
+    allowed = os.sched_getaffinity(0)
+    placement = pin(a.server_cpus)
     servers = {"plain": Plain(model, BENCH / "plain.log")}
     sources, accuracy = _sources(model, a.runtimes, train, check)
     servers.update({n: Kfvision(m, BENCH / f"{n}.log", a.serve_args.split())
@@ -360,6 +398,7 @@ def main(argv=None) -> int:
         n, _, flags = v.partition("=")
         servers[f"kfvision-{n}"] = Kfvision(model, BENCH / f"kfvision-{n}.log",
                                             (a.serve_args + " " + flags).split())
+    split_off_clients(a.server_cpus, allowed)
     names = list(servers)
     load_before = os.getloadavg()[0]
     results = {size: {n: {c: [] for c in a.clients} for n in names} for size in a.sizes}
@@ -386,7 +425,7 @@ def main(argv=None) -> int:
             s.stop()
     text = (f"Serving ResNet-18 (224 px), one image per v1 request; median (range) over "
             f"{a.rounds} rounds of {a.seconds:g} s per cell; "
-            f"{os.cpu_count()} CPUs, load average {load_before:.1f} before, "
+            f"{os.cpu_count()} CPUs ({placement}), load average {load_before:.1f} before, "
             f"{os.getloadavg()[0]:.1f} after. Images: "
             + "; ".join(f"{k}: {SIZES[k][1]}" for k in a.sizes) + "." + accuracy
             + "\n\n"
