@@ -203,12 +203,13 @@ MOMENTS = {"start": ["running {kind} t"],
 def _inherit(how: str):
     """What run-local inherits from whoever starts it: SIGINT and SIGTERM at their defaults,
     ignored (`cmd &` in a non-interactive shell ignores SIGINT, and so does every process it
-    starts, a test suite's too), or blocked."""
+    starts, a test suite's too), or blocked; SIGHUP ignored under `nohup`, else at its default."""
     both = {signal.SIGINT, signal.SIGTERM}
 
     def setup():
         for s in both:
             signal.signal(s, signal.SIG_IGN if how == "ignored" else signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if how == "nohup" else signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_BLOCK if how == "blocked" else signal.SIG_UNBLOCK, both)
     return setup
 
@@ -309,6 +310,9 @@ STOP_CASES = [
     ("shutdown", [signal.SIGINT], "default", 130, "interrupted: stopped every process of job t"),
     ("training", [signal.SIGTERM], "ignored", 143,
      "terminated (SIGTERM): stopped every process of job t"),
+    # the terminal closed: without a handler run-local would die and leave the replicas running
+    ("training", [signal.SIGHUP], "default", 129,
+     "terminated (SIGHUP): stopped every process of job t"),
     ("stopping", [signal.SIGINT, signal.SIGINT], "default", 130,
      "interrupted twice: killed every process of job t at once (SIGKILL)"),
 ]
@@ -334,6 +338,23 @@ def test_sigterm_stops_every_process_of_a_trainjob(tmp_path):
     case = ("training", [signal.SIGTERM], "ignored", 143,
             "terminated (SIGTERM): stopped every process of job t")
     _check_round(case, *_stop_round(tmp_path, *case[:3], trainjob=True))
+
+
+def test_under_nohup_a_closed_terminal_leaves_the_job_running(tmp_path):
+    """`nohup kfvision job run-local ...`: SIGHUP stays ignored, as asked; SIGTERM still stops."""
+    run = CliRun(tmp_path, make_job(nodes=2, script=ROUND.format(stubborn=False,
+                                                                 master_ends=False)), "nohup")
+    try:
+        run.wait_for(["[master-0] training", "[worker-0] training"])
+        replicas = [pid for pid in _bearing(run.mark) if pid != run.proc.pid]
+        run.kill_group(signal.SIGHUP)
+        time.sleep(1)
+        assert run.proc.poll() is None and _alive(replicas) == replicas, run.output()
+        run.kill_group(signal.SIGTERM)
+        assert run.proc.wait(timeout=60) == 143, run.output()
+        assert _bearing(run.mark) == [], run.output()
+    finally:
+        run.clean_up()
 
 
 @pytest.mark.slow

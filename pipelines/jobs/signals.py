@@ -1,4 +1,5 @@
-"""Ctrl-C and SIGTERM for `run-local`: heard however it was started, acted on at a safe moment.
+"""Ctrl-C, SIGTERM and a closed terminal (SIGHUP) for `run-local`: heard however it was started,
+acted on at a safe moment.
 
 `run-local` is the parent of every process of a local job. Each replica runs in a session of its
 own, so the terminal's Ctrl-C (and a `kill` of `run-local`) reaches `run-local` alone, which must
@@ -19,6 +20,11 @@ then stop them all. Two things made that fail (docs/faults.md, "Stopping a local
 
 A signal that comes while the processes are being stopped means "now": SIGKILL at once rather
 than the grace period (`pipelines.jobs.procs.stop_all`).
+
+SIGHUP (the terminal or the SSH session closed) stops the job as SIGTERM does: its default would
+end `run-local` alone and leave the replicas, each in a session of its own, training on with no
+one to stop them. One difference: SIGHUP inherited ignored stays ignored, since that is what
+`nohup` is asked for (keep running after the terminal closes); nothing ignores SIGHUP by accident.
 """
 
 import contextlib
@@ -26,12 +32,18 @@ import signal
 import threading
 import time
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _nohup(signum: int) -> bool:
+    """SIGHUP ignored by whoever started this process (`nohup`): leave it so."""
+    return signum == signal.SIGHUP and signal.getsignal(signum) == signal.SIG_IGN
 
 
 class Interrupted(KeyboardInterrupt):
     """`run-local` was told to stop by `signum` (SIGINT: Ctrl-C; SIGTERM: `kill`, a cancelled
-    pipeline step, a deleted pod). A KeyboardInterrupt, so that callers that stop on Ctrl-C stop."""
+    pipeline step, a deleted pod; SIGHUP: the terminal closed). A KeyboardInterrupt, so that
+    callers that stop on Ctrl-C stop."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -39,12 +51,13 @@ class Interrupted(KeyboardInterrupt):
 
 
 class StopRequests(contextlib.ContextDecorator):
-    """The SIGINT and SIGTERM received while `with STOP:` (or a function decorated `@STOP`) runs,
-    in order.
+    """The SIGINT, SIGTERM and SIGHUP received while `with STOP:` (or a function decorated
+    `@STOP`) runs, in order.
 
     Entering (in the main thread: only it may set handlers) installs the recording handler and
-    unblocks both signals; leaving the outermost `with` puts back what was there. Entered from
-    another thread it does nothing: that caller's own signal handling stays in charge.
+    unblocks the signals (SIGHUP's only where it was not inherited ignored: `nohup`); leaving the
+    outermost `with` puts back what was there. Entered from another thread it does nothing: that
+    caller's own signal handling stays in charge.
     """
 
     def __init__(self):
@@ -58,7 +71,8 @@ class StopRequests(contextlib.ContextDecorator):
         if threading.current_thread() is threading.main_thread():
             if self._depth == 0:
                 self.received = []
-                self._previous = {s: signal.signal(s, self._record) for s in STOP_SIGNALS}
+                self._previous = {s: signal.signal(s, self._record) for s in STOP_SIGNALS
+                                  if not _nohup(s)}
                 self._mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
             self._depth += 1
         return self
@@ -74,7 +88,7 @@ class StopRequests(contextlib.ContextDecorator):
             signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)
 
     def check(self) -> None:
-        """Raise Interrupted (of the first signal) once SIGINT or SIGTERM came."""
+        """Raise Interrupted (of the first signal) once SIGINT, SIGTERM or SIGHUP came."""
         if self.received:
             raise Interrupted(self.received[0])
 
