@@ -250,3 +250,18 @@ def test_the_local_pipeline_trains_a_sagemaker_style_script_and_scores_its_model
     assert evaluation["rows"] == 10 and evaluation["accuracy"] is not None
     assert "your script train.py --epochs 2 --lr 0.2" in summary(run_)
     assert "Trained by your script" in find(run_, "train-pytorch-model", "curves").read_text()
+
+
+def test_an_s3_source_is_a_packed_snapshot_checked_against_its_name(s3_bucket, tmp_path):
+    from pipelines.script.pack import InvalidSourceError, pack
+    from pipelines.steps.trainscript import snapshot
+
+    packed = pack(SAGEMAKER)
+    s3_bucket.put(f"src/{packed.sha256}.tar.gz", packed.data)
+    got = snapshot(s3_bucket.uri(f"src/{packed.sha256}.tar.gz"), tmp_path)
+    assert (got.sha256, got.files, got.data) == (packed.sha256, packed.files, packed.data)
+    s3_bucket.put(f"src/{'0' * 64}.tar.gz", packed.data)  # a name its bytes do not match
+    with pytest.raises(InvalidSourceError, match="changed after it was uploaded"):
+        snapshot(s3_bucket.uri(f"src/{'0' * 64}.tar.gz"), tmp_path)
+    with pytest.raises(InvalidSourceError, match="is not there"):
+        snapshot(s3_bucket.uri("src/missing.tar.gz"), tmp_path)
