@@ -55,7 +55,9 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
                      tolerations: str, cpu_per_node: str, memory_per_node: str, shm_size: str,
                      timeout_seconds: int, image: str, pvc_name: str, model_uri: str,
                      s3_secret: str, execution_mode: str, job_kind: str,
-                     trainer_runtime: str, deploy: bool, deploy_name: str,
+                     trainer_runtime: str, script_source: str, script_entry: str,
+                     script_args: str, script_requirements: str, script_launcher: str,
+                     deploy: bool, deploy_name: str,
                      deploy_service_account: str, deploy_min_accuracy: float,
                      register_name: str, register_min_accuracy: float,
                      registry: str) -> str:
@@ -145,30 +147,35 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
                         memory_per_node: str = "", shm_size: str = "", timeout_seconds: int = 0,
                         pvc_name: str = "", execution_mode: str = "auto",
                         job_kind: str = "auto", trainer_runtime: str = "torch-distributed",
-                        workspace: str = "", model_uri: str = ""):
-    """Train PyTorch Model: a TrainJob or PyTorchJob (torchrun, DDP), on the cluster inside
+                        workspace: str = "", model_uri: str = "", script_source: str = "",
+                        script_entry: str = "", script_args: str = "",
+                        script_requirements: str = "", script_launcher: str = "torchrun"):
+    """Train PyTorch Model: a TrainJob or PyTorchJob (torchrun, DDP) of the built-in trainer, or
+    of your own script (script_source: then `model` is not used), on the cluster inside
     Kubernetes and as local processes elsewhere; the trained model, its metrics and curves."""
     params = dict(locals())  # first statement: exactly the parameters
-    from pipelines.params import job_settings, train_options
-    from pipelines.report import curves_html
+    from pipelines.params import job_settings, script_settings, train_options
+    from pipelines.report import curves_html, train_metrics
     from pipelines.steps.common import run, unique_run_key
     from pipelines.steps.model import push_model_step
     from pipelines.steps.train import job_summary, train_step
+    from pipelines.steps.trainscript import script_train_step
 
-    summary = run(train_step, model.path, train.path, validation.path, trained_model.path,
-                  job.path, options=train_options(**params),
-                  settings=job_settings(**params), run_key=unique_run_key(run_id, task_name),
-                  mode=execution_mode, pvc_name=pvc_name, kind=job_kind,
-                  runtime=trainer_runtime, workspace=workspace)
-    final = summary["final"]
-    for key in ("val_top1", "val_top5", "val_loss", "train_images_per_sec"):
-        metrics.log_metric(key, round(float(final[key]), 6))
-    metrics.log_metric("best_epoch", summary["best_epoch"])
-    metrics.log_metric("epochs_run", summary["epochs_run"])
+    where = dict(settings=job_settings(**params), run_key=unique_run_key(run_id, task_name),
+                 mode=execution_mode, pvc_name=pvc_name, kind=job_kind, runtime=trainer_runtime,
+                 workspace=workspace)
+    if script_source:
+        summary = run(script_train_step, train.path, validation.path, trained_model.path,
+                      job.path, script=script_settings(**params), **where)
+    else:
+        summary = run(train_step, model.path, train.path, validation.path, trained_model.path,
+                      job.path, options=train_options(**params), **where)
+    for key, value in train_metrics(summary).items():
+        metrics.log_metric(key, value)
     with open(curves.path, "w", encoding="utf-8") as f:
         f.write(curves_html(summary))
     job.metadata.update(job_summary(job.path))
-    trained_model.metadata.update({"framework": "pytorch", **final})
+    trained_model.metadata.update({"framework": "pytorch", **summary["final"]})
     if model_uri:  # for KServe and `--model s3://...`; the Model artifact keeps the lineage
         trained_model.metadata.update(run(push_model_step, trained_model.path, model_uri))
 

@@ -157,19 +157,33 @@ def _deploy_lines(run: LocalPipelineRun) -> list:
             f"{f['server_start_s']:.1f} s"]
 
 
+def _training_line(trained: Path) -> str:
+    """The built-in trainer's figures, or what your script was (its model folder's
+    kfvision-source.json, pipelines/script/contract.py)."""
+    import json
+    import shlex
+
+    from pipelines.script.contract import PROVENANCE
+
+    if (trained / PROVENANCE).is_file():
+        ran = json.loads((trained / PROVENANCE).read_text(encoding="utf-8"))
+        return (f"  training    your script {shlex.join([ran['entry'], *ran['args']])} (source "
+                f"sha256 {ran['source_sha256'][:12]})")
+    metrics = json.loads((trained / "metrics.json").read_text(encoding="utf-8"))
+    final = metrics["final"]
+    return (f"  training    best epoch {metrics['best_epoch']} of {metrics['epochs_run']}: "
+            f"validation top-1 {final['val_top1']:.4f}, top-5 {final['val_top5']:.4f}, loss "
+            f"{final['val_loss']:.4f}, {final['train_images_per_sec']:.0f} train images/s")
+
+
 def summary(run: LocalPipelineRun) -> str:
     """The evaluation's headline figures and where every artifact of a local run is."""
     import json
 
-    trained = json.loads((find(run, "train-pytorch-model", "trained_model") / "metrics.json")
-                         .read_text(encoding="utf-8"))
     evaluation = json.loads((find(run, "evaluate-model", "evaluation") / "metrics.json")
                             .read_text(encoding="utf-8"))
-    final = trained["final"]
     lines = [f"pipeline finished in {run.seconds:.0f} s; outputs in {run.root}",
-             f"  training    best epoch {trained['best_epoch']} of {trained['epochs_run']}: "
-             f"validation top-1 {final['val_top1']:.4f}, top-5 {final['val_top5']:.4f}, loss "
-             f"{final['val_loss']:.4f}, {final['train_images_per_sec']:.0f} train images/s",
+             _training_line(find(run, "train-pytorch-model", "trained_model")),
              f"  evaluation  {evaluation['rows']} images: accuracy {evaluation['accuracy']:.4f}, "
              f"top-{evaluation['top_k']} {evaluation['top5_accuracy']:.4f}, macro F1 "
              f"{evaluation['macro_avg']['f1']:.4f}", *_deploy_lines(run), "artifacts"]

@@ -13,6 +13,7 @@ from pipelines.clients.registry import REGISTRIES
 from pipelines.jobs.config import JobConfig
 from pipelines.jobs.kinds import KINDS
 from pipelines.jobs.trainjob.rules import STOCK_RUNTIME
+from pipelines.script.job import LAUNCHERS
 from trainer.config import TrainConfig
 from trainer.errors import ref
 from trainer.options import option, options_of
@@ -66,6 +67,22 @@ class PipelineInputs:
                                   doc="The stock torch-distributed, or kfvision-torch (manifests/"
                                   "trainer-v2/: retries lost peers, fails bad input at once).",
                                   pipeline=True)
+    script_source: str = option("", "your own training code instead of the built-in trainer",
+                                doc="An s3:// URI of a packed source (a .tar.gz, as `kfvision "
+                                "job render --source-store` uploads it), or a folder the train "
+                                "step can read (locally any folder; on a cluster one on the data "
+                                "PVC or the workspace). '': the built-in trainer (docs/scripts.md,"
+                                " 'In the pipeline').", pipeline=True)
+    script_entry: str = option("", "the script in script_source: train.py, or -m pkg.module",
+                               pipeline=True)
+    script_args: str = option("", "the script's arguments, one string split as a shell would",
+                              doc="e.g. `--epochs 3 --name 'a b'` (Python's shlex.split).",
+                              pipeline=True)
+    script_requirements: str = option("", "pip requirements in script_source ('': "
+                                      "requirements.txt beside the entry, if any)",
+                                      pipeline=True)
+    script_launcher: str = option(LAUNCHERS[0], "torchrun, or python: one process per pod",
+                                  choices=LAUNCHERS, pipeline=True)
     deploy: bool = option(False, "after evaluation, deploy the model", doc="On a cluster a "
                           "KServe InferenceService; locally serve it and check the served labels.",
                           pipeline=True)
@@ -91,6 +108,7 @@ class PipelineInputs:
 
 
 TRAIN_OPTIONS = tuple(o for o in options_of(TrainConfig) if o.param)
+SCRIPT_OPTIONS = tuple(o for o in options_of(PipelineInputs) if o.name.startswith("script_"))
 JOB_OPTIONS = tuple(o for o in options_of(JobConfig) if o.param)
 # The parameter a JobConfig field comes from where it is no option of its own: the data PVC
 # is the pipeline's one volume.
@@ -128,6 +146,12 @@ def job_settings(**params) -> dict:
     """The pipeline's job parameters in `params`, by their pipeline names (other keys are
     ignored): what pipelines.steps.train.job_config takes."""
     return {o.param: params[o.param] for o in JOB_OPTIONS}
+
+
+def script_settings(**params) -> dict:
+    """The pipeline's script parameters in `params`, by name (other keys are ignored): what
+    pipelines.steps.trainscript takes. Empty script_source: the built-in trainer."""
+    return {o.param: params[o.param] for o in SCRIPT_OPTIONS}
 
 
 def job_options(**settings) -> dict:

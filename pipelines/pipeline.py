@@ -4,7 +4,8 @@
                      -> split                    (no validation_source)
                       | convert(validation_source)
                      -> resnet | densenet        (by model_name's family)
-                     -> train-pytorch-model      (a TrainJob or PyTorchJob, locally or on a cluster)
+                     -> train-pytorch-model      (a TrainJob or PyTorchJob, locally or on a cluster;
+                                                  the built-in trainer, or script_source's script)
                      -> score-image-model        (validation data, or convert(test_source))
                      -> evaluate-model
                      -> register-model           (register_name: a registry version; else a no-op)
@@ -101,6 +102,11 @@ def build_pipeline(storage: Storage = DEFAULT):
         execution_mode: str = "auto",
         job_kind: str = "auto",
         trainer_runtime: str = "torch-distributed",
+        script_source: str = "",
+        script_entry: str = "",
+        script_args: str = "",
+        script_requirements: str = "",
+        script_launcher: str = "torchrun",
         deploy: bool = False,
         deploy_name: str = "image-classifier",
         deploy_service_account: str = "",

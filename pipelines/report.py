@@ -7,6 +7,7 @@ everything is inline: the charts are SVG drawn here (no plotting library), pictu
 import base64
 import html
 import math
+import shlex
 
 WIDTH, HEIGHT, PAD = 420, 260, 44
 COLOURS = {"train": "#1f77b4", "val": "#d62728"}
@@ -66,8 +67,37 @@ def line_chart(title: str, epochs: list, series: dict, y_range=None, log: bool =
     return "".join(parts)
 
 
+def train_metrics(summary: dict) -> dict:
+    """{name: number} the train step logs for the KFP UI: the built-in trainer's final figures,
+    best epoch and epochs run; for a user's script, the numbers of its metrics.json "final"."""
+    final = summary["final"]
+    if "script" in summary:
+        return {k: round(float(v), 6) for k, v in final.items()}
+    figures = {k: round(float(final[k]), 6) for k in ("val_top1", "val_top5", "val_loss",
+                                                      "train_images_per_sec")}
+    return {**figures, "best_epoch": summary["best_epoch"], "epochs_run": summary["epochs_run"]}
+
+
+def script_html(summary: dict, title: str = "Trained by your script") -> str:
+    """The train step's page for a user's script: what ran, its final figures, the layout."""
+    s = summary["script"]
+    rows = [("script", f"{s['entry']} {shlex.join(s['args'])}".strip()),
+            ("launcher", s["launcher"]), ("source sha256", s["source_sha256"]),
+            ("model folder", "scored, registered and deployed as it is" if summary["layout"] ==
+             "ok" else f"cannot be scored: {summary['layout']}"),
+            *((k, f"{v:.6g}") for k, v in summary["final"].items())]
+    table = "".join(f"<tr><th align='left'>{html.escape(k)}</th><td>{html.escape(str(v))}</td>"
+                    "</tr>" for k, v in rows)
+    return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>"
+            f"{html.escape(title)}</title></head><body style='font-family:sans-serif'>"
+            f"<h3>{html.escape(title)}</h3><table>{table}</table></body></html>\n")
+
+
 def curves_html(metrics: dict, title: str = "Training curves") -> str:
-    """An HTML page with loss, top-1 and learning-rate charts of a trained model's history."""
+    """An HTML page with loss, top-1 and learning-rate charts of a trained model's history (a
+    user's script's summary: its script_html page)."""
+    if "script" in metrics:
+        return script_html(metrics)
     history = metrics["history"]
     epochs = [h["epoch"] for h in history]
     final, best = metrics.get("final", {}), metrics.get("best_epoch")

@@ -100,37 +100,13 @@ def check_mode(args) -> bool:
 
 
 def _script_config(args, snap):
+    from pipelines.script.entry import resolve
     from pipelines.script.job import ScriptConfig
 
-    files = set(snap.files)
-    for flag in ("entry", "requirements", "workdir"):  # ./train.py is train.py
-        if getattr(args, flag):
-            setattr(args, flag, Path(getattr(args, flag)).as_posix())
-    left = " (it is missing, or .gitignore/.kfvisionignore leaves it out)"
-    if args.entry and args.entry not in files:
-        raise InvalidJobError(f"--entry {args.entry} is not in --source {args.source}{left}: "
-                              f"the snapshot holds {len(files)} file(s).")
-    if args.module:
-        base = args.module.replace(".", "/")
-        if not {f"{base}.py", f"{base}/__main__.py", f"{base}/__init__.py"} & files:
-            raise InvalidJobError(f"--module {args.module} is not in --source {args.source}"
-                                  f"{left}.")
-    workdir = None if args.workdir in (None, ".") else args.workdir
-    if workdir is not None and (Path(workdir).is_absolute() or ".." in Path(workdir).parts or
-                                not any(f.startswith(f"{workdir}/") for f in files)):
-        raise InvalidJobError(f"--workdir {args.workdir} is not a folder of --source "
-                              f"{args.source}: give a folder inside it that holds files.")
-    requirements = args.requirements
-    if requirements and requirements not in files:
-        raise InvalidJobError(f"--requirements {requirements} is not in --source "
-                              f"{args.source}{left}.")
-    if not requirements:
-        beside = str(Path(args.entry or "x").parent / "requirements.txt").removeprefix("./")
-        requirements = beside if beside in files else None
-    return ScriptConfig(source=args.source, entry=args.entry, module=args.module,
-                        args=tuple(args.script_args), requirements=requirements,
-                        workdir=workdir, launcher=args.launcher,
-                        inputs=tuple(args.input),
+    start = resolve(snap.files, source=args.source, entry=args.entry, module=args.module,
+                    requirements=args.requirements, workdir=args.workdir)
+    return ScriptConfig(source=args.source, **start, args=tuple(args.script_args),
+                        launcher=args.launcher, inputs=tuple(args.input),
                         output_uri=args.output_uri,
                         env=(*args.env, *tracking_env(args, {n for n, _ in args.env})))
 

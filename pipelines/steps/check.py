@@ -70,6 +70,7 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
                           **job_settings(**params))
         for kind in job_kinds(params["job_kind"], mode):  # auto on a cluster: either may run
             render_job(jobs, kind, params["trainer_runtime"])
+        check_script(params, exists=check_sources)
         check_deploy(params)
         pipeline_options()["registry"].check(params.get("registry", "mlflow"))
         check_model_uri(params.get("model_uri", ""))
@@ -82,6 +83,53 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
     except InvalidParameterError as e:  # named as the pipeline's parameters, not the fields
         raise type(e)(e.named(parameter_ref)) from e
     return family
+
+
+def check_script(params: dict, *, exists: bool) -> None:
+    """The script parameters: none without script_source; with it, an entry of the source (a
+    folder here is packed as the train step packs it, and its entry looked for), arguments a
+    shell could split, a known launcher running one process per pod under python.
+
+    Raises:
+        InvalidParameterError (InvalidJobError): which parameter is wrong, and what to give.
+    """
+    from pipelines.steps.trainscript import parse_args, parse_entry
+
+    source = params["script_source"]
+    pipeline_options()["script_launcher"].check(params["script_launcher"])
+    if not source:
+        given = [n for n in ("script_entry", "script_args", "script_requirements") if params[n]]
+        if given:
+            raise InvalidParameterError(f"{ref(given[0])} is set, but {ref('script_source')} is "
+                                        "empty: give your script's source, or leave "
+                                        f"{ref(given[0])} empty for the built-in trainer.")
+        return
+    entry = parse_entry(params["script_entry"])
+    parse_args(params["script_args"])
+    if params["script_launcher"] == "python" and params["procs_per_node"] > 1:
+        raise InvalidParameterError(f"{ref('script_launcher')} python runs one process per pod, "
+                                    f"not {ref('procs_per_node')} {params['procs_per_node']}; "
+                                    "use torchrun for several.")
+    if is_s3(source):
+        split_uri(source)
+        if not source.endswith(".tar.gz"):
+            raise InvalidParameterError(f"{ref('script_source')} = {source!r} is not a packed "
+                                        "source: give s3://BUCKET/KEY.tar.gz (kfvision job render "
+                                        "--source DIR --source-store s3://... uploads one).")
+        return
+    if not exists:
+        return
+    if not Path(source).is_dir():
+        raise InvalidParameterError(
+            f"{ref('script_source')} {source} is not a folder as this step sees it: locally a "
+            "folder of this machine; on a cluster an s3:// URI, or a folder on the data PVC "
+            f"(mounted at {DATA_MOUNT}) or the run's workspace.")
+    from pipelines.script.entry import resolve
+    from pipelines.script.pack import pack
+    from pipelines.steps.trainscript import PARAMETERS
+
+    resolve(pack(source).files, source=source, name=PARAMETERS,
+            requirements=params["script_requirements"] or None, **entry)
 
 
 def check_model_uri(model_uri: str) -> None:

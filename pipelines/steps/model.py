@@ -18,8 +18,14 @@ def model_step(out, model_name: str, pretrained: bool, zero_init_residual: bool 
 def push_model_step(model_dir, model_uri: str) -> dict:
     """Upload the trained model directory to `model_uri` (s3://, replacing what is there; its
     checkpoints stay behind), for KServe and `--model s3://...`; returns {"model_uri", "files"}."""
-    from pipelines.clients.s3sync import push
+    from pathlib import Path
 
-    keys = push(model_dir, model_uri, skip=("checkpoints",), last="model.json", overwrite=True)
+    from pipelines.clients.s3sync import push
+    from trainer.model.scripted import has_script_model, read_script_model
+
+    last = "model.json"
+    if not (Path(model_dir) / last).is_file() and has_script_model(model_dir):  # a script's
+        last = read_script_model(model_dir).path.name  # its network last: no network, no model
+    keys = push(model_dir, model_uri, skip=("checkpoints",), last=last, overwrite=True)
     print(f"pushed {len(keys)} file(s) of the trained model to {model_uri}", flush=True)
     return {"model_uri": model_uri, "files": len(keys)}

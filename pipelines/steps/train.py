@@ -197,15 +197,24 @@ def staging_folder(workspace: str, run_id: str) -> Path:
     return place / JOBS
 
 
-def _train_on_cluster(job: JobConfig, kinds: tuple, stage: Path, model_dir, train_dir, val_dir,
-                      out_dir, job_yaml, pvc_name, runtime, workspace, run_id, out) -> dict:
-    from pipelines.jobs.cluster import connect, submit
+def cluster_client(kinds: tuple, out) -> tuple:
+    """(a JobClient of the kind to run, that JobKind): of `kinds` (job_kinds), the one the
+    cluster serves, TrainJob first."""
+    from pipelines.jobs.cluster import connect
     from pipelines.jobs.kinds import pick_kind
 
     client = connect(out=out)
     job_kind = pick_kind(client.api) if len(kinds) > 1 else kinds[0]
     if job_kind is not client.kind:
         client = connect(out=out, kind=job_kind)
+    return client, job_kind
+
+
+def _train_on_cluster(job: JobConfig, kinds: tuple, stage: Path, model_dir, train_dir, val_dir,
+                      out_dir, job_yaml, pvc_name, runtime, workspace, run_id, out) -> dict:
+    from pipelines.jobs.cluster import submit
+
+    client, job_kind = cluster_client(kinds, out)
     volumes = job_volumes(client, workspace, pvc_name, job.nodes)
     stage_inputs(stage, {"model": model_dir, "train": train_dir, "val": val_dir})
     env = tracking_env(os.environ, kind=job_kind.kind, name=job.name, run_id=run_id,
