@@ -284,6 +284,10 @@ def test_tune_submit_creates_the_source_configmap_first_then_the_experiment(
         "accuracy"
     out = capsys.readouterr().out
     assert f"created ConfigMap team/{name}" in out and f"reusing ConfigMap team/{name}" in out
+    trial = {"metadata": {"name": "digits-lr-x7k2m9qp"}, "spec": {"runSpec": substituted_trial(
+        katib.experiments["digits-lr"], "digits-lr-x7k2m9qp")}}
+    katib.trials = [trial]
+    assert client.trial_out("digits-lr-x7k2m9qp") == "pvc://runs/out/digits-lr-x7k2m9qp/model"
     (tmp_path / "two.yaml").write_text("---\n".join([(tmp_path / "exp.yaml").read_text()] * 2))
     assert main(["tune", "submit", str(tmp_path / "two.yaml")]) == 2
     assert "is not one Katib Experiment, after its script's ConfigMap" in \
