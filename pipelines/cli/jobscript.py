@@ -133,7 +133,7 @@ def tracking_env(args, given: set) -> tuple:
     return tuple((n, v) for n, v in pairs if n not in given)
 
 
-def _ship(snap, transport, output: str | None) -> str:
+def ship(snap, transport, output: str | None) -> str:
     """Put the snapshot where `transport` says (s3: upload unless there; pvc: write it here
     when the folder is, else beside the YAML); a line saying what was done."""
     if transport.how == "configmap":
@@ -162,18 +162,28 @@ def _ship(snap, transport, output: str | None) -> str:
     return f"at {transport.where}"
 
 
-def render_script(args, build_kind) -> tuple:
-    """(YAML text, the job dict, lines to tell the user) of `job render --source`."""
-    from pipelines.clients.k8s import to_yaml
+def script_parts(args) -> tuple:
+    """(snapshot, ScriptConfig, Transport) of the script flags: the source packed and checked;
+    nothing shipped yet."""
+    from pipelines.script.job import choose_transport
+    from pipelines.script.pack import pack
+
+    snap = pack(args.source, include=args.include_secret)
+    script = _script_config(args, snap)
+    return snap, script, choose_transport(snap, args.source_store, args.source_pvc)
+
+
+def script_job(args, build_kind, then: str = "the job") -> tuple:
+    """(docs: [ConfigMap (if any), job], lines to tell the user, the YAML header's text) of
+    `job render --source`; the snapshot shipped where its transport says. `then`: what the
+    header says the file creates after the ConfigMap."""
     from pipelines.jobs.config import JobConfig
     from pipelines.script.job import (
         NO_TRAINER,
         build_script_job,
-        choose_transport,
         encoded_size,
         fits_client_side_apply,
     )
-    from pipelines.script.pack import pack
     from trainer.options import options_of
 
     JOB_OPTIONS = options_of(JobConfig)  # noqa: N806 (as pipelines/cli/job.py names them)
@@ -182,14 +192,11 @@ def render_script(args, build_kind) -> tuple:
     cfg = JobConfig(train=NO_TRAINER, **given)
     if args.kind == "pytorchjob" and (args.runtime or args.runtime_kind):
         build_kind(args, cfg)  # the built-in path's refusal, worded once
-    snap = pack(args.source, include=args.include_secret)
-    script = _script_config(args, snap)
-    transport = choose_transport(snap, args.source_store, args.source_pvc)
+    snap, script, transport = script_parts(args)
     docs = build_script_job(cfg, script, snap, transport, kind=args.kind, runtime=args.runtime)
-    job = docs[-1]
     said = [f"source {args.source}: {len(snap.files)} file(s), {snap.size:,} bytes packed "
             f"({encoded_size(snap):,} as base64), sha256 {snap.sha256}; "
-            f"{_ship(snap, transport, getattr(args, 'output', None))}"]
+            f"{ship(snap, transport, getattr(args, 'output', None))}"]
     if snap.left_out:
         said.append(f"left out as secrets: {', '.join(snap.left_out)} (--include-secret PATH "
                     "packs one anyway)")
@@ -206,11 +213,23 @@ def render_script(args, build_kind) -> tuple:
                     " use `kubectl apply --server-side -f`, `kubectl create -f` or `kfvision "
                     "job submit`")
     header = (f"Rendered by kfvision from your own script: `{apply}` this file creates "
-              "the ConfigMap (if any) first, then the job.\n"
+              f"the ConfigMap (if any) first, then {then}.\n"
               f"source {args.source} (sha256 {snap.sha256}), {script.target} "
               f"{shlex.join(script.args)}".rstrip())
-    text = to_yaml(docs[0], header) + "".join("---\n" + to_yaml(d) for d in docs[1:])
-    return text, job, said
+    return docs, said, header
+
+
+def yaml_text(docs: list, header: str) -> str:
+    """The documents as one YAML file, `header` as its first comment."""
+    from pipelines.clients.k8s import to_yaml
+
+    return to_yaml(docs[0], header) + "".join("---\n" + to_yaml(d) for d in docs[1:])
+
+
+def render_script(args, build_kind) -> tuple:
+    """(YAML text, the job dict, lines to tell the user) of `job render --source`."""
+    docs, said, header = script_job(args, build_kind)
+    return yaml_text(docs, header), docs[-1], said
 
 
 def write_rendered(text: str, output: str | None) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from pipelines.cli.train import NPROC_FLAG
 from pipelines.tune.experiment import Search
 from pipelines.tune.space import check_space
+from trainer.errors import InvalidParameterError
 from trainer.options import ArgumentParser, HelpFormatter, add_flags, options_of
 
 EPILOG = """\
@@ -25,34 +26,92 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
     add_flags(p.add_argument_group("search"), options_of(Search))
 
 
-def _search(args, base) -> Search:
+def _search(args, base=None) -> Search:
+    """The search of the flags: over the built-in trainer's flags (`base`: its fixed values), or
+    with base None over a user's script's placeholders (pipelines/tune/script.py)."""
+    from pipelines.tune.local import check_search
+    from pipelines.tune.script import check_placeholders
+
     # more failures allowed than trials means "never give up": Katib wants it said as <= trials
     max_failed = min(args.max_failed, args.trials)
     given = {o.name: getattr(args, o.name) for o in options_of(Search)}
-    search = Search(**{**given, "params": tuple(args.params), "max_failed": max_failed})
-    from pipelines.tune.local import check_search
-
-    check_search(search)
-    check_space(list(search.params), base)
+    params = tuple(args.params) if base is None else check_space(args.params, base)
+    search = Search(**{**given, "params": params, "max_failed": max_failed})
+    check_search(search, script=base is None)
+    if base is None:
+        check_placeholders(args.script_args, params)
     return search
 
 
+def _script_mode(args) -> bool:
+    """True for a user's script (--source); `tune run`'s --out is the search's folder then, not
+    a flag of the built-in trainer."""
+    from pipelines.cli.jobscript import check_mode
+
+    out = args.out
+    if args.source is not None and args.func is _run:
+        args.out = None
+    try:
+        return check_mode(args)
+    finally:
+        args.out = out
+
+
 def _run(args) -> int:
-    from pipelines.tune.local import run_search
+    from pipelines.tune.local import TrainerTrial, run_search
     from trainer.config import config_from_args
     from trainer.train import setup_logging
 
+    if _script_mode(args):
+        return _run_script(args)
+    if args.nodes != 1:
+        raise InvalidParameterError("--nodes is for --source (a script's local job); the "
+                                    "built-in trainer's trials run on one machine: use "
+                                    f"{NPROC_FLAG}.")
     base = config_from_args(args)
     search = _search(args, base)
     setup_logging(True)
-    summary = run_search(base, search, args.nproc_per_node)
+    summary = run_search(search, base.out, TrainerTrial(base, search, args.nproc_per_node),
+                         base.seed)
+    return _said(summary, search, base.out, "model in")
+
+
+def _said(summary: dict, search: Search, out, kept: str) -> int:
     best = summary["best"]
     if best is None:
-        print(f"error: no trial completed; see {base.out}/trials/*.log", file=sys.stderr)
+        print(f"error: no trial completed; see {out}/trials/*.log", file=sys.stderr)
         return 1
     print(f"best trial {best['number']}: {search.objective} {best['value']:.4f} with "
-          f"{best['params']}; model in {best['model']}; all trials in {base.out}/trials.csv")
+          f"{best['params']}; {kept} {best['model']}; all trials in {out}/trials.csv")
     return 0
+
+
+def _run_script(args) -> int:
+    """`tune run --source`: each trial a local run of the script job (pipelines/tune/script.py)."""
+    from pipelines.cli.jobscript import script_parts, ship
+    from pipelines.jobs.config import JobConfig
+    from pipelines.script.job import NO_TRAINER
+    from pipelines.tune.local import run_search
+    from pipelines.tune.script import ScriptTrial
+    from trainer.train import setup_logging
+
+    if args.out is None:
+        raise InvalidParameterError("tune run --source needs --out DIR: the search's folder "
+                                    "(its trials, study and best/).")
+    search = _search(args)
+    if search.early_stopping != "none":
+        raise InvalidParameterError("--early-stopping median does not stop a script's trial on "
+                                    "this machine yet (tune render passes it to Katib); drop it.")
+    args.kind, args.name = "pytorchjob", "trial"  # the MLflow run's tags (jobscript.tracking_env)
+    cfg = JobConfig(name="trial", image="this-machine", train=NO_TRAINER, nodes=args.nodes,
+                    procs_per_node=args.nproc_per_node)
+    snap, script, transport = script_parts(args)
+    print(f"source {args.source}: {len(snap.files)} file(s), sha256 {snap.sha256}; "
+          f"{ship(snap, transport, None)}", file=sys.stderr)
+    trial = ScriptTrial(cfg, script, snap, transport, search, args.out)
+    setup_logging(True)
+    summary = run_search(search, args.out, trial, NO_TRAINER.seed)
+    return _said(summary, search, args.out, "model and outputs in")
 
 
 def _render(args) -> int:
@@ -60,27 +119,56 @@ def _render(args) -> int:
 
     from pipelines.cli.job import build_job, job_config_from_args
     from pipelines.clients.k8s import to_yaml
-    from pipelines.tune.experiment import TRIAL_KINDS, build_experiment
+    from pipelines.tune.experiment import TRIAL_KINDS, TRIAL_SUFFIX, build_experiment
 
+    if _script_mode(args):
+        return _render_script(args)
     cfg = job_config_from_args(args)
     search = _search(args, cfg.train)
     # rendered under a name as long as a trial's (<experiment>-<8 characters>): the pods' names
     # grow from it
-    job, _ = build_job(args, dataclasses.replace(cfg, name=f"{cfg.name}-abcd1234"))
+    job, _ = build_job(args, dataclasses.replace(cfg, name=cfg.name + TRIAL_SUFFIX))
     experiment = build_experiment(job, TRIAL_KINDS[args.kind], search, cfg.name, cfg.namespace)
     text = to_yaml(experiment, "Rendered by `kfvision tune render` (docs/tuning.md): re-render "
                    "rather than edit.")
-    if args.output in (None, "-"):
-        sys.stdout.write(text)
-    else:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text, encoding="utf-8")
-        print(f"wrote Experiment {cfg.name} ({search.trials} trials of {job['kind']}) to "
-              f"{args.output}", file=sys.stderr)
+    _write(text, args.output, f"Experiment {cfg.name} ({search.trials} trials of {job['kind']})")
     return 0
 
 
-def _read_experiment(path: str) -> dict:
+def _write(text: str, output: str | None, what: str) -> None:
+    from pipelines.cli.jobscript import write_rendered
+
+    write_rendered(text, output)
+    if output not in (None, "-"):
+        print(f"wrote {what} to {output}", file=sys.stderr)
+
+
+def _render_script(args) -> int:
+    """`tune render --source`: the script's job (as `job render --source` makes it) as the
+    trial template, its source ConfigMap (if any) before the Experiment in the same file."""
+    from pipelines.cli.job import build_job
+    from pipelines.cli.jobscript import script_job, yaml_text
+    from pipelines.tune.experiment import TRIAL_KINDS, TRIAL_SUFFIX, build_experiment
+    from pipelines.tune.script import SCRIPT
+
+    search = _search(args)
+    name = args.name
+    args.name = name + TRIAL_SUFFIX  # see _render
+    docs, said, header = script_job(args, build_job, then="the Experiment")
+    experiment = build_experiment(docs[-1], TRIAL_KINDS[args.kind], search, name,
+                                  args.namespace, SCRIPT)
+    header = header.replace("Rendered by kfvision", "Rendered by `kfvision tune render`", 1)
+    for line in said:
+        print(line, file=sys.stderr)
+    _write(yaml_text([*docs[:-1], experiment], header), args.output,
+           f"Experiment {name} ({search.trials} trials of {docs[-1]['kind']} running your "
+           "script)")
+    return 0
+
+
+def _read_experiment(path: str) -> tuple:
+    """(the Experiment, [ConfigMap, ...]) of a file `tune render` wrote (a script's source
+    ConfigMap comes before its Experiment)."""
     import yaml
 
     from pipelines.jobs.errors import InvalidJobError
@@ -92,11 +180,13 @@ def _read_experiment(path: str) -> dict:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except (OSError, yaml.YAMLError) as e:
         raise InvalidJobError(f"cannot read the Experiment {source}: {e}") from e
-    if len(docs) != 1 or not isinstance(docs[0], dict) or docs[0].get("kind") != "Experiment":
-        raise InvalidJobError(f"{source} is not one Katib Experiment (as `kfvision tune render` "
-                              "writes).")
-    validate_experiment(docs[0])
-    return docs[0]
+    kinds = [d.get("kind") if isinstance(d, dict) else None for d in docs]
+    if kinds.count("Experiment") != 1 or kinds[-1] != "Experiment" or \
+            set(kinds[:-1]) - {"ConfigMap"}:
+        raise InvalidJobError(f"{source} is not one Katib Experiment, after its script's "
+                              "ConfigMap if any (as `kfvision tune render` writes).")
+    validate_experiment(docs[-1])
+    return docs[-1], docs[:-1]
 
 
 def _client(args, experiment: dict | None = None):
@@ -113,8 +203,12 @@ def _client(args, experiment: dict | None = None):
 def _submit(args) -> int:
     from pipelines.tune.cluster import submit
 
-    experiment = _read_experiment(args.experiment)
+    experiment, config_maps = _read_experiment(args.experiment)
     api = _client(args, experiment)
+    for cm in config_maps:  # a script's source first: the trials' pods mount it
+        _, created = api.api.create_config_map(cm)
+        api.say(f"{'created' if created else 'reusing'} ConfigMap {api.namespace}/"
+                f"{cm['metadata']['name']}")
     try:
         submit(api, experiment, wait=args.wait, timeout_s=args.timeout, poll_s=args.poll)
     except KeyboardInterrupt:
@@ -184,6 +278,14 @@ def register(subparsers, help: str) -> None:
     _search_arguments(run)
     run.add_argument(NPROC_FLAG, type=int, default=1,
                      help="training processes per trial (torchrun when > 1)")
+    # --- a user's own script: its flags and `job render`'s --nodes, declared there once ---
+    from pipelines.cli.job import JOB_OPTIONS
+    from pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
+
+    add_flags(run.add_argument_group("your own script's trials"),
+              [o for o in JOB_OPTIONS if o.name == "nodes"])
+    add_script_flags(run)
+    relax_trainer_paths(run)
     run.set_defaults(func=_run)
     render = verbs.add_parser("render", parents=[_job_render_parser()], add_help=False,
                               conflict_handler="resolve",

@@ -8,6 +8,7 @@ manifests/rbac.yaml grants exactly these verbs:
 from pipelines.clients.k8s import Api, Resource, WaitTimeoutError
 from pipelines.clients.k8s import connect as connect_api
 from pipelines.jobs.errors import JobFailedError
+from pipelines.script.job import OUTPUT_ANNOTATION, SHA_ANNOTATION
 from pipelines.tune.experiment import TRIAL_KINDS
 from pipelines.tune.katib_rules import EXPERIMENT_LABEL, GROUP, KIND, VERSION
 from pipelines.tune.katib_rules import TRIAL_KIND as TRIAL
@@ -83,9 +84,14 @@ class ExperimentClient:
         return self.api.list(TRIALS, f"{EXPERIMENT_LABEL}={name}")
 
     def trial_out(self, trial_name: str) -> str | None:
-        """The best trial's model folder: the `--out` of its job (Katib's runSpec)."""
+        """The best trial's model folder: the `--out` of its job (Katib's runSpec), or for a
+        user's script the model folder under its --output-uri (None without one)."""
         trial = self.api.get(TRIALS, trial_name)
         job = (trial.get("spec") or {}).get("runSpec") or {}
+        annotations = (job.get("metadata") or {}).get("annotations") or {}
+        if SHA_ANNOTATION in annotations:  # a script's job: its arguments are its own
+            uri = annotations.get(OUTPUT_ANNOTATION)
+            return f"{uri.rstrip('/')}/model" if uri else None
         kind = TRIAL_KINDS.get(str(job.get("kind", "")).lower())
         for args in kind.trainer_args(job) if kind else []:
             if "--out" in args:

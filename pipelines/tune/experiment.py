@@ -27,6 +27,10 @@ from trainer.options import option
 from trainer.reporting import METRICS, OBJECTIVES
 
 TRIAL_NAME = "trialName"
+# what a job is rendered under for a trial template: as long as a trial's name (Katib's
+# <experiment>-<8 characters>), since the pods' names grow from it
+TRIAL_SUFFIX = "-abcd1234"
+GOALS = {"max": "maximize", "min": "minimize"}
 # our --algorithm -> Katib's algorithmName (the suggestion services Katib ships)
 ALGORITHMS = {"tpe": "tpe", "random": "random", "grid": "grid",
               "bayesian": "bayesianoptimization"}
@@ -79,13 +83,19 @@ class Search:
     """The search settings shared by `tune run` and `tune render`, declared once: their flags,
     range checks and docs/tuning.md's table come from these fields."""
 
-    params: tuple = option(help="a searched training flag", flag="--param", many=True,
+    params: tuple = option(help="a searched training flag (or script placeholder)",
+                           flag="--param", many=True,
                            parse=parse_param, metavar="NAME=TYPE:SPEC",
                            doc="E.g. lr=double:0.0001:0.1:log, warmup-epochs=int:0:3, "
                            "batch-size=categorical:16,32,64 (the search space, above).")
     objective: str = option("validation-loss", "metric to optimise",
                             choices=tuple(sorted(OBJECTIVES)),
-                            doc="The value of the epoch the model directory keeps.")
+                            doc="The value of the epoch the model directory keeps. With "
+                            "--source: any NAME your script prints as NAME=VALUE.")
+    goal: str | None = option(None, "max or min: the objective's direction",
+                              choices=tuple(GOALS), unset="the metric's own",
+                              doc="Needed with --source (kfvision cannot tell your metric's "
+                              "direction).")
     algorithm: str = option("tpe", "search algorithm", choices=tuple(sorted(ALGORITHMS)))
     trials: int = option(8, "trials in all", low=1)
     parallel: int = option(1, "trials at once", low=1, doc="At most --trials.")
@@ -94,6 +104,20 @@ class Search:
                                  choices=tuple(sorted(EARLY_STOPPING)),
                                  doc="median: a trial whose per-epoch objective is worse than "
                                  "the median of the earlier trials at that epoch ends there.")
+
+
+def direction(search: Search) -> str:
+    """`maximize` or `minimize`: --goal's, else the built-in metric's own."""
+    return GOALS[search.goal] if search.goal else OBJECTIVES[search.objective]
+
+
+class Template(NamedTuple):
+    """What a trial runs, as a trial template: the built-in trainer (TRAINER) or a user's script
+    (pipelines/tune/script.py SCRIPT)."""
+
+    spec: Callable  # (job dict, TrialKind, params) -> trialSpec
+    describe: Callable  # Param -> its trialParameters[].description
+    metrics: Callable  # Search -> additionalMetricNames
 
 
 def param_ref(name: str) -> str:
@@ -122,23 +146,28 @@ def trial_spec(job: dict, kind: TrialKind, params) -> dict:
     return spec
 
 
+TRAINER = Template(
+    spec=trial_spec, describe=lambda p: f"--{p.name} of the trainer",
+    metrics=lambda search: [m for m in METRICS if m not in (search.objective, "epoch", "lr")])
+
+
 def build_experiment(job: dict, kind: TrialKind, search: Search, name: str,
-                     namespace: str | None = None) -> dict:
-    """The Experiment searching `search` over trials that are `job` (a rendered job of `kind`).
+                     namespace: str | None = None, template: Template = TRAINER) -> dict:
+    """The Experiment searching `search` over trials that are `job` (a rendered job of `kind`,
+    running what `template` says).
 
     Raises:
         InvalidJobError: a rule of Katib's validating webhook is broken (the message lists all).
     """
     metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
-    others = [m for m in METRICS if m not in (search.objective, "epoch", "lr")]
-    trial_params = [{"name": p.name, "description": f"--{p.name} of the trainer",
+    trial_params = [{"name": p.name, "description": template.describe(p),
                      "reference": p.name} for p in search.params]
     trial_params.append({"name": TRIAL_NAME, "description": "the trial's own output folder",
                          "reference": "${trialSpec.Name}"})
     spec = {
-        "objective": {"type": OBJECTIVES[search.objective],
+        "objective": {"type": direction(search),
                       "objectiveMetricName": search.objective,
-                      "additionalMetricNames": others},
+                      "additionalMetricNames": template.metrics(search)},
         "algorithm": {"algorithmName": ALGORITHMS[search.algorithm]},
         "parallelTrialCount": search.parallel,
         "maxTrialCount": search.trials,
@@ -151,14 +180,14 @@ def build_experiment(job: dict, kind: TrialKind, search: Search, name: str,
             "successCondition": kind.success_condition,
             "failureCondition": kind.failure_condition,
             "trialParameters": trial_params,
-            "trialSpec": trial_spec(job, kind, search.params),
+            "trialSpec": template.spec(job, kind, search.params),
         },
     }
     if EARLY_STOPPING[search.early_stopping]:
         spec["earlyStopping"] = {"algorithmName": EARLY_STOPPING[search.early_stopping]}
     experiment = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
     validate_experiment(experiment)
-    example = substituted_trial(experiment, f"{name}-abcd1234")
+    example = substituted_trial(experiment, f"{name}{TRIAL_SUFFIX}")
     kind.validate(example, f"a trial of experiment {name!r}")
     return experiment
 

@@ -11,7 +11,6 @@ arguments keeps its finished trials and runs only the rest (an interrupted trial
 import json
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -19,18 +18,17 @@ import time
 from pathlib import Path
 
 from pipelines.jobs.config import train_flags
-from pipelines.tune.experiment import Search
+from pipelines.tune.experiment import Search, direction
+from pipelines.tune.katib_rules import DEFAULT_FILTER
 from pipelines.tune.report import write_outputs
 from pipelines.tune.space import apply
 from trainer.config import TrainConfig
 from trainer.errors import InvalidParameterError
-from trainer.options import check_options
+from trainer.options import options_of
 from trainer.reporting import METRICS, OBJECTIVES
 
 log = logging.getLogger("kfvision.tune")
 STUDY = "kfvision"
-# Katib's default StdOut filter: the same line, the same parse
-KATIB_FILTER = re.compile(r"([\w|-]+)\s*=\s*([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?)")
 
 
 class TrialFailed(Exception):
@@ -39,7 +37,7 @@ class TrialFailed(Exception):
 
 def parse_metrics(line: str) -> dict:
     """The `name=value` pairs of a log line, as Katib's StdOut collector reads them."""
-    return {m.group(1): float(m.group(2)) for m in KATIB_FILTER.finditer(line)
+    return {m.group(1): float(m.group(2)) for m in DEFAULT_FILTER.finditer(line)
             if m.group(2) not in ("", "+", "-")}
 
 
@@ -57,24 +55,46 @@ def _sampler(search: Search, seed: int):
     return optuna.samplers.TPESampler(seed=seed)
 
 
-def check_search(search: Search) -> None:
-    """Refuse what no search can run, before anything runs."""
+def check_search(search: Search, script: bool = False) -> None:
+    """Refuse what no search can run, before anything runs. `script`: a user's script's search
+    (its objective is any name it prints, in the direction --goal says)."""
     if not search.params:
         raise InvalidParameterError("give at least one --param NAME=TYPE:SPEC to search.")
-    check_options(search)  # the ranges and choices Search declares
+    for opt in options_of(Search):  # the ranges and choices Search declares
+        if not (script and opt.name == "objective"):
+            opt.check(getattr(search, opt.name), search)
     if search.parallel > search.trials:
         raise InvalidParameterError(f"--parallel {search.parallel} is more than --trials "
                                     f"{search.trials}: at most {search.trials} trials can run.")
     if search.algorithm == "grid" and any(p.type == "double" for p in search.params):
         raise InvalidParameterError("--algorithm grid needs a finite space: give double "
                                     "parameters as categorical lists.")
+    if script:
+        if search.goal is None:
+            raise InvalidParameterError(f"--goal max or --goal min: with --source, say whether "
+                                        f"your script's {search.objective} is better high or "
+                                        "low.")
+        if parse_metrics(f"{search.objective}=1") != {search.objective: 1.0}:
+            raise InvalidParameterError(f"--objective {search.objective!r}: Katib's StdOut "
+                                        "collector cannot read it; a name is letters, digits, "
+                                        "'_', '-' or '|'.")
+    elif search.goal and direction(search) != OBJECTIVES[search.objective]:
+        raise InvalidParameterError(f"--goal {search.goal}: {search.objective} is "
+                                    f"{OBJECTIVES[search.objective]}d; drop --goal.")
 
 
-class _Trial:
+class TrainerTrial:
     """One training run for an Optuna trial (a callable: Optuna's objective)."""
 
-    def __init__(self, base: TrainConfig, search: Search, out: Path, nproc: int):
-        self.base, self.search, self.out, self.nproc = base, search, out, nproc
+    script = False  # check_search's
+
+    def __init__(self, base: TrainConfig, search: Search, nproc: int = 1):
+        self.base, self.search, self.out, self.nproc = base, search, Path(base.out), nproc
+
+    def keep(self, number: int, best: Path) -> None:
+        """Copy trial `number`'s model directory to `best`."""
+        shutil.rmtree(best, ignore_errors=True)
+        shutil.copytree(self.out / "trials" / f"trial-{number:04d}", best)
 
     def command(self, cfg: TrainConfig) -> list:
         if self.nproc == 1:
@@ -121,7 +141,7 @@ def _open_study(search: Search, out: Path, seed: int):
     pruner = (optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
               if search.early_stopping == "median" else optuna.pruners.NopPruner())
     study = optuna.create_study(storage=storage, study_name=STUDY, load_if_exists=True,
-                                direction=OBJECTIVES[search.objective],
+                                direction=direction(search),
                                 sampler=_sampler(search, seed), pruner=pruner)
     settings = {"objective": search.objective, "params": [p.katib() for p in search.params]}
     if not study.user_attrs:
@@ -144,18 +164,19 @@ def counted(study) -> int:
                and not t.user_attrs.get("interrupted") for t in study.get_trials(deepcopy=False))
 
 
-def run_search(base: TrainConfig, search: Search, nproc: int = 1) -> dict:
-    """Run the search into base.out; returns study.json's contents.
+def run_search(search: Search, out: Path, objective, seed: int = 0) -> dict:
+    """Run the search into `out`, each trial through `objective` (a TrainerTrial, or a user's
+    script's: pipelines/tune/script.py); returns study.json's contents.
 
     Raises:
-        InvalidParameterError: bad search settings, or base.out holds another search.
+        InvalidParameterError: bad search settings, or `out` holds another search.
     """
     from optuna.trial import TrialState
 
-    check_search(search)
-    out = Path(base.out)
+    check_search(search, objective.script)
+    out = Path(out)
     (out / "trials").mkdir(parents=True, exist_ok=True)
-    study = _open_study(search, out, base.seed)
+    study = _open_study(search, out, seed)
     remaining = search.trials - counted(study)
 
     def after_trial(study, trial):
@@ -171,12 +192,11 @@ def run_search(base: TrainConfig, search: Search, nproc: int = 1) -> dict:
     if remaining > 0:
         log.info("%d trial(s) to run (%d done), %d at a time", remaining,
                  search.trials - remaining, search.parallel)
-        study.optimize(_Trial(base, search, out, nproc), n_trials=remaining,
+        study.optimize(objective, n_trials=remaining,
                        n_jobs=search.parallel, catch=(TrialFailed,),
                        callbacks=[after_trial])
     summary = write_outputs(study, search, out)
     best = summary.get("best")
     if best is not None:
-        shutil.rmtree(out / "best", ignore_errors=True)
-        shutil.copytree(out / "trials" / f"trial-{best['number']:04d}", out / "best")
+        objective.keep(best["number"], out / "best")
     return summary

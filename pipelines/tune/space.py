@@ -2,13 +2,15 @@
 
     lr=double:0.0001:0.1:log      warmup-epochs=int:0:3      batch-size=categorical:16,32,64
 
-NAME is a training flag. A parameter turns into Katib's `parameters[]` entry (feasible space as
+NAME is a training flag (or, tuning a user's script, a placeholder of its arguments:
+pipelines/tune/script.py). A parameter turns into Katib's `parameters[]` entry (feasible space as
 strings) and into Optuna's `suggest_*` call, so both searches mean the same space. Every bad
 parameter is refused before anything runs, including a range whose ends the trainer itself would
 refuse (checked with TrainConfig.validate and the fixed values of the other flags).
 """
 
 import dataclasses
+import re
 from typing import NamedTuple
 
 from trainer.config import TrainConfig
@@ -19,6 +21,7 @@ TYPES = ("double", "int", "categorical")
 TUNABLE = ("lr", "momentum", "weight_decay", "lr_decay_power", "warmup_epochs", "batch_size",
            "epochs", "patience", "image_size", "augment", "seed")
 _FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # a flag's name, a script's placeholder, Katib's
 
 
 class Param(NamedTuple):
@@ -65,17 +68,17 @@ def _number(text: str, kind, where: str):
 
 
 def parse_param(text: str) -> Param:
-    """Parse `NAME=TYPE:SPEC`. Raises InvalidParameterError saying what to write."""
+    """Parse `NAME=TYPE:SPEC` as written, whatever NAME searches (a training flag, or a
+    placeholder of a user's script: pipelines/tune/script.py); `check_space` types it for the
+    trainer. Raises InvalidParameterError saying what to write."""
     name, sep, spec = text.partition("=")
     kind, _, rest = spec.partition(":")
-    field = name.replace("-", "_")
     if not sep or not rest:
         raise InvalidParameterError(f"--param {text!r} is not NAME=TYPE:SPEC (e.g. "
                                     "lr=double:0.0001:0.1:log, batch-size=categorical:16,32).")
-    if field not in TUNABLE:
-        raise InvalidParameterError(f"--param {name}: not a training option that can be searched;"
-                                    f" valid: {', '.join(f.replace('_', '-') for f in TUNABLE)}.")
-    flag_type = _FIELD_TYPES[field]
+    if not NAME.fullmatch(name):
+        raise InvalidParameterError(f"--param {name!r}: a name is a letter, then letters, digits, "
+                                    "'-' or '_'.")
     if kind not in TYPES:
         raise InvalidParameterError(f"--param {name}: type {kind!r} is not one of "
                                     f"{', '.join(TYPES)}.")
@@ -84,42 +87,61 @@ def parse_param(text: str) -> Param:
         if not values:
             raise InvalidParameterError(f"--param {name}: the categorical list is empty; give "
                                         "values separated by commas.")
-        choices = tuple(_number(v, flag_type, name) for v in values)
-        if len(set(choices)) != len(choices):
+        if len(set(values)) != len(values):
             raise InvalidParameterError(f"--param {name}: a value is listed twice.")
-        return Param(name.replace("_", "-"), kind, choices=choices)
-    wanted = {float: "double", int: "int"}.get(flag_type)
-    if kind != wanted:
-        fits = f"{wanted}:MIN:MAX or categorical" if wanted else "categorical:A,B,..."
-        raise InvalidParameterError(f"--param {name}: --{name} takes {flag_type.__name__} "
-                                    f"values, not {kind}; use {fits}.")
+        return Param(name, kind, choices=tuple(values))
+    number = {"double": float, "int": int}[kind]
     parts = rest.split(":")
     if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "log"):
         raise InvalidParameterError(f"--param {name}: write {kind}:MIN:MAX or {kind}:MIN:MAX:log.")
-    low, high = (_number(p, flag_type, name) for p in parts[:2])
+    low, high = (_number(p, number, name) for p in parts[:2])
     if low >= high:
         raise InvalidParameterError(f"--param {name}: min {low} must be less than max {high}.")
     log = len(parts) == 3
     if log and low <= 0:
         raise InvalidParameterError(f"--param {name}: a log range must be above 0 (min is {low}).")
-    return Param(name.replace("_", "-"), kind, low, high, log)
+    return Param(name, kind, low, high, log)
 
 
-def check_space(params: list, base: TrainConfig) -> None:
-    """Refuse a parameter named twice, and any range end the trainer would refuse with the fixed
-    values of `base` (e.g. warmup-epochs above epochs)."""
+def _for_trainer(p: Param) -> Param:
+    """`p` as a training flag's parameter: a searchable flag, values of the flag's type."""
+    field = p.name.replace("-", "_")
+    if field not in TUNABLE:
+        raise InvalidParameterError(f"--param {p.name}: not a training option that can be "
+                                    "searched; valid: "
+                                    f"{', '.join(f.replace('_', '-') for f in TUNABLE)}.")
+    flag, flag_type = field.replace("_", "-"), _FIELD_TYPES[field]
+    if p.type == "categorical":
+        choices = tuple(_number(v, flag_type, flag) for v in p.choices)
+        if len(set(choices)) != len(choices):
+            raise InvalidParameterError(f"--param {flag}: a value is listed twice.")
+        return p._replace(name=flag, choices=choices)
+    wanted = {float: "double", int: "int"}.get(flag_type)
+    if p.type != wanted:
+        fits = f"{wanted}:MIN:MAX or categorical" if wanted else "categorical:A,B,..."
+        raise InvalidParameterError(f"--param {flag}: --{flag} takes {flag_type.__name__} "
+                                    f"values, not {p.type}; use {fits}.")
+    return p._replace(name=flag, low=flag_type(p.low), high=flag_type(p.high))
+
+
+def check_space(params, base: TrainConfig) -> tuple:
+    """`params` typed as the training flags they search; refuses a parameter that is no such
+    flag or named twice, and any range end the trainer would refuse with the fixed values of
+    `base` (e.g. warmup-epochs above epochs)."""
+    typed = tuple(_for_trainer(p) for p in params)
     seen = set()
-    for p in params:
+    for p in typed:
         if p.field in seen:
             raise InvalidParameterError(f"--param {p.name} is given twice.")
         seen.add(p.field)
-    for p in params:
+    for p in typed:
         for value in p.extremes():
             try:
                 dataclasses.replace(base, **{p.field: value}).validate()
             except InvalidParameterError as e:
                 raise InvalidParameterError(f"--param {p.name}: its end {value} is not a valid "
                                             f"value: {e}") from e
+    return typed
 
 
 def apply(base: TrainConfig, values: dict) -> TrainConfig:
