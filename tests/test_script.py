@@ -342,11 +342,11 @@ def test_a_script_runs_in_its_workdir_and_reads_dot_dot_data(tmp_path, capfd, mo
 
 # --- local runs of the three styles, each unchanged ---
 
-def _run_local(tmp_path, docs_argv, capsys, kind="pytorchjob") -> tuple:
+def _run_local(tmp_path, docs_argv, capsys, kind="pytorchjob", log_dir=None) -> tuple:
     render(tmp_path, "--kind", kind, *(["--runtime", "kfvision-torch"] if kind == "trainjob"
                                        else []), *docs_argv[:-1], docs_argv[-1])
     code = main(["job", "run-local", str(tmp_path / "job.yaml"), "--log-dir",
-                 str(tmp_path / "logs")])
+                 str(log_dir or tmp_path / "logs")])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -387,13 +387,15 @@ def test_an_operator_style_script_runs_as_a_trainjob_and_exit_1_is_not_retried(t
 
 @pytest.mark.distributed
 def test_a_sagemaker_style_script_gets_its_channels_and_model_dir(tmp_path, capsys,
-                                                                  micro_digits):
+                                                                  micro_digits, monkeypatch):
     out = tmp_path / "results"
+    monkeypatch.chdir(tmp_path)  # a relative --log-dir, as the default build/jobs/NAME is
     code, log, err = _run_local(tmp_path, ["--source", str(SCRIPTS / "sagemaker_style"),
                                            "--entry", "train.py", "--launcher", "python",
                                            "--input", f"train={micro_digits['train']}",
                                            "--output-uri", str(out),
-                                           ["--epochs", "2", "--lr", "0.2"]], capsys)
+                                           ["--epochs", "2", "--lr", "0.2"]], capsys,
+                                log_dir="logs")
     assert code == 0, err + log
     assert "epoch=1 loss=" in log
     assert (out / "model" / "model.pt").is_file()

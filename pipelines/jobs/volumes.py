@@ -57,7 +57,7 @@ def materialize(volumes: list, mounts: list, config_maps: dict, root: Path,
         local.append((path, v))
     if not local:
         return {}
-    root = Path(root)
+    root = Path(root).absolute()  # the pod's processes run in other folders (the script's own)
     if root.exists():
         shutil.rmtree(root)
     for path, v in local:
