@@ -12,6 +12,7 @@ import pytest
 import yaml
 from conftest import reference_file
 from kubernetes.client.exceptions import ApiException
+from test_job_cluster import _rbac_rules
 from test_tune_cluster import SUCCEEDED, FakeKatib, api_for
 
 from pipelines.cli import main
@@ -279,6 +280,7 @@ def test_tune_submit_creates_the_source_configmap_first_then_the_experiment(
     assert katib.calls == [("create", "configmaps"), ("create", "experiments"),
                            ("create", "configmaps"), ("get", "configmaps"),
                            ("create", "experiments"), ("get", "experiments")]
+    assert set(katib.calls) <= _rbac_rules()  # manifests/rbac.yaml grants each
     name = f"kfvision-src-{pack(tmp_path / 'proj').sha256}"
     assert katib.experiments["digits-lr"]["spec"]["objective"]["objectiveMetricName"] == \
         "accuracy"
