@@ -21,10 +21,11 @@ Reported per contender, as the median over rounds (and range): seconds from the 
 start to its exit (interpreter and imports included: what a user waits for), objects/s and MB/s
 of dataset bytes, object bytes the server served per dataset byte (its GET bodies, counted in
 the server: 1.00 is each object once, 0 on a rerun), requests the server answered per object,
-the objects/s over s5cmd's in the same round, and the peak resident set of the process and its
-children (`os.wait4`'s ru_maxrss; 8 MiB is the floor). Every fetched folder is checked to hold
-every object, byte for byte in size. The server shares the machine's cores with the clients, so
-the figures are a floor for a real server on its own machine.
+the objects/s over s5cmd's in the same round, the CPU time (user and system) of the process and
+its children per object, and their peak resident set (`os.wait4`'s ru_maxrss; 8 MiB is the
+floor). Every fetched folder is checked to hold every object, byte for byte in size. The server
+shares the machine's cores with the clients, so the figures are a floor for a real server on its
+own machine.
 
     python -m bench.s3 --images 1000 10000 [--rounds 2] [--contenders kfvision s5cmd aws plain]
 
@@ -213,7 +214,8 @@ start = time.perf_counter()
 pid = os.posix_spawn(sys.argv[2], sys.argv[2:], os.environ,
                      file_actions=[(os.POSIX_SPAWN_DUP2, log, 1), (os.POSIX_SPAWN_DUP2, log, 2)])
 _, status, usage = os.wait4(pid, 0)
-print(time.perf_counter() - start, os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+print(time.perf_counter() - start, os.waitstatus_to_exitcode(status), usage.ru_maxrss,
+      usage.ru_utime + usage.ru_stime)
 """
 
 
@@ -222,11 +224,11 @@ def _run(cmd: list, env: dict, url: str, log: Path) -> dict:
     before = _counts(url)
     out = subprocess.run([sys.executable, "-S", "-I", "-c", _MEASURE, str(log), *map(str, cmd)],
                          env=env, capture_output=True, text=True, check=True)
-    seconds, rc, peak_kib = out.stdout.split()
+    seconds, rc, peak_kib, cpu = out.stdout.split()
     if int(rc):
         raise SystemExit(f"{' '.join(map(str, cmd))} failed ({rc}):\n{log.read_text()[-3000:]}")
     after = _counts(url)
-    return {"seconds": float(seconds), "peak_rss_mib": int(peak_kib) / 1024,
+    return {"seconds": float(seconds), "cpu_s": float(cpu), "peak_rss_mib": int(peak_kib) / 1024,
             **{k: after[k] - before[k] for k in after}}
 
 
@@ -261,15 +263,17 @@ def _rows(n: int, dataset: int, runs: dict) -> list[str]:
                             _median([b / s for b, s in zip(base_secs, secs)], ".2f") + "x")
         served = _median([r["object_bytes"] / dataset for r in rs], ".2f")
         requests = _median([r["requests"] / n for r in rs], ".2f")
+        cpu_ms = _median([1000 * r["cpu_s"] / n for r in rs], ".2f")
         peak = max(r["peak_rss_mib"] for r in rs)
         rows.append(f"| {n:,} | {label} | {_median(secs, '.2f')} | {rate} | {mbs} | {served} | "
-                    f"{requests} | {ratios['s5cmd cp']} | {ratios[NAMES['plain']]} | {peak:.0f} |")
+                    f"{requests} | {ratios['s5cmd cp']} | {ratios[NAMES['plain']]} | {cpu_ms} "
+                    f"| {peak:.0f} |")
     return rows
 
 
 HEAD = ("| objects | what | seconds | objects/s | MB/s | bytes served per dataset byte "
-        "| requests per object | objects/s x s5cmd | x plain loop | peak RSS MiB |\n"
-        "|---|---|---|---|---|---|---|---|---|---|")
+        "| requests per object | objects/s x s5cmd | x plain loop | client CPU ms per object "
+        "| peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _load() -> str:
