@@ -339,12 +339,12 @@ def main(argv=None) -> None:
              "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
              "AWS_REGION": "us-east-1"}
     env = {**os.environ, **creds}
-    os.environ.update(creds)
     rows, notes = [], []
     try:
         import boto3
 
-        client = boto3.client("s3")
+        client = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                              aws_access_key_id="bench", aws_secret_access_key="bench")
         client.create_bucket(Bucket=BUCKET)
         for n in args.images:
             r, note = _size(args, n, client, url, env, work)
