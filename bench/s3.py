@@ -48,9 +48,6 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-from PIL import Image
-
 from bench import publish
 
 CLASSES = 10
@@ -66,6 +63,9 @@ NAMES = {"plain": "plain boto3 loop (sequential)", "s5cmd": "s5cmd cp",
 def _images(n: int, seed: int = 0):
     """(key below the prefix, JPEG bytes) of n distinct small images: smooth colour fields with
     noise, as photos have, so that their sizes are a photo thumbnail's."""
+    import numpy as np  # here: a contender's process imports this module, and only it pays
+    from PIL import Image
+
     rng = np.random.default_rng(seed)
     for i in range(n):
         w, h = (int(s) for s in rng.integers(64, 161, 2))
