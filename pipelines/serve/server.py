@@ -16,7 +16,7 @@ from pathlib import Path
 from trainer.options import check_options, option
 
 # trainer.use.predict.RUNTIMES, written out: importing it would load torch for `kfvision --help`
-RUNTIMES = ("torch", "onnx", "openvino")
+RUNTIMES = ("auto", "torch", "onnx", "openvino")
 # The queueing delay the default --max-queue allows an accepted request: images for this long
 # of forward passes wait at most (at least half a batch)
 QUEUE_DELAY_S = 0.5
@@ -48,10 +48,14 @@ class ServeOptions:
                                        "threads, e.g. 4 streams x 4 threads on 16 cores.")
     device: str = option("cpu", "where the model runs", choices=("cpu", "cuda"),
                          doc="cuda: on the GPU (PyTorch runtime).")
-    runtime: str | None = option(None, "what runs the model", choices=RUNTIMES,
-                                 unset="by --model", doc="torch for a model directory (onnx "
-                                 "for a script's with model.onnx), onnx for an ONNX file, "
-                                 "openvino for an int8 one (`kfvision export --quantize int8`).")
+    runtime: str = option("auto", "what runs the model", choices=RUNTIMES,
+                          doc="auto: for a trained model directory on the CPU, PyTorch or "
+                          "OpenVINO fp32, whichever a probe at start-up measured faster on "
+                          "this CPU and model (cached under ~/.cache/kfvision/runtime; "
+                          "docs/serving.md, \"How the runtime is chosen\"); for any other "
+                          "model as by --model: onnx for an ONNX file, openvino for an int8 "
+                          "one, a script's directory on its own format. openvino on a trained "
+                          "model directory converts its network.")
     max_batch_size: int = option(32, "images per forward pass at most", low=1, high=1024,
                                  doc="Across concurrent requests.")
     batch_wait_ms: float = option(5.0, "how long an idle model waits for requests still "
@@ -129,7 +133,7 @@ async def _overloaded(request, exc):
     return _refused(exc)
 
 
-def build_model(model, *, name: str | None = None, runtime: str | None = None,
+def build_model(model, *, name: str | None = None, runtime: str = ServeOptions.runtime,
                 device: str = "cpu", workers: int | None = None,
                 model_threads: int | None = None, model_streams: int | None = None,
                 max_batch_size: int = ServeOptions.max_batch_size,
@@ -137,6 +141,7 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
                 max_queue: int | None = None):
     """The loaded `ImageClassifier` for a trained model directory or an ONNX export."""
     _import_kserve()
+    from pipelines.clients.models import cache_root
     from pipelines.serve.batcher import Batcher
     from pipelines.serve.metrics import FAST_PATH, MAX_QUEUE, timed_forward
     from pipelines.serve.model import ImageClassifier
@@ -154,7 +159,9 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     # "How requests are served"). Streams are for machines with more cores than one pass uses well.
     model_threads = min(model_threads or cpus, 256)
     model_streams = model_streams or 1
-    predictor = Predictor(model, runtime, device, threads=model_threads)
+    predictor = Predictor(model, runtime, device, threads=model_threads, batch=max_batch_size,
+                          cache=cache_root() / "runtime")
+    print(f"runtime: {predictor.runtime} ({predictor.choice})", flush=True)
     name = name or default_name(model)
     FAST_PATH.labels(name).info(predictor.fast_path())
     rate, n = measured_rate(predictor, max_batch_size, model_streams)
