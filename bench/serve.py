@@ -342,8 +342,8 @@ def main(argv=None) -> int:
     p.add_argument("--untrained", action="store_true",
                    help="serve random weights (`bench_model`): no training first; not with int8")
     p.add_argument("--variants", nargs="*", default=[], metavar="NAME=FLAGS",
-                   help="more kfvision contenders (PyTorch runtime) with these serve flags, "
-                   "e.g. 's2=--model-streams 2 --model-threads 1'")
+                   help="more kfvision contenders (the model directory) with these serve flags, "
+                   "e.g. 'torch=--runtime torch'")
     a = p.parse_args(argv)
     BENCH.mkdir(parents=True, exist_ok=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the servers on the way out

@@ -11,6 +11,7 @@ import torch
 from tests.conftest import fake_cpu
 from trainer.runtime import cpu_features
 from trainer.use import autoruntime
+from trainer.use.ovruntime import openvino_version
 from trainer.use.predict import Predictor
 
 MILAN = ("AMD EPYC 7763 64-Core Processor", {"avx2", "fma", "sse4_2"})
@@ -33,7 +34,7 @@ def _plant(cache, model, speedup: float, threads: int = 1, batch: int = 8) -> No
     """A probe record for this machine that measured OpenVINO `speedup` times PyTorch."""
     digest = autoruntime.model_hash(model)
     batches = autoruntime.probe_batches(batch)
-    key = autoruntime.probe_key(digest, cpu_features(), threads, batches)
+    key = autoruntime.probe_key(digest, cpu_features(), threads, batches, openvino_version())
     autoruntime.write_probe(cache, key, {"probe": autoruntime.PROBE_VERSION, "seconds": 0.5,
                                          "ratios": {b: speedup for b in batches}})
 
@@ -100,7 +101,7 @@ def test_the_converted_networks_kept_are_bounded(tmp_path):
     ir = tmp_path / "ir"
     for i in range(autoruntime.IR_KEPT + 2):
         (ir / f"model{i}").mkdir(parents=True)
-    autoruntime._prune(ir)
+    autoruntime.prune(ir)
     assert len(list(ir.iterdir())) == autoruntime.IR_KEPT
 
 

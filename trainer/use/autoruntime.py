@@ -63,51 +63,15 @@ def model_hash(model_dir) -> str:
     return h.hexdigest()
 
 
-def _openvino_version() -> str:
-    import openvino as ov
-
-    return ov.get_version()
-
-
-def openvino_network(net: torch.nn.Module, info: dict, digest: str, cache: Path | None):
-    """The `ov.Model` of `net` behind the export's wrapper (uint8 in, probabilities out,
-    normalisation inside), any batch size; read from `cache/ir/<digest>` when it was converted
-    before, else converted (and stored there, in f32: no fp16 compression)."""
-    import openvino as ov
-
-    from trainer.use.export import ServingModel
-
-    core = ov.Core()
-    folder = ir_folder(cache, digest)
-    if folder is not None and (folder / "model.xml").is_file():
-        os.utime(folder)  # most recently used: kept when older ones are pruned
-        return core.read_model(str(folder / "model.xml"))
-    size = int(info["image_size"])
-    wrapped = ServingModel(net, info["mean"], info["std"]).eval().requires_grad_(False)
-    sample = torch.zeros(2, 3, size, size, dtype=torch.uint8)
-    with torch.no_grad():
-        model = ov.convert_model(wrapped, example_input=sample)
-    model.reshape({0: ov.PartialShape([-1, 3, size, size])})
-    if folder is not None:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-        ov.save_model(model, str(tmp / "model.xml"), compress_to_fp16=False)
-        try:
-            tmp.rename(folder)
-        except OSError:  # another process stored it first: theirs is the same network
-            shutil.rmtree(tmp, ignore_errors=True)
-        _prune(folder.parent)
-    return model
-
-
-def ir_folder(cache: Path | None, digest: str) -> Path | None:
-    """Where the converted network of the model with hash `digest` is kept (None: no cache)."""
+def ir_folder(cache: Path | None, digest: str, version: str) -> Path | None:
+    """Where the network of the model with hash `digest` converted by OpenVINO `version` is kept
+    (None: no cache)."""
     if cache is None:
         return None
-    return cache / "ir" / f"{digest[:32]}-{_openvino_version().split('-')[0]}"
+    return cache / "ir" / f"{digest[:32]}-{version.split('-')[0]}"
 
 
-def _prune(root: Path, keep: int | None = None) -> None:
+def prune(root: Path, keep: int | None = None) -> None:
     """Keep the `keep` (IR_KEPT) most recently used entries of a cache folder: tests and
     retraining make new hashes, and a server's cache should not grow with them."""
     keep = IR_KEPT if keep is None else keep
@@ -120,12 +84,12 @@ def _prune(root: Path, keep: int | None = None) -> None:
             old.unlink(missing_ok=True)
 
 
-def probe_key(digest: str, cpu, threads: int, batches: tuple) -> str:
-    """The probe record's name: what the measured ratio depends on."""
+def probe_key(digest: str, cpu, threads: int, batches: tuple, version: str) -> str:
+    """The probe record's name: what the measured ratio depends on (`version`: OpenVINO's)."""
     facts = {"model": digest, "cpu": cpu.model, "flags": sorted(cpu.flags),
              "isa_cap": cpu.isa_cap, "cores": cpu.cores, "threads": threads,
              "batches": list(batches), "torch": torch.__version__,
-             "openvino": _openvino_version(), "probe": PROBE_VERSION}
+             "openvino": version, "probe": PROBE_VERSION}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -192,47 +156,47 @@ def write_probe(cache: Path | None, key: str, record: dict) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(record, f, indent=1)
         os.replace(tmp, folder / f"{key}.json")
-        _prune(folder, PROBES_KEPT)
+        prune(folder, PROBES_KEPT)
     except OSError:
         pass
 
 
-def choose(model_dir, net: torch.nn.Module, info: dict, torch_run, compile_openvino, *,
+def choose(digest: str, image_size: int, torch_run, openvino_run, *, version: str | None,
            threads: int, batch: int, cache: Path | None) -> tuple[RuntimeChoice, object]:
-    """(the choice, its run: uint8 batch -> probabilities) for a kfvision model directory.
+    """(the choice, its run: uint8 batch -> probabilities) for the kfvision model directory
+    whose `model_hash` is `digest`.
 
-    `torch_run` runs `net` as PyTorch serves it; `compile_openvino(ov.Model)` gives OpenVINO's
-    run. A cached probe for this machine and model decides without converting anything when it
-    chose PyTorch; where OpenVINO cannot convert the network, PyTorch serves (the reason says so).
+    `torch_run` runs the network as PyTorch serves it; `openvino_run(folder)` gives OpenVINO's
+    run, its network read from `folder` where it was converted before, else converted (and
+    stored there; `folder` None: not stored). `version`: OpenVINO's, None where it is not
+    installed. A cached probe for this machine and model decides without converting anything
+    when it chose PyTorch; where OpenVINO cannot convert the network, PyTorch serves (the reason
+    says so).
     """
     from trainer.runtime import cpu_features
 
+    if version is None:  # openvino is an optional dependency of a bare install
+        return RuntimeChoice("torch", "auto: PyTorch (OpenVINO is not installed)"), torch_run
     cpu = cpu_features()
-    try:
-        digest = model_hash(model_dir)
-        batches = probe_batches(batch)
-        key = probe_key(digest, cpu, threads, batches)
-    except ImportError as e:  # openvino is an optional dependency of a bare install
-        return RuntimeChoice("torch", f"auto: PyTorch (OpenVINO is not installed: {e})"), \
-            torch_run
+    batches = probe_batches(batch)
+    key = probe_key(digest, cpu, threads, batches, version)
     record = read_probe(cache, key)
     if record is not None:
         choice = decide({int(b): r for b, r in record["ratios"].items()}, cpu.kind,
                         record["seconds"], cached=True)
         if choice.runtime == "torch":
             return choice, torch_run
-    folder = ir_folder(cache, digest)
+    folder = ir_folder(cache, digest, version)
     how = "read" if folder is not None and (folder / "model.xml").is_file() else "converted"
     start = time.perf_counter()
     try:
-        ov_run = compile_openvino(openvino_network(net, info, digest, cache))
+        ov_run = openvino_run(folder)
     except Exception as e:  # the converter raises many types; PyTorch still serves the model
         return RuntimeChoice("torch", f"auto: PyTorch (OpenVINO could not convert the network: "
                              f"{type(e).__name__}: {str(e)[:200]})"), torch_run
     converted = time.perf_counter() - start
     if record is None:
-        ratios = measure({"torch": torch_run, "openvino": ov_run}, int(info["image_size"]),
-                         batches)
+        ratios = measure({"torch": torch_run, "openvino": ov_run}, image_size, batches)
         seconds = time.perf_counter() - start - converted
         write_probe(cache, key, {"probe": PROBE_VERSION, "ratios": ratios, "seconds": seconds,
                                  "threads": threads, "cpu": cpu.to_dict(),

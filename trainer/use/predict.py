@@ -14,7 +14,6 @@ int8 kernels on a CPU are several times onnxruntime's (docs/serving.md, "int8 on
 
 import io
 import json
-import threading
 import warnings
 from pathlib import Path
 
@@ -165,46 +164,11 @@ def inference_net(net: torch.nn.Module) -> torch.nn.Module:
         return net.to(memory_format=torch.channels_last)
 
 
-def openvino_run(model, threads: int):
-    """run: uint8 batch -> probabilities of an ONNX file's path or an `ov.Model` on OpenVINO's
-    CPU plugin.
-
-    Compiled with one stream per `threads` usable CPUs, so that as many callers as the CPUs
-    allow (the server's --model-streams) run their forward at once, each on its own InferRequest
-    (one per calling thread: a request is not thread-safe). Non-quantized operations run in f32
-    (not the bf16 OpenVINO picks on a CPU with AMX), so the accuracy `kfvision export` checked
-    holds on any CPU, and an fp32 network gives PyTorch's probabilities. No pinning: the
-    server's decoding threads share the cores.
-    """
-    import openvino as ov
-    import openvino.properties as props
-    import openvino.properties.hint as hints
-
-    from trainer.distributed import usable_cpus
-
-    streams = max(1, usable_cpus() // threads)  # a container's CPU limit, not the node's cores
-    # the property names from openvino's own constants (NUM_STREAMS, INFERENCE_NUM_THREADS,
-    # INFERENCE_PRECISION_HINT, ENABLE_CPU_PINNING in openvino 2026.4.1)
-    compiled = ov.Core().compile_model(model if isinstance(model, ov.Model) else str(model),
-                                       "CPU", {
-        props.num_streams(): streams, props.inference_num_threads(): streams * threads,
-        hints.inference_precision(): ov.Type.f32, hints.enable_cpu_pinning(): False})
-    local = threading.local()
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        request = getattr(local, "request", None)
-        if request is None:
-            request = local.request = compiled.create_infer_request()
-        request.infer({0: x.contiguous().numpy()})
-        # copied: the output tensor is the request's and the next forward overwrites it
-        return torch.from_numpy(request.get_output_tensor(0).data.copy())
-
-    return run
-
-
 def openvino_model(path, threads: int):
     """(run: uint8 batch -> probabilities, metadata) of an ONNX export (an int8 one: QDQ) on
     OpenVINO's CPU plugin (`openvino_run`)."""
+    from trainer.use.ovruntime import openvino_run
+
     return openvino_run(path, threads), onnx_metadata(path)
 
 
@@ -303,18 +267,21 @@ class Predictor:
         # kfvision's own network is folded for speed; a script's runs as the script saved it
         self._net = inference_net(net) if own else net
         self._run = self._run_torch
-        if runtime == "openvino":
-            from trainer.use.autoruntime import model_hash, openvino_network
-
-            network = openvino_network(net, info, model_hash(model), cache)
-            self._run, self._net = openvino_run(network, self._threads()), None
-        elif runtime == "auto":
+        if runtime in ("openvino", "auto"):
             from trainer.use import autoruntime
+            from trainer.use.ovruntime import openvino_network, openvino_run, openvino_version
 
+            version, digest = openvino_version(), autoruntime.model_hash(model)
+            folder = autoruntime.ir_folder(cache, digest, version or "")
+
+            def ov_run(where):
+                return openvino_run(openvino_network(net, info, where), self._threads())
+        if runtime == "openvino":
+            self._run, self._net = ov_run(folder), None
+        elif runtime == "auto":
             choice, self._run = autoruntime.choose(
-                model, net, info, lambda x: self._forward(self._run_torch, x),
-                lambda network: openvino_run(network, self._threads()),
-                threads=self._threads(), batch=batch, cache=cache)
+                digest, int(info["image_size"]), lambda x: self._forward(self._run_torch, x),
+                ov_run, version=version, threads=self._threads(), batch=batch, cache=cache)
             runtime, self.choice = choice.runtime, choice.reason
             if runtime == "openvino":
                 self._net = None  # only OpenVINO's copy of the weights stays in memory
