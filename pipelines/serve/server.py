@@ -48,14 +48,14 @@ class ServeOptions:
                                        "threads, e.g. 4 streams x 4 threads on 16 cores.")
     device: str = option("cpu", "where the model runs", choices=("cpu", "cuda"),
                          doc="cuda: on the GPU (PyTorch runtime).")
-    runtime: str = option("auto", "what runs the model", choices=RUNTIMES,
-                          doc="auto: for a trained model directory on the CPU, PyTorch or "
-                          "OpenVINO fp32, whichever a probe at start-up measured faster on "
-                          "this CPU and model (cached under ~/.cache/kfvision/runtime; "
-                          "docs/serving.md, \"How the runtime is chosen\"); for any other "
-                          "model as by --model: onnx for an ONNX file, openvino for an int8 "
-                          "one, a script's directory on its own format. openvino on a trained "
-                          "model directory converts its network.")
+    runtime: str | None = option(None, "what runs the model", choices=RUNTIMES,
+                                 unset="by --model", doc="torch for a model directory (onnx "
+                                 "for a script's with model.onnx), onnx for an ONNX file, "
+                                 "openvino for an int8 one (`kfvision export --quantize int8`). "
+                                 "openvino on a trained model directory converts its network "
+                                 "(cached); auto measures PyTorch and OpenVINO fp32 on it at "
+                                 "start-up and keeps the clear winner (docs/serving.md, \"How "
+                                 "the runtime is chosen\").")
     max_batch_size: int = option(32, "images per forward pass at most", low=1, high=1024,
                                  doc="Across concurrent requests.")
     batch_wait_ms: float = option(5.0, "how long an idle model waits for requests still "
@@ -133,7 +133,7 @@ async def _overloaded(request, exc):
     return _refused(exc)
 
 
-def build_model(model, *, name: str | None = None, runtime: str = ServeOptions.runtime,
+def build_model(model, *, name: str | None = None, runtime: str | None = None,
                 device: str = "cpu", workers: int | None = None,
                 model_threads: int | None = None, model_streams: int | None = None,
                 max_batch_size: int = ServeOptions.max_batch_size,
