@@ -90,15 +90,27 @@ def _import_kserve():
 
 def measured_rate(predictor, max_batch: int, streams: int) -> tuple[float, int]:
     """(images/s of the model, images in the measured pass): one pass of up to max_batch blank
-    images after a warm-up pass (whose allocations and first-call work a server pays once)."""
+    images after a warm-up pass (whose allocations and first-call work a server pays once).
+
+    Timed on a thread of its own, as the batcher runs its passes: PyTorch's passes on a
+    process's main thread ran 5-30x slower on a loaded machine (docs/serving.md), which made
+    the default --max-queue a few images."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
     n = min(max_batch, 32)
     batch = torch.zeros(n, 3, predictor.image_size, predictor.image_size, dtype=torch.uint8)
-    predictor.probabilities(batch)
-    start = time.perf_counter()
-    predictor.probabilities(batch)
-    return n * streams / max(time.perf_counter() - start, 1e-6), n
+
+    def timed() -> float:
+        predictor.probabilities(batch)
+        start = time.perf_counter()
+        predictor.probabilities(batch)
+        return time.perf_counter() - start
+
+    with ThreadPoolExecutor(1, thread_name_prefix="measure") as pool:
+        seconds = pool.submit(timed).result()
+    return n * streams / max(seconds, 1e-6), n
 
 
 def default_max_queue(rate: float, max_batch: int) -> int:

@@ -34,7 +34,7 @@ from trainer.model.trained import MODEL_FILE
 
 # OpenVINO is chosen when its forward alone is at least this much faster than PyTorch's: in the
 # server, where decoding and HTTP share the cores, its passes cost more than alone (a forward
-# 1.39x PyTorch's served 0.5-0.7x of PyTorch's images/s at 4-16 clients: docs/benchmarks.md)
+# 1.39x PyTorch's served 0.43-0.62x of PyTorch's images/s at 4-16 clients: docs/benchmarks.md)
 MARGIN = 2.0
 PROBE_BATCH = 8  # the largest batch the probe times (besides 1): what 4-16 clients make
 ROUNDS = 5  # timed passes per runtime and batch size, alternating; the median ratio counts

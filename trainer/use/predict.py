@@ -233,6 +233,9 @@ class Predictor:
         if runtime == "auto" and (device == "cuda" or model.is_file()):
             runtime = "torch" if device == "cuda" else None  # OpenVINO's runtime is CPU only
             self.choice = f"auto: {'PyTorch on CUDA' if device == 'cuda' else 'by the model'}"
+        if runtime == "openvino" and device == "cuda" and not model.is_file():
+            raise InvalidParameterError("runtime = 'openvino' runs on the CPU; with device = "
+                                        "'cuda' give runtime = 'torch' (or none).")
         runtime = runtime or default_runtime(model)
         self.runtime, self.source = runtime, model
         if not model.is_file():  # a directory: kfvision's, or a script's
