@@ -52,9 +52,6 @@ class RuntimeChoice:
     speedup: float | None = None  # PyTorch's forward time / OpenVINO's, where probed
     cached: bool = False
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 def model_hash(model_dir) -> str:
     """sha256 of the files that make a trained model directory's network (spec, model.json,
