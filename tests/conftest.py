@@ -352,10 +352,11 @@ def run_job(root: Path, data: dict, model, *, kind="pytorchjob", nodes=2, nproc=
 
 
 @pytest.fixture(scope="session")
-def pytorchjob_2x2(tmp_path_factory, tiny_digits, resnet18_dir) -> dict:
-    """The 2 nodes x 2 processes PyTorchJob of `run_job` on tiny_digits, run once a session (what
-    the 1 x 4 PyTorchJob and the 2 x 2 TrainJob are compared with)."""
-    return run_job(tmp_path_factory.mktemp("pytorchjob_2x2"), tiny_digits, resnet18_dir)
+def pytorchjob_2x2(tmp_path_factory, micro_digits, resnet18_dir) -> dict:
+    """The 2 nodes x 2 processes PyTorchJob of `run_job` on micro_digits, run once a session
+    (what the 1 x 4 PyTorchJob and the 2 x 2 TrainJob are compared with: the same model from
+    the same data, seed and world size is the claim, whatever the data's size)."""
+    return run_job(tmp_path_factory.mktemp("pytorchjob_2x2"), micro_digits, resnet18_dir)
 
 
 class FakeClock:
