@@ -314,6 +314,19 @@ def trained_tiny_onnx(trained_tiny, tmp_path_factory) -> tuple:
     return path, export(trained_tiny, "onnx", path)
 
 
+@pytest.fixture(scope="session")
+def served_digits(trained_tiny, tmp_path_factory):
+    """`kfvision serve` of trained_tiny as model "digits" (--max-batch-size 8), one a session:
+    the protocol tests (v1, v2 REST and gRPC, every client, hostile requests, /metrics) speak to
+    it. A test that needs other server options starts its own."""
+    from pipelines.serve.client import Server
+
+    server = Server(["--model", trained_tiny, "--name", "digits", "--max-batch-size", "8"],
+                    tmp_path_factory.mktemp("serve") / "server.log")
+    yield server
+    server.stop()
+
+
 def run_job(root: Path, data: dict, model, *, kind="pytorchjob", nodes=2, nproc=2) -> dict:
     """Render a `nodes` x `nproc` CPU job of `kind` (2 epochs of the digits at 32 px, batch 8)
     with `kfvision job render`, run it with `kfvision job run-local`.
@@ -339,10 +352,11 @@ def run_job(root: Path, data: dict, model, *, kind="pytorchjob", nodes=2, nproc=
 
 
 @pytest.fixture(scope="session")
-def pytorchjob_2x2(tmp_path_factory, tiny_digits, resnet18_dir) -> dict:
-    """The 2 nodes x 2 processes PyTorchJob of `run_job` on tiny_digits, run once a session (what
-    the 1 x 4 PyTorchJob and the 2 x 2 TrainJob are compared with)."""
-    return run_job(tmp_path_factory.mktemp("pytorchjob_2x2"), tiny_digits, resnet18_dir)
+def pytorchjob_2x2(tmp_path_factory, micro_digits, resnet18_dir) -> dict:
+    """The 2 nodes x 2 processes PyTorchJob of `run_job` on micro_digits, run once a session
+    (what the 1 x 4 PyTorchJob and the 2 x 2 TrainJob are compared with: the same model from
+    the same data, seed and world size is the claim, whatever the data's size)."""
+    return run_job(tmp_path_factory.mktemp("pytorchjob_2x2"), micro_digits, resnet18_dir)
 
 
 class FakeClock:

@@ -20,10 +20,15 @@ def _torchrun(argv, nproc=2):
     return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280)
 
 
-def test_two_processes_keep_identical_weights_and_write_one_model(tmp_path, resnet18_dir,
-                                                                  tiny_digits):
-    out = tmp_path / "a"
-    run = _torchrun(train_argv(resnet18_dir, tiny_digits, out, **OPTIONS))
+@pytest.fixture(scope="module")
+def torchrun_2(tmp_path_factory, resnet18_dir, tiny_digits) -> dict:
+    """The trainer under plain torchrun, 2 processes, once a module: {"run", "out"}."""
+    out = tmp_path_factory.mktemp("torchrun_2") / "a"
+    return {"run": _torchrun(train_argv(resnet18_dir, tiny_digits, out, **OPTIONS)), "out": out}
+
+
+def test_two_processes_keep_identical_weights_and_write_one_model(torchrun_2, tiny_digits):
+    run, out = torchrun_2["run"], torchrun_2["out"]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "weights identical on all 2 rank(s)" in run.stdout
     # only rank 0 logs and writes: one set of files, no leftovers of a second writer
@@ -40,16 +45,19 @@ def test_two_processes_keep_identical_weights_and_write_one_model(tmp_path, resn
         pytest.approx(n_train, rel=1e-6)
 
 
-def test_same_seed_and_world_size_give_the_same_model(tmp_path, resnet18_dir, tiny_digits):
-    runs = []
-    for name in ("a", "b"):
-        argv = ["train", "--nproc-per-node", "2",
-                *train_argv(resnet18_dir, tiny_digits, tmp_path / name, **OPTIONS)]
-        run = subprocess.run([sys.executable, "-m", "pipelines.cli", *argv], cwd=REPO,
-                             capture_output=True, text=True, timeout=280)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        runs.append(torch.load(tmp_path / name / "weights.pt", weights_only=True))
-    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+def test_same_seed_and_world_size_give_the_same_model(tmp_path, resnet18_dir, tiny_digits,
+                                                      torchrun_2):
+    """A second run, started the other way (`kfvision train --nproc-per-node 2`), against the
+    plain torchrun one: the launcher is not part of what decides the model."""
+    assert torchrun_2["run"].returncode == 0, torchrun_2["run"].stderr[-3000:]
+    argv = ["train", "--nproc-per-node", "2",
+            *train_argv(resnet18_dir, tiny_digits, tmp_path / "b", **OPTIONS)]
+    run = subprocess.run([sys.executable, "-m", "pipelines.cli", *argv], cwd=REPO,
+                         capture_output=True, text=True, timeout=280)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    a, b = (torch.load(out / "weights.pt", weights_only=True)
+            for out in (torchrun_2["out"], tmp_path / "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _can_rename_host() -> bool:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, _converted
+from conftest import REPO
 from test_job_local import MASTER_WAITS_FOR_WORKER, make_job
 
 from pipelines.jobs.errors import InvalidJobError
@@ -209,8 +209,8 @@ def _progress(log: str, prefix: str) -> list:
 @pytest.mark.distributed
 @pytest.mark.timeout(600)
 def test_a_training_process_killed_mid_epoch_costs_less_than_an_epoch_and_not_the_model(
-        tmp_path, tmp_path_factory, resnet18_dir):
-    data = _converted(tmp_path_factory.mktemp("micro"), limit=5)  # 20 images per rank: 3 steps
+        tmp_path, micro_digits, resnet18_dir):
+    data = micro_digits  # 20 images per rank: 3 steps
     start = time.monotonic()
     run_local(_render(tmp_path, data, resnet18_dir, "calm"), tmp_path / "logs-calm", quiet=True)
     calm_s = time.monotonic() - start

@@ -425,11 +425,11 @@ TIMING = ("train_images_per_sec", "train_seconds")
 
 
 @pytest.mark.distributed
-def test_two_nodes_of_two_train_like_one_node_of_four(tmp_path, tiny_digits, resnet18_dir,
+def test_two_nodes_of_two_train_like_one_node_of_four(tmp_path, micro_digits, resnet18_dir,
                                                        pytorchjob_2x2):
     """Same world size, per-process batch and seed: the same model, whatever the node split."""
     job_2x2 = pytorchjob_2x2
-    job_1x4 = run_job(tmp_path, tiny_digits, resnet18_dir, nodes=1, nproc=4)
+    job_1x4 = run_job(tmp_path, micro_digits, resnet18_dir, nodes=1, nproc=4)
     m_2x2, m_1x4 = job_2x2["metrics"], job_1x4["metrics"]
     assert len(m_2x2["history"]) == len(m_1x4["history"]) == 2
     for a, b in zip(m_2x2["history"], m_1x4["history"], strict=True):

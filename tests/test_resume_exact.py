@@ -1,7 +1,9 @@
 """A job that loses processes and resumes ends bit for bit where an unbroken run ends (on CPU),
 tried as a user would: `kfvision job render` and `kfvision job run-local` in a subprocess, and a
 SIGKILL from outside the project's own fault drill, to processes found by their environment
-(/proc/PID/environ), at a step of epoch 2 of 3. 2 nodes x 2 processes: with 2 processes a sum of
+(/proc/PID/environ), at a step of epoch 2 of 3 and again, after that resume, at a step of epoch 3
+(one drill per kind: each resume is its own case, and a resumed job is resumed once more).
+2 nodes x 2 processes: with 2 processes a sum of
 two gradients is the same in either order, so only 3 or more show a reduction done in another order
 (DDP buckets a new wrapper's first backward differently from every later one: see
 trainer/distributed.py, wrap_model).
@@ -41,8 +43,11 @@ def _cli(*args, check=True) -> subprocess.CompletedProcess:
 def _render(root: Path, data: dict, model: Path, name: str, kind: str) -> Path:
     """The job's manifest, with MARK=name in the environment of every pod."""
     manifest = root / f"{name}.yaml"
+    # two faults, each restarting both pods: 4 restarts of a PyTorchJob's replicas together (a
+    # TrainJob's runtime counts the 2 restarts of the whole job)
+    backoff = ["--backoff-limit", "4"] if kind == "pytorchjob" else []
     _cli("job", "render", "--kind", kind, "--name", name, "--image", "local", "--model", model,
-         "--train", data["train"], "--val", data["val"], "--out", root / name, *JOB,
+         "--train", data["train"], "--val", data["val"], "--out", root / name, *JOB, *backoff,
          "-o", manifest)
     doc = yaml.safe_load(manifest.read_text())
 
@@ -89,25 +94,27 @@ def find_processes(job: str, node: int, local_rank: int | None) -> list:
             and "LOCAL_RANK" not in pod.get(_parent(p), {})]
 
 
-def run_job(manifest: Path, logs: Path, fault=None) -> tuple:
-    """`kfvision job run-local manifest`, which must succeed; with fault = (node, local rank or
-    None for the whole pod, log pattern), SIGKILL those processes once a log line matches.
-    Returns (pids killed, seconds)."""
+def run_job(manifest: Path, logs: Path, faults=()) -> tuple:
+    """`kfvision job run-local manifest`, which must succeed; each fault = (node, local rank or
+    None for the whole pod, log pattern), in turn: SIGKILL those processes once a log line
+    matches. Returns (pids killed by each fault, seconds)."""
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "job", "run-local",
                              str(manifest), "--log-dir", str(logs), "--quiet"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killed = []
+    killed, todo = [], list(faults)
     try:
-        while fault is not None and not killed and proc.poll() is None:
-            node, local_rank, pattern = fault
+        while todo and proc.poll() is None:
+            node, local_rank, pattern = todo[0]
             text = "".join(p.read_text(errors="replace") for p in logs.glob("*.log"))
             if re.search(pattern, text):
-                killed = find_processes(manifest.stem, node, local_rank)
-                assert killed, f"no process of node {node} / local rank {local_rank} found"
-                for pid in killed:
+                pids = find_processes(manifest.stem, node, local_rank)
+                assert pids, f"no process of node {node} / local rank {local_rank} found"
+                for pid in pids:
                     with contextlib.suppress(ProcessLookupError):  # a launcher's child went first
                         os.kill(pid, signal.SIGKILL)
+                killed.append(pids)
+                todo.pop(0)
             time.sleep(0.05)
         out, _ = proc.communicate(timeout=400)
     finally:
@@ -118,6 +125,7 @@ def run_job(manifest: Path, logs: Path, fault=None) -> tuple:
             except subprocess.TimeoutExpired:
                 proc.kill()
     assert proc.returncode == 0, out[-3000:]
+    assert not todo, f"the job ended before these faults: {todo}"
     return killed, time.monotonic() - start
 
 
@@ -202,28 +210,37 @@ def setup(tmp_path_factory, resnet18_dir) -> dict:
     return {"root": root, "data": data, "model": resnet18_dir, "out": root / "calm"}
 
 
+# Per kind, two faults in one run, each once the previous one's resume is under way: the second
+# hits a job that has already resumed once. What each fault is:
+FAULTS = {
+    "pytorchjob": [
+        (1, 0, r"epoch 2 \[2/4\]"),     # the Worker's local rank 0: its DDP buckets start anew
+        (1, None, r"epoch 3 \[3/4\]"),  # the whole Worker pod (both processes and the launcher)
+    ],
+    "trainjob": [
+        (1, 0, r"epoch 2 \[2/4\]"),     # the same in a TrainJob
+        (0, 0, r"epoch 3 \[1/4\]"),     # the Master's process (global rank 0, which writes
+    ],                                  # checkpoints), at its first step after one
+}
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("kind, node, local_rank, step", [
-    ("pytorchjob", 1, 0, 2),     # the Worker's local rank 0: its DDP buckets start anew
-    ("trainjob", 1, 0, 2),       # the same in a TrainJob
-    ("pytorchjob", 1, None, 3),  # the whole Worker pod (both processes and the launcher)
-    ("trainjob", 0, 0, 1),       # the Master's process (global rank 0, which writes checkpoints)
-], ids=["pytorchjob-worker-process", "trainjob-worker-process", "pytorchjob-worker-pod",
-        "trainjob-master-process"])
-def test_a_job_killed_from_outside_in_epoch_2_ends_bit_for_bit_as_an_unbroken_one(
-        setup, kind, node, local_rank, step):
-    name = f"{kind}-{node}-{'pod' if local_rank is None else local_rank}"
+@pytest.mark.parametrize("kind", FAULTS)
+def test_a_job_killed_from_outside_in_epoch_2_and_3_ends_bit_for_bit_as_an_unbroken_one(
+        setup, kind):
+    name = f"{kind}-killed"
     root = setup["root"]
     manifest = _render(root, setup["data"], setup["model"], name, kind)
-    killed, seconds = run_job(manifest, root / f"logs-{name}",
-                              fault=(node, local_rank, rf"epoch 2 \[{step}/4\]"))
-    print(f"{name}: killed pids {killed} at epoch 2 step {step}; {seconds:.1f} s")
+    killed, seconds = run_job(manifest, root / f"logs-{name}", faults=FAULTS[kind])
+    print(f"{name}: killed pids {killed} ({FAULTS[kind]}); {seconds:.1f} s")
     logs = {p.stem: p.read_text() for p in (root / f"logs-{name}").glob("*.log")}
     first = logs["master-0" if kind == "pytorchjob" else "node-0-0"]
-    assert f"resuming from {root / name / 'checkpoints' / 'epoch-0001.pt'}" in first
-    assert all("--- restart" in log for log in logs.values())  # every pod went down and came back
+    for epoch in (1, 2):  # the fault in epoch 2 resumes from epoch 1's end, the one in 3 from 2's
+        assert f"resuming from {root / name / 'checkpoints' / f'epoch-000{epoch}.pt'}" in first
+    # every pod went down and came back, once for each fault
+    assert all(log.count("--- restart") >= len(FAULTS[kind]) for log in logs.values())
     a, b = (torch.load(out / "weights.pt", weights_only=True) for out in (setup["out"],
                                                                           root / name))
     differ = weight_differences(a, b)

@@ -440,7 +440,8 @@ def test_a_rank_killed_by_a_signal_is_retried_and_its_checkpoints_are_still_ther
     pvc.mkdir()
     render(tmp_path, "--nproc-per-node", "2", "--pvc", f"data:{pvc}", "--source",
            str(SCRIPTS / "torchrun_ddp"), "--entry", "train.py",
-           ["--data", str(micro_digits["train"]), "--epochs", "3", "--pause", "3"])
+           # 2 epochs: the kill lands in the pause after epoch 0, the restart resumes at epoch 1
+           ["--data", str(micro_digits["train"]), "--epochs", "2", "--pause", "3"])
     code = main(["job", "run-local", str(tmp_path / "job.yaml"), "--log-dir",
                  str(tmp_path / "logs"), "--fault", "master-0/1:KILL:rank 0/2 local_rank 0 "
                  "epoch 0"])

@@ -12,18 +12,15 @@ import pytest
 import torch
 from PIL import Image
 
-from pipelines.serve.client import Server, request, v1_body, v2_body
+from pipelines.serve.client import request, v1_body, v2_body
 from pipelines.serve.model import MAX_INSTANCES
 from trainer.data.imagedir import read_image_directory
 from trainer.use.score import score
 
 
-@pytest.fixture(scope="module")
-def server(trained_tiny, tmp_path_factory):
-    s = Server(["--model", trained_tiny, "--name", "digits", "--max-batch-size", "8"],
-               tmp_path_factory.mktemp("serve") / "server.log")
-    yield s
-    s.stop()
+@pytest.fixture
+def server(served_digits):
+    return served_digits
 
 
 def _files(data_dir) -> tuple[list[str], list[bytes]]:

@@ -21,7 +21,7 @@ from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
 from test_serve import _jpeg, _png_header
 
-from pipelines.serve.client import Server, request
+from pipelines.serve.client import request
 from pipelines.serve.model import MAX_INSTANCES
 from trainer.data.imagedir import read_image_directory
 from trainer.use.score import score
@@ -48,12 +48,9 @@ def scored(trained_tiny, jpegs, tmp_path_factory) -> dict:
             "files": [p.read_bytes() for p in paths]}
 
 
-@pytest.fixture(scope="module")
-def server(trained_tiny, tmp_path_factory):
-    s = Server(["--model", trained_tiny, "--name", NAME],
-               tmp_path_factory.mktemp("serve_clients") / "server.log")
-    yield s
-    s.stop()
+@pytest.fixture
+def server(served_digits):
+    return served_digits
 
 
 def _b64(files) -> list[bytes]:

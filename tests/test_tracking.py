@@ -14,7 +14,7 @@ import threading
 import uuid
 
 import pytest
-from conftest import REPO, _converted, train_argv
+from conftest import REPO, train_argv
 
 from pipelines.clients.endpoints import free_port
 from trainer.tracking import Tracker, failure
@@ -25,9 +25,9 @@ OPTIONS = {"epochs": 3, "image_size": 32, "batch_size": 16, "lr": 0.05, "augment
 
 
 @pytest.fixture(scope="module")
-def micro(tmp_path_factory) -> dict:
+def micro(micro_digits) -> dict:
     """4 training digits and 1 validation digit per class: 3 steps an epoch."""
-    return _converted(tmp_path_factory.mktemp("micro"), limit=5)
+    return micro_digits
 
 
 def _client(uri):

@@ -222,9 +222,9 @@ def test_run_local_refuses_what_it_cannot_run_faithfully(tmp_path, change, messa
 
 
 @pytest.mark.distributed
-def test_a_2x2_trainjob_trains_the_digits_like_the_same_pytorchjob(tmp_path, tiny_digits,
+def test_a_2x2_trainjob_trains_the_digits_like_the_same_pytorchjob(tmp_path, micro_digits,
                                                                   resnet18_dir, pytorchjob_2x2):
-    job = run_job(tmp_path, tiny_digits, resnet18_dir, kind="trainjob")
+    job = run_job(tmp_path, micro_digits, resnet18_dir, kind="trainjob")
     assert job["rc"] == pytorchjob_2x2["rc"] == 0
     trainjob, pytorchjob = job["metrics"], pytorchjob_2x2["metrics"]
     assert trainjob["status"] == pytorchjob["status"] == "completed"

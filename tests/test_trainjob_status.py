@@ -231,16 +231,17 @@ def test_server_errors_in_a_row_end_reporting(server, caplog):
     assert len(caplog.records) == 2 and "not reporting again" in caplog.records[1].getMessage()
 
 
-def test_kfvision_train_reports_every_epoch_to_the_status_server(tmp_path, tiny_digits,
+def test_kfvision_train_reports_every_epoch_to_the_status_server(tmp_path, micro_digits,
                                                                  resnet18_dir):
     """A real `kfvision train`, given only what the controller injects, against the stand-in
-    whose token rotates after every report."""
+    whose token rotates after every report (on the micro digits: one report an epoch is what is
+    checked, not what the model learns)."""
     server = StatusServer(tmp_path / "kubeflow-trainer", rotate=True)
     env = {**os.environ, **server.env(), "PYTHONPATH": str(REPO)}
     try:
         run = subprocess.run(
             [sys.executable, "-m", "pipelines.cli", "train",
-             *train_argv(resnet18_dir, tiny_digits, tmp_path / "out", epochs=3, image_size=32,
+             *train_argv(resnet18_dir, micro_digits, tmp_path / "out", epochs=3, image_size=32,
                          batch_size=16, lr=0.05, augment="none", print_freq=100)],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     finally:
@@ -258,19 +259,20 @@ def test_kfvision_train_reports_every_epoch_to_the_status_server(tmp_path, tiny_
 
 
 @pytest.mark.distributed
-def test_the_local_trainjob_runner_injects_what_the_controller_does(tmp_path, tiny_digits,
+def test_the_local_trainjob_runner_injects_what_the_controller_does(tmp_path, micro_digits,
                                                                      resnet18_dir):
     """`run-local` of a rendered TrainJob on kfvision's runtime (whose node job carries the
     trainer ancestor label) with the TrainJobStatus gate on: the nodes get the three variables
     as trainjobstatus.go injects them, and rank 0 reports every epoch, re-reading the token that
-    rotates after each report. 2 nodes x 1 process."""
+    rotates after each report. 2 nodes x 1 process, on the micro digits: what is checked is one
+    report an epoch, not what the model learns."""
     from pipelines.jobs.config import JobConfig
     from pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
     from pipelines.jobs.trainjob.local import StatusEndpoint, run_local
     from trainer.config import TrainConfig
 
-    train = TrainConfig(model=str(resnet18_dir), train=str(tiny_digits["train"]),
-                        val=str(tiny_digits["val"]), out=str(tmp_path / "out"), epochs=2,
+    train = TrainConfig(model=str(resnet18_dir), train=str(micro_digits["train"]),
+                        val=str(micro_digits["val"]), out=str(tmp_path / "out"), epochs=2,
                         image_size=32, batch_size=16, lr=0.05, augment="none", print_freq=100)
     job = build_trainjob(JobConfig(name="digits-progress", image="local", train=train, nodes=2),
                          RuntimeRef("kfvision-torch"))
