@@ -25,8 +25,8 @@ import torchvision
 
 from bench import publish
 from trainer.engine import make_sgd
+from trainer.fastpath import cpu_bf16_decision
 from trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
-from trainer.runtime import cpu_bf16_decision
 
 # name -> (bf16 autocast, channels_last, one-pixel convolutions as GEMM)
 VARIANTS = {"fp32": (False, False, True), "bf16": (True, True, True),

@@ -40,7 +40,7 @@ import torch
 import bench
 from bench.jpegset import make_jpeg_set
 from bench.serve import bench_model
-from trainer.runtime import int8_reduce_range
+from trainer.fastpath import int8_reduce_range
 from trainer.use.quantize import quantize_onnx
 
 BENCH = bench.BENCH / "int8"

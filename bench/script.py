@@ -32,7 +32,7 @@ from pipelines.clients.endpoints import free_port
 from pipelines.script.contract import ENV_CACHE
 from pipelines.script.env import ensure_env
 from pipelines.script.pack import pack
-from trainer.runtime import describe_cpu
+from trainer.fastpath import describe_cpu
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tests" / "scripts" / "torchrun_ddp"

@@ -300,7 +300,7 @@ def trained_model(out: Path = BENCH / "trained") -> tuple[Path, Path, Path]:
 def int8_model(model: Path, train: Path, check: Path) -> tuple[Path, dict]:
     """(path, its `quantization` metadata): `kfvision export --quantize int8` of `model`,
     calibrated on `train`, its top-1 checked on `check` against fp32; made once, cached."""
-    from trainer.runtime import int8_reduce_range
+    from trainer.fastpath import int8_reduce_range
     from trainer.use.quantize import export_int8
 
     # one per weight width: an export for a CPU with VNNI is refused on one without

@@ -102,9 +102,9 @@ def resnet18_dir(tmp_path_factory) -> Path:
 
 
 def fake_cpu(monkeypatch, flags, model: str = "a CPU") -> None:
-    """Make the running CPU (trainer.runtime.cpu_info, what every speed choice reads) `model`
+    """Make the running CPU (trainer.fastpath.cpu_info, what every speed choice reads) `model`
     with `flags`, its kernels uncapped (no ONEDNN_MAX_CPU_ISA)."""
-    monkeypatch.setattr("trainer.runtime.cpu_info", lambda: (model, frozenset(flags)))
+    monkeypatch.setattr("trainer.fastpath.cpu_info", lambda: (model, frozenset(flags)))
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
 
 

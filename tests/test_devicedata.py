@@ -28,7 +28,7 @@ from trainer.data.imagedir import read_image_directory
 from trainer.data.transforms import train_transform
 from trainer.distributed import DistContext
 from trainer.errors import InvalidParameterError
-from trainer.runtime import resolve_runtime
+from trainer.fastpath import resolve_fast_path
 from trainer.train import main
 
 
@@ -196,7 +196,7 @@ def test_gpu_decode_auto_is_on_for_cuda_with_uncached_jpegs(monkeypatch, device,
     monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda: True)
     cfg = _Cfg()
     cfg.gpu_decode = setting
-    rt = resolve_runtime(cfg, DistContext(0, 0, 1, 1, torch.device(device)), decoded, jpeg_share)
+    rt = resolve_fast_path(cfg, DistContext(0, 0, 1, 1, torch.device(device)), decoded, jpeg_share)
     assert rt.gpu_decode is expected
     assert rt.conv_gemm is (device == "cpu")  # cuDNN has no per-call weight re-layout to avoid
 

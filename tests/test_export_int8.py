@@ -14,7 +14,7 @@ from pipelines.cli import main
 from pipelines.serve.client import Server, request, v1_body, v2_body
 from trainer.data.imagedir import read_image_directory
 from trainer.errors import Int8CpuMismatchError, QuantizationError
-from trainer.runtime import cpu_features, int8_reduce_range
+from trainer.fastpath import cpu_features, int8_reduce_range
 from trainer.use import quantize
 from trainer.use.predict import Predictor, onnx_metadata
 

@@ -22,16 +22,16 @@ from trainer.data.pack import write_pack
 from trainer.data.transforms import EvalResize, Normalizer, TrainCrop
 from trainer.distributed import DistContext
 from trainer.errors import InvalidDatasetError
-from trainer.presets import AUGMENTATIONS
-from trainer.runtime import (
+from trainer.fastpath import (
     cpu_bf16_kind,
     cpu_features,
     cpu_info,
     describe,
     describe_cpu,
     int8_reduce_range,
-    resolve_runtime,
+    resolve_fast_path,
 )
+from trainer.presets import AUGMENTATIONS
 from trainer.train import main
 
 BASE = {"epochs": 2, "image_size": 32, "batch_size": 16, "lr": 0.05, "augment": "light",
@@ -369,10 +369,10 @@ NEITHER = frozenset({"avx2", "avx512f", "avx512_vnni"})  # e.g. Ice Lake, or no 
 def test_auto_picks_per_machine_on_cpu(monkeypatch, flags, size, decoded, expect, why):
     """The decisions from the CPU's flags (mocked), whatever this machine is."""
     fake_cpu(monkeypatch, flags)
-    monkeypatch.setattr("trainer.runtime.cpus_per_process", lambda ctx: 2)
+    monkeypatch.setattr("trainer.fastpath.cpus_per_process", lambda ctx: 2)
     cfg = _Cfg()
     cfg.image_size = size
-    rt = resolve_runtime(cfg, DistContext(0, 0, 1, 1, torch.device("cpu")), decoded)
+    rt = resolve_fast_path(cfg, DistContext(0, 0, 1, 1, torch.device("cpu")), decoded)
     assert {k: getattr(rt, k) for k in expect} == expect and not rt.compile
     assert rt.conv_gemm  # on CPU; CUDA: see test_devicedata's table
     assert why in describe(rt)
@@ -385,7 +385,7 @@ def test_amp_on_or_off_is_what_it_says_on_every_cpu(monkeypatch, flags, amp, on)
     fake_cpu(monkeypatch, flags)
     cfg = _Cfg()
     cfg.amp = amp
-    rt = resolve_runtime(cfg, DistContext(0, 0, 1, 1, torch.device("cpu")), 10 << 20)
+    rt = resolve_fast_path(cfg, DistContext(0, 0, 1, 1, torch.device("cpu")), 10 << 20)
     assert rt.amp is on and rt.channels_last is on
     assert f"(--amp {amp})" in describe(rt)
 

@@ -283,7 +283,7 @@ def test_metrics_name_the_cpu_and_the_speed_choices_taken_for_it(server):
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from trainer.runtime import cpu_features
+    from trainer.fastpath import cpu_features
 
     with urlopen(server.url + "/metrics", timeout=30) as r:
         text = r.read().decode()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import fake_cpu
-from trainer.runtime import cpu_features
+from trainer.fastpath import cpu_features
 from trainer.use import autoruntime
 from trainer.use.ovruntime import openvino_version
 from trainer.use.predict import Predictor

@@ -111,7 +111,7 @@ def test_the_output_is_the_best_epochs_weights_with_history(tmp_path, resnet18_d
     cfg = (out / "config.yaml").read_text()
     assert "epochs: 4" in cfg and "world_size: 1" in cfg
     # the speed choices, and the CPU they were taken for
-    from trainer.runtime import cpu_features
+    from trainer.fastpath import cpu_features
 
     assert m["runtime"]["cpu"] == cpu_features().to_dict()
     assert m["runtime"]["amp"] is False and m["runtime"]["workers"] >= 0  # 32 px: fp32 anywhere

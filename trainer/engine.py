@@ -25,9 +25,9 @@ from trainer.distributed import (
     wrap_model,
 )
 from trainer.errors import NonFiniteLossError
+from trainer.fastpath import FastPath
 from trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
 from trainer.rng import capture_rng, restore_rng
-from trainer.runtime import FastPath
 
 log = logging.getLogger("trainer")
 

@@ -23,5 +23,5 @@ ARCHITECTURES = {
 
 # The smallest image size at which bf16 autocast + channels_last trains faster than fp32 on a CPU,
 # per kind of native bf16 (bench/amp.py; the machines and figures are in docs/benchmarks.md).
-# trainer/runtime.py decides `--amp auto` by them; `--amp`'s help states them.
+# trainer/fastpath.py decides `--amp auto` by them; `--amp`'s help states them.
 CPU_BF16_MIN_IMAGE_SIZE = {"AMX": 96, "AVX512_BF16": 64}

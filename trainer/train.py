@@ -29,12 +29,12 @@ from trainer.data.transforms import (
 )
 from trainer.engine import Trainer
 from trainer.errors import InvalidDatasetError, KfvisionError
+from trainer.fastpath import describe, resolve_fast_path
 from trainer.fileio import atomic_write_json
 from trainer.model.arch import WEIGHTS_FILE, build_model, read_model_spec
 from trainer.model.trained import atomic_torch_save, write_model_files
 from trainer.reporting import EpochReporter
 from trainer.rng import seed_everything
-from trainer.runtime import describe, resolve_runtime
 from trainer.tracking import RUN_ID_KEY, Tracker
 from trainer.trainjob_status import StatusReporter
 
@@ -64,7 +64,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     jpegs = sum(e.path.lower().endswith(JPEG_SUFFIXES) for e in train_dir.images)
     train_tf = train_transform(cfg.augment, cfg.image_size)
     cached = cache_bytes(train_dir, train_tf, cfg.dct_scaling == "on")
-    rt = resolve_runtime(cfg, ctx, cached + val_dir.decoded_bytes(), jpegs / len(train_dir.images))
+    rt = resolve_fast_path(cfg, ctx, cached + val_dir.decoded_bytes(),
+                           jpegs / len(train_dir.images))
     if ctx.device.type == "cpu":
         torch.set_num_threads(distributed.cpus_per_process(ctx))
     else:  # fixed image size: cuDNN times its algorithms once per shape, then reuses the fastest

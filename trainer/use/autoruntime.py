@@ -185,7 +185,7 @@ def choose(digest: str, image_size: int, torch_run, openvino_run, *, version: st
     when it chose PyTorch; where OpenVINO cannot convert the network, PyTorch serves (the reason
     says so).
     """
-    from trainer.runtime import cpu_features
+    from trainer.fastpath import cpu_features
 
     if version is None:  # openvino is an optional dependency of a bare install
         return RuntimeChoice("torch", "auto: PyTorch (OpenVINO is not installed)"), torch_run

@@ -188,7 +188,7 @@ def check_int8_cpu(meta: dict, path, cpu=None) -> None:
     Raises:
         Int8CpuMismatchError: full-range int8 weights on a CPU without VNNI.
     """
-    from trainer.runtime import cpu_features, describe_cpu
+    from trainer.fastpath import cpu_features, describe_cpu
 
     q = meta.get("quantization")
     if not q or q.get("reduce_range", False):
@@ -319,7 +319,7 @@ class Predictor:
     def fast_path(self) -> dict:
         """The CPU speed choices this model is served with and the CPU they were taken for, as
         strings (for the serving `/metrics`' kfvision_fast_path info)."""
-        from trainer.runtime import cpu_features
+        from trainer.fastpath import cpu_features
 
         cpu = cpu_features()
         choices = {"runtime": self.runtime, "runtime_choice": self.choice,

@@ -14,7 +14,7 @@ than MAX_TOP1_DROP below fp32 is not written.
 
 The weights are 7-bit (`reduce_range`) on a CPU without VNNI, whose int8 kernels add pairs of
 u8 x s8 products in 16 bits that full 8-bit weights saturate, and 8-bit where VNNI or AMX
-accumulates in 32 bits (`trainer.runtime.int8_reduce_range`). The choice and the CPU are
+accumulates in 32 bits (`trainer.fastpath.int8_reduce_range`). The choice and the CPU are
 recorded in `quantization`; a server on a CPU without VNNI refuses an 8-bit export
 (`trainer.use.predict.check_int8_cpu`).
 """
@@ -151,7 +151,7 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
             classes. ExportError, InvalidModelDirectoryError: as `export`.
     """
     from trainer.distributed import usable_cpus
-    from trainer.runtime import cpu_features, int8_reduce_range
+    from trainer.fastpath import cpu_features, int8_reduce_range
     from trainer.use.export import export
     from trainer.use.predict import LOADERS
 

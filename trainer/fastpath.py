@@ -206,7 +206,8 @@ def available_memory() -> int:
     return 4 << 30
 
 
-def resolve_runtime(cfg, ctx: DistContext, decoded_bytes: int, jpeg_share: float = 0.0) -> FastPath:
+def resolve_fast_path(cfg, ctx: DistContext, decoded_bytes: int,
+                      jpeg_share: float = 0.0) -> FastPath:
     """The concrete fast-path settings from the config's auto/on/off values and this machine.
 
     `decoded_bytes`: of the training and validation images decoded; `jpeg_share`: the fraction
