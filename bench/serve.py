@@ -376,8 +376,8 @@ def main(argv=None) -> int:
     p.add_argument("--untrained", action="store_true",
                    help="serve random weights (`bench_model`): no training first; not with int8")
     p.add_argument("--variants", nargs="*", default=[], metavar="NAME=FLAGS",
-                   help="more kfvision contenders (the model directory) with these serve flags, "
-                   "e.g. 'torch=--runtime torch'")
+                   help="more kfvision contenders (PyTorch runtime) with these serve flags, "
+                   "e.g. 's2=--model-streams 2 --model-threads 1'")
     p.add_argument("--server-cpus", metavar="LIST",
                    help="pin the servers to these CPUs (e.g. 0-1) and the clients to the rest")
     a = p.parse_args(argv)

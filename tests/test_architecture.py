@@ -16,7 +16,7 @@ LEAVES = ("trainer.errors", "trainer.fileio", "trainer.progress", "trainer.prese
 # What a leaf may import all the same: other leaves (so no cycle can form through it).
 LEAF_IMPORTS = {"trainer.fileio": {"trainer.errors"}}
 # Third-party packages only one module of ours imports (every other goes through it).
-CONFINED = {"openvino": {"trainer.use.ovruntime"},
+CONFINED = {"openvino": {"trainer.use.predict"},
             "onnxruntime.quantization": {"trainer.use.quantize"}}
 
 

@@ -29,7 +29,7 @@ MAX_QUEUE = Gauge(
 
 FAST_PATH = Info(
     "kfvision_fast_path", "the CPU the model is served on and the speed choices taken for it "
-    "(runtime and why it was chosen, threads, precision hint, int8 weights)", ["model_name"])
+    "(runtime, threads, precision hint, int8 weights)", ["model_name"])
 
 
 def timed_decode(decode, model_name: str):

@@ -16,7 +16,7 @@ from pathlib import Path
 from trainer.options import check_options, option
 
 # trainer.use.predict.RUNTIMES, written out: importing it would load torch for `kfvision --help`
-RUNTIMES = ("auto", "torch", "onnx", "openvino")
+RUNTIMES = ("torch", "onnx", "openvino")
 # The queueing delay the default --max-queue allows an accepted request: images for this long
 # of forward passes wait at most (at least half a batch)
 QUEUE_DELAY_S = 0.5
@@ -51,11 +51,7 @@ class ServeOptions:
     runtime: str | None = option(None, "what runs the model", choices=RUNTIMES,
                                  unset="by --model", doc="torch for a model directory (onnx "
                                  "for a script's with model.onnx), onnx for an ONNX file, "
-                                 "openvino for an int8 one (`kfvision export --quantize int8`). "
-                                 "openvino on a trained model directory converts its network "
-                                 "(cached); auto measures PyTorch and OpenVINO fp32 on it at "
-                                 "start-up and keeps the clear winner (docs/serving.md, \"How "
-                                 "the runtime is chosen\").")
+                                 "openvino for an int8 one (`kfvision export --quantize int8`).")
     max_batch_size: int = option(32, "images per forward pass at most", low=1, high=1024,
                                  doc="Across concurrent requests.")
     batch_wait_ms: float = option(5.0, "how long an idle model waits for requests still "
@@ -90,27 +86,15 @@ def _import_kserve():
 
 def measured_rate(predictor, max_batch: int, streams: int) -> tuple[float, int]:
     """(images/s of the model, images in the measured pass): one pass of up to max_batch blank
-    images after a warm-up pass (whose allocations and first-call work a server pays once).
-
-    Timed on a thread of its own, as the batcher runs its passes: PyTorch's passes on a
-    process's main thread ran 5-30x slower on a loaded machine (docs/serving.md), which made
-    the default --max-queue a few images."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    images after a warm-up pass (whose allocations and first-call work a server pays once)."""
     import torch
 
     n = min(max_batch, 32)
     batch = torch.zeros(n, 3, predictor.image_size, predictor.image_size, dtype=torch.uint8)
-
-    def timed() -> float:
-        predictor.probabilities(batch)
-        start = time.perf_counter()
-        predictor.probabilities(batch)
-        return time.perf_counter() - start
-
-    with ThreadPoolExecutor(1, thread_name_prefix="measure") as pool:
-        seconds = pool.submit(timed).result()
-    return n * streams / max(seconds, 1e-6), n
+    predictor.probabilities(batch)
+    start = time.perf_counter()
+    predictor.probabilities(batch)
+    return n * streams / max(time.perf_counter() - start, 1e-6), n
 
 
 def default_max_queue(rate: float, max_batch: int) -> int:
@@ -153,7 +137,6 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
                 max_queue: int | None = None):
     """The loaded `ImageClassifier` for a trained model directory or an ONNX export."""
     _import_kserve()
-    from pipelines.clients.models import cache_root
     from pipelines.serve.batcher import Batcher
     from pipelines.serve.metrics import FAST_PATH, MAX_QUEUE, timed_forward
     from pipelines.serve.model import ImageClassifier
@@ -171,9 +154,7 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     # "How requests are served"). Streams are for machines with more cores than one pass uses well.
     model_threads = min(model_threads or cpus, 256)
     model_streams = model_streams or 1
-    predictor = Predictor(model, runtime, device, threads=model_threads, batch=max_batch_size,
-                          cache=cache_root() / "runtime")
-    print(f"runtime: {predictor.runtime} ({predictor.choice})", flush=True)
+    predictor = Predictor(model, runtime, device, threads=model_threads)
     name = name or default_name(model)
     FAST_PATH.labels(name).info(predictor.fast_path())
     rate, n = measured_rate(predictor, max_batch_size, model_streams)

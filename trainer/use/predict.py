@@ -14,6 +14,7 @@ int8 kernels on a CPU are several times onnxruntime's (docs/serving.md, "int8 on
 
 import io
 import json
+import threading
 import warnings
 from pathlib import Path
 
@@ -25,9 +26,7 @@ from trainer.data.decode import load_rgb
 from trainer.data.transforms import Normalizer, eval_transform
 from trainer.errors import Int8CpuMismatchError, InvalidParameterError, KfvisionError, check_choice
 
-# "auto": for a kfvision model directory on the CPU, PyTorch or OpenVINO fp32 by a probe
-# (trainer/use/autoruntime.py); for any other model, what `default_runtime` says
-RUNTIMES = ("auto", "torch", "onnx", "openvino")
+RUNTIMES = ("torch", "onnx", "openvino")
 
 
 class InvalidImageError(KfvisionError, ValueError):
@@ -166,10 +165,37 @@ def inference_net(net: torch.nn.Module) -> torch.nn.Module:
 
 def openvino_model(path, threads: int):
     """(run: uint8 batch -> probabilities, metadata) of an ONNX export (an int8 one: QDQ) on
-    OpenVINO's CPU plugin (`openvino_run`)."""
-    from trainer.use.ovruntime import openvino_run
+    OpenVINO's CPU plugin.
 
-    return openvino_run(path, threads), onnx_metadata(path)
+    Compiled with one stream per `threads` usable CPUs, so that as many callers as the CPUs
+    allow (the server's --model-streams) run their forward at once, each on its own InferRequest
+    (one per calling thread: a request is not thread-safe). Non-quantized operations run in f32
+    (not the bf16 OpenVINO picks on a CPU with AMX), so the accuracy `kfvision export` checked
+    holds on any CPU. No pinning: the server's decoding threads share the cores.
+    """
+    import openvino as ov
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+
+    from trainer.distributed import usable_cpus
+
+    streams = max(1, usable_cpus() // threads)  # a container's CPU limit, not the node's cores
+    # the property names from openvino's own constants (NUM_STREAMS, INFERENCE_NUM_THREADS,
+    # INFERENCE_PRECISION_HINT, ENABLE_CPU_PINNING in openvino 2026.4.1)
+    compiled = ov.Core().compile_model(str(path), "CPU", {
+        props.num_streams(): streams, props.inference_num_threads(): streams * threads,
+        hints.inference_precision(): ov.Type.f32, hints.enable_cpu_pinning(): False})
+    local = threading.local()
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        request = getattr(local, "request", None)
+        if request is None:
+            request = local.request = compiled.create_infer_request()
+        request.infer({0: x.contiguous().numpy()})
+        # copied: the output tensor is the request's and the next forward overwrites it
+        return torch.from_numpy(request.get_output_tensor(0).data.copy())
+
+    return run, onnx_metadata(path)
 
 
 LOADERS = {"onnx": onnx_session, "openvino": openvino_model}  # runtime -> (run, metadata)
@@ -211,85 +237,43 @@ class Predictor:
     once: `preprocess` one file's bytes, `probabilities` of a uint8 batch.
 
     Args:
-        model: a trained model directory (runtime "torch", or "openvino": its network converted),
-            a script's model directory ("torch" for TorchScript and torch.export, "onnx" for
-            ONNX: trainer/model/scripted.py) or an ONNX export ("onnx", or "openvino").
-        runtime: one of RUNTIMES; None picks by `model` (`default_runtime`); "auto" also
-            chooses between PyTorch and OpenVINO fp32 for a trained model directory on the CPU
-            (trainer/use/autoruntime.py). `choice` says what was chosen and why.
+        model: a trained model directory (runtime "torch"), a script's model directory ("torch"
+            for TorchScript and torch.export, "onnx" for ONNX: trainer/model/scripted.py) or an
+            ONNX export ("onnx", or "openvino" for an int8 export).
+        runtime: one of RUNTIMES; None picks by `model` (`default_runtime`).
         device: "cpu" or "cuda" (torch runtime only).
         threads: intra-op threads of the forward pass (None: the runtime's default).
-        batch: the largest batch it will be given (what `auto`'s probe times).
-        cache: where `auto` keeps its probes and converted networks (None: nowhere).
     """
 
     def __init__(self, model, runtime: str | None = None, device: str = "cpu",
-                 threads: int | None = None, *, batch: int = 8, cache: Path | None = None):
+                 threads: int | None = None):
         model = Path(model)
         self.threads = threads
-        check_choice("runtime", runtime or "auto", RUNTIMES)
-        self.choice = f"--runtime {runtime}" if runtime and runtime != "auto" else \
-            "by the model"
-        if runtime == "auto" and (device == "cuda" or model.is_file()):
-            runtime = "torch" if device == "cuda" else None  # OpenVINO's runtime is CPU only
-            self.choice = f"auto: {'PyTorch on CUDA' if device == 'cuda' else 'by the model'}"
-        if runtime == "openvino" and device == "cuda" and not model.is_file():
-            raise InvalidParameterError("runtime = 'openvino' runs on the CPU; with device = "
-                                        "'cuda' give runtime = 'torch' (or none).")
         runtime = runtime or default_runtime(model)
+        check_choice("runtime", runtime, RUNTIMES)
         self.runtime, self.source = runtime, model
-        if not model.is_file():  # a directory: kfvision's, or a script's
-            info = self._load_directory(model, runtime, device, batch, cache)
+        if runtime == "torch" or not model.is_file():  # a directory: kfvision's, or a script's
+            from trainer.model.trained import load_model
+
+            net, info = load_model(model, device=device, threads=threads)
+            wanted = "onnx" if info.get("model_format") == "onnx" else "torch"
+            if runtime != wanted:
+                raise InvalidParameterError(
+                    f"runtime = {runtime!r} cannot run {model}: "
+                    f"{info.get('model_file', 'its network')} runs on {wanted}.")
+            self.device = torch.device("cuda" if device == "cuda" else "cpu")
+            # kfvision's own network is folded for speed; a script's runs as the script saved it
+            self._net = inference_net(net) if wanted == "torch" and "model_format" not in info \
+                else net
+            self._normalize = Normalizer(tuple(info["mean"]), tuple(info["std"]))
+            self._run = self._run_torch
         else:
             check_int8_cpu(onnx_metadata(model), model)
-            self._run, info = LOADERS[runtime](model, self._threads())
-        self._meta = info if model.is_file() else None
+            self._run, info = LOADERS[runtime](model, threads or torch.get_num_threads())
+        self._meta = None if runtime == "torch" else info
         self.classes = list(info["classes"])
         self.image_size = int(info["image_size"])
         self.transform = eval_transform(info["eval_preset"], self.image_size)
-
-    def _threads(self) -> int:
-        return self.threads or torch.get_num_threads()
-
-    def _load_directory(self, model: Path, runtime: str, device: str, batch: int, cache) -> dict:
-        """Load a model directory's network into `_run` on `runtime` ("auto" resolved here)."""
-        from trainer.model.trained import load_model
-
-        net, info = load_model(model, device=device, threads=self.threads)
-        wanted = "onnx" if info.get("model_format") == "onnx" else "torch"
-        own = wanted == "torch" and "model_format" not in info  # kfvision's, not a script's
-        if runtime == "auto" and not own:
-            runtime, self.choice = wanted, "auto: by the model"
-        if runtime != wanted and not (own and runtime in ("auto", "openvino")):
-            raise InvalidParameterError(
-                f"runtime = {runtime!r} cannot run {model}: "
-                f"{info.get('model_file', 'its network')} runs on {wanted}"
-                f"{'' if not own else ' or openvino'}.")
-        self.device = torch.device("cuda" if device == "cuda" else "cpu")
-        self._normalize = Normalizer(tuple(info["mean"]), tuple(info["std"]))
-        # kfvision's own network is folded for speed; a script's runs as the script saved it
-        self._net = inference_net(net) if own else net
-        self._run = self._run_torch
-        if runtime in ("openvino", "auto"):
-            from trainer.use import autoruntime
-            from trainer.use.ovruntime import openvino_network, openvino_run, openvino_version
-
-            version, digest = openvino_version(), autoruntime.model_hash(model)
-            folder = autoruntime.ir_folder(cache, digest, version or "")
-
-            def ov_run(where):
-                return openvino_run(openvino_network(net, info, where), self._threads())
-        if runtime == "openvino":
-            self._run, self._net = ov_run(folder), None
-        elif runtime == "auto":
-            choice, self._run = autoruntime.choose(
-                digest, int(info["image_size"]), lambda x: self._forward(self._run_torch, x),
-                ov_run, version=version, threads=self._threads(), batch=batch, cache=cache)
-            runtime, self.choice = choice.runtime, choice.reason
-            if runtime == "openvino":
-                self._net = None  # only OpenVINO's copy of the weights stays in memory
-        self.runtime = runtime
-        return info
 
     def _run_torch(self, batch: torch.Tensor) -> torch.Tensor:
         # score's arithmetic (Normalizer, then softmax), so the probabilities match its table
@@ -302,19 +286,15 @@ class Predictor:
 
     def probabilities(self, batch: torch.Tensor) -> np.ndarray:
         """float32 [n, classes] for a uint8 [n, 3, S, S] batch."""
-        return self._forward(self._run, batch).numpy().astype(np.float32, copy=False)
-
-    def _forward(self, run, batch: torch.Tensor) -> torch.Tensor:
         if self.threads and torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)  # OpenMP's setting is the calling thread's
         with torch.inference_mode():
-            return run(batch)
+            return self._run(batch).numpy().astype(np.float32, copy=False)
 
     def describe(self) -> dict:
-        """What a client needs to know: classes, input size, runtime (and why it runs)."""
+        """What a client needs to know: classes, input size, runtime."""
         return {"classes": self.classes, "image_size": self.image_size,
-                "runtime": self.runtime, "runtime_choice": self.choice,
-                "model": str(self.source)}
+                "runtime": self.runtime, "model": str(self.source)}
 
     def fast_path(self) -> dict:
         """The CPU speed choices this model is served with and the CPU they were taken for, as
@@ -322,8 +302,7 @@ class Predictor:
         from trainer.fastpath import cpu_features
 
         cpu = cpu_features()
-        choices = {"runtime": self.runtime, "runtime_choice": self.choice,
-                   "cpu_model": cpu.model, "cpu_kind": cpu.kind,
+        choices = {"runtime": self.runtime, "cpu_model": cpu.model, "cpu_kind": cpu.kind,
                    "isa_cap": cpu.isa_cap or "none", "vnni": str(cpu.vnni).lower(),
                    "threads": str(self.threads or torch.get_num_threads())}
         if self.runtime == "torch":
