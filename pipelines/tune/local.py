@@ -35,6 +35,13 @@ class TrialFailed(Exception):
     """A trial's training run failed (Optuna records the trial as FAIL and goes on)."""
 
 
+def failed(message: str) -> TrialFailed:
+    """Say why a trial failed, on stderr (Optuna's own warning goes to whichever stream its
+    handler was made with), and return the TrialFailed to raise."""
+    print(message, file=sys.stderr, flush=True)
+    return TrialFailed(message)
+
+
 def parse_metrics(line: str) -> dict:
     """The `name=value` pairs of a log line, as Katib's StdOut collector reads them."""
     return {m.group(1): float(m.group(2)) for m in DEFAULT_FILTER.finditer(line)
@@ -124,7 +131,7 @@ class TrainerTrial:
         if pruned:
             raise optuna.TrialPruned()
         if proc.returncode != 0:
-            raise TrialFailed(f"trial {trial.number} exited with {proc.returncode}; see "
+            raise failed(f"trial {trial.number} exited with {proc.returncode}; see "
                               f"{folder}.log")
         summary = json.loads((folder / "metrics.json").read_text())
         trial.set_user_attr("best_epoch", summary["best_epoch"])

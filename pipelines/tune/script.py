@@ -28,7 +28,7 @@ from pipelines.jobs.errors import JobFailedError
 from pipelines.jobs.kinds import PYTORCHJOB
 from pipelines.script.job import OUTPUT_ANNOTATION, build_script_job
 from pipelines.tune.experiment import TRIAL_NAME, Search, Template, TrialKind, direction, param_ref
-from pipelines.tune.local import TrialFailed, parse_metrics
+from pipelines.tune.local import failed, parse_metrics
 from pipelines.tune.space import NAME
 from trainer.errors import InvalidParameterError
 
@@ -143,13 +143,13 @@ class ScriptTrial:
             run_local(docs[-1], folder, source=f"trial {trial.number}", quiet=True,
                       config_maps=maps)
         except JobFailedError as e:
-            raise TrialFailed(f"trial {trial.number}: {str(e).splitlines()[0]}") from e
+            raise failed(f"trial {trial.number}: {str(e).splitlines()[0]}") from e
         finally:
             trial.set_user_attr("seconds", round(time.perf_counter() - start, 1))
         log = folder / f"{PYTORCHJOB.primary}.log"
         value = objective_of(log.read_text(encoding="utf-8").splitlines(), self.search)
         if value is None:
-            raise TrialFailed(f"trial {trial.number}: the script printed no "
+            raise failed(f"trial {trial.number}: the script printed no "
                               f"{self.search.objective}=VALUE line (Katib would record it as "
                               f"unavailable); see {log}")
         return value
