@@ -8,6 +8,11 @@ object storage and the proxies before it do:
     stall       the headers and half the body, then nothing for `stall_s`, then a close
     stale_etag  the whole answer, with an ETag header other than the object's
 
+and refuses, as a server does, with no retry to follow (not in KINDS: no try gets further):
+
+    denied        403 with S3's `AccessDenied` error body, the request never forwarded
+    precondition  412 with S3's `PreconditionFailed` body (the object changed), never forwarded
+
 Which requests: a `Rule` (methods, the share of them, the kinds, a path pattern), decided per
 request by a seeded draw keyed on (seed, method, path, how many times that method and path were
 seen), so the same test meets the same faults in the same places whatever order its threads run
@@ -30,8 +35,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 KINDS = ("slowdown", "reset", "truncate", "stall", "stale_etag")
-SLOWDOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please '
-            b"reduce your request rate.</Message><RequestId>FAULTPROXY</RequestId></Error>")
+REFUSALS = ("denied", "precondition")
+
+
+def _error(code: str, message: str) -> bytes:
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>'
+            f"{message}</Message><RequestId>FAULTPROXY</RequestId></Error>").encode()
+
+
+# kind -> the status, reason and body of the answer sent instead of forwarding the request
+_ANSWERED = {"slowdown": (503, "Slow Down", _error("SlowDown", "Please reduce your request rate.")),
+             "denied": (403, "Forbidden", _error("AccessDenied", "Access Denied")),
+             "precondition": (412, "Precondition Failed", _error(
+                 "PreconditionFailed", "At least one of the pre-conditions you specified did "
+                 "not hold"))}
 # hop-by-hop headers (RFC 9110, section 7.6.1) and the framing the proxy sets itself
 _DROP = {"connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection",
          "te", "trailer", "upgrade"}
@@ -49,8 +66,8 @@ class Rule:
 
     def __post_init__(self):
         object.__setattr__(self, "methods", frozenset(self.methods))
-        unknown = set(self.kinds) - set(KINDS)
-        assert not unknown, f"unknown fault kinds {unknown}: {KINDS}"
+        unknown = set(self.kinds) - set(KINDS) - set(REFUSALS)
+        assert not unknown, f"unknown fault kinds {unknown}: {KINDS + REFUSALS}"
 
 
 class FaultProxy:
@@ -164,12 +181,13 @@ class _Handler(BaseHTTPRequestHandler):
         owner, method = self.owner, self.command
         body = self._body()
         kind = owner.decide(method, self.path)
-        if kind == "slowdown":
-            self.send_response(503, "Slow Down")
+        if kind in _ANSWERED:
+            status, reason, text = _ANSWERED[kind]
+            self.send_response(status, reason)
             self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(SLOWDOWN)))
+            self.send_header("Content-Length", str(len(text)))
             self.end_headers()
-            self.wfile.write(SLOWDOWN if method != "HEAD" else b"")
+            self.wfile.write(text if method != "HEAD" else b"")
             return
         headers = [(k, v) for k, v in self.headers.items()
                    if k.lower() not in _DROP and k.lower() != "expect"]

@@ -1,7 +1,8 @@
 """The one object-storage layer: the `s3://` calls kfvision makes (AWS S3 and what speaks its API:
 MinIO, Ceph RGW, SeaweedFS, the pipelines' own artifact store), and one mapping of their failures
 onto the named errors. No other module imports boto3 (pipelines/clients/s3sync.py builds fetching,
-pushing and the model cache on these calls).
+pushing and the model cache on these calls; pipelines/clients/s3get.py is the GetObject of
+`download`, botocore's request and signature without its per-call work).
 
 boto3 rather than fsspec/s3fs: boto3 is what AWS documents and what KServe's storage initializer
 and Kubeflow Trainer's initializers use, it reads the standard credential chain (environment,
@@ -163,6 +164,8 @@ class Obj:
 
 
 _clients: dict = {}
+_credentials: dict = {}  # max_connections -> the credentials its client signs with
+_getters: dict = {}  # (max_connections, bucket) -> s3get.Getter: GetObject without its overhead
 _clients_lock = threading.RLock()
 
 
@@ -176,12 +179,26 @@ def client(max_connections: int = DEFAULT_CONNECTIONS):
                 from botocore.config import Config
 
                 # botocore's own retries off: `retried` does them all, under one policy
-                _clients[max_connections] = boto3.session.Session().client("s3", config=Config(
+                session = boto3.session.Session()
+                _clients[max_connections] = session.client("s3", config=Config(
                     max_pool_connections=max_connections,
                     connect_timeout=_policy.connect_timeout_s,
                     read_timeout=_policy.read_timeout_s,
                     retries={"total_max_attempts": 1, "mode": "standard"}))
+                _credentials[max_connections] = session.get_credentials()  # the client's own
         return _clients[max_connections]
+
+
+def _getter(bucket: str, max_connections: int):
+    """The GetObject of `bucket` that skips botocore's per-call work (pipelines/clients/
+    s3get.py), made once per client and bucket (its first call asks botocore for a template)."""
+    with _clients_lock:
+        if (max_connections, bucket) not in _getters:
+            from pipelines.clients.s3get import Getter
+
+            _getters[max_connections, bucket] = Getter(client(max_connections), bucket,
+                                                       _credentials[max_connections])
+        return _getters[max_connections, bucket]
 
 
 def reset_clients() -> None:
@@ -189,6 +206,8 @@ def reset_clients() -> None:
     tests)."""
     with _clients_lock:
         _clients.clear()
+        _credentials.clear()
+        _getters.clear()
 
 
 def _error(e: Exception, uri: str, doing: str) -> KfvisionError | None:
@@ -408,8 +427,7 @@ def download(obj: Obj, bucket: str, target: Path, max_connections: int = DEFAULT
     def attempt() -> int:
         written = 0
         try:
-            r = client(max_connections).get_object(Bucket=bucket, Key=obj.key,
-                                                   IfMatch=f'"{obj.etag}"')
+            r = _getter(bucket, max_connections).get_object(obj.key, f'"{obj.etag}"')
             etag = r["ETag"].strip('"')
             if etag != obj.etag:  # a stale cache or proxy: the server itself checked If-Match
                 raise _BadBody(f"an answer with ETag {etag}, not the listed {obj.etag}")
