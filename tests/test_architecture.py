@@ -193,7 +193,9 @@ def _importers(*packages: str) -> set:
 CLIENTS = "pipelines.clients."
 OUTSIDE_SYSTEMS = {  # system -> (its client libraries, the modules that may import them)
     "Kubernetes API": (("kubernetes",), {"pipelines.clients.k8s"}),
-    "object storage": (("boto3", "botocore", "s3transfer", "s3fs"), {"pipelines.clients.s3"}),
+    # s3get is the GET of s3's downloads: botocore's request, its failures mapped by s3
+    "object storage": (("boto3", "botocore", "s3transfer", "s3fs"),
+                       {"pipelines.clients.s3", "pipelines.clients.s3get"}),
     "MLflow": (("mlflow",), {"pipelines.clients.registry", "trainer.tracking"}),
     "Kubeflow Model Registry": (("model_registry",), {"pipelines.clients.registry"}),
 }
