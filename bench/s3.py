@@ -46,7 +46,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench import publish
-from bench.s3server import counts, start
 
 CLASSES = 10
 BUCKET = "bench"
@@ -145,6 +144,8 @@ print(time.perf_counter() - start, os.waitstatus_to_exitcode(status), usage.ru_m
 
 def _run(cmd: list, env: dict, url: str, log: Path) -> dict:
     """Run `cmd` to its end: seconds, the server's counts meanwhile, the peak RSS of its tree."""
+    from bench.s3server import counts  # here: a contender's process imports this module
+
     before = counts(url)
     out = subprocess.run([sys.executable, "-S", "-I", "-c", _MEASURE, str(log), *map(str, cmd)],
                          env=env, capture_output=True, text=True, check=True)
@@ -253,6 +254,8 @@ def main(argv=None) -> None:
     if missing:
         raise SystemExit(f"{', '.join(missing)} not installed: pip install -c constraints.txt "
                          "-e '.[bench]' (the bench extra), or leave them out (--contenders).")
+
+    from bench.s3server import start
 
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)

@@ -197,3 +197,22 @@ def test_one_fetch_folder_one_source(s3_bucket, tiny_digits, tmp_path):
     (tmp_path / "mine" / "notes.txt").write_text("not ours")
     with pytest.raises(InvalidParameterError, match="already holds files but no fetch"):
         s3sync.fetch(s3_bucket.uri("a/"), tmp_path / "mine", progress=False)
+
+
+def test_a_file_over_the_single_put_size_goes_up_through_the_transfer_manager(s3_bucket,
+                                                                              tmp_path,
+                                                                              monkeypatch):
+    monkeypatch.setattr(s3, "SINGLE_PUT", 1000)  # boto3's upload_file, on our botocore client
+    data = bytes(range(256)) * 20
+    (tmp_path / "big.bin").write_bytes(data)
+    s3.upload(tmp_path / "big.bin", s3_bucket.name, "big/big.bin")
+    got = s3_bucket.client.get_object(Bucket=s3_bucket.name, Key="big/big.bin")["Body"].read()
+    assert got == data
+
+
+@pytest.mark.parametrize("text", ["2026-11-26T10:07:57.000Z", "2026-11-26T10:07:57Z",
+                                  "Thu, 26 Nov 2026 10:07:57 GMT", "2026-11-26T10:07:57+01:00"])
+def test_timestamps_parse_as_botocore_parses_them(text):
+    from botocore.utils import parse_timestamp
+
+    assert s3._timestamp(text) == parse_timestamp(text)
