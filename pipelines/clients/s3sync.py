@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import threading
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -203,7 +203,21 @@ def _download_all(objects, bucket: str, prefix: str, dest: Path, journal: _Journ
             result.fetched_objects += 1
             result.fetched_bytes += n
 
+    # At most 2 x max_connections downloads submitted and not done: a slot is taken before each
+    # submit and given back when one ends. (concurrent.futures.wait on the pending set did the
+    # same, but takes and gives back every pending future's lock on each call, once per object:
+    # threads then wait on each other's locks; docs/benchmarks.md counts them.)
+    slots = threading.Semaphore(2 * max_connections)
     pending: set = set()
+    failed: list = []
+
+    def ended(f) -> None:
+        with count_lock:
+            pending.discard(f)
+        if not f.cancelled() and f.exception() is not None:
+            failed.append(f)
+        slots.release()
+
     with ThreadPoolExecutor(max_connections, thread_name_prefix="kfvision-s3") as pool:
         try:
             for obj in objects:
@@ -224,15 +238,21 @@ def _download_all(objects, bucket: str, prefix: str, dest: Path, journal: _Journ
                     if update is not None:
                         update(obj.size)
                     continue
-                if len(pending) >= 2 * max_connections:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for f in done:
-                        f.result()
-                pending.add(pool.submit(one, obj, rel))
-            for f in pending:
-                f.result()
+                slots.acquire()
+                if failed:
+                    failed[0].result()
+                f = pool.submit(one, obj, rel)
+                with count_lock:
+                    pending.add(f)
+                f.add_done_callback(ended)
+            for _ in range(2 * max_connections):  # every download ended
+                slots.acquire()
+            if failed:
+                failed[0].result()
         except BaseException:
-            for f in pending:
+            with count_lock:
+                left = list(pending)
+            for f in left:
                 f.cancel()
             raise
         finally:
