@@ -470,13 +470,15 @@ def download(obj: Obj, bucket: str, target: Path, max_connections: int = DEFAULT
         return written
 
     try:
-        return retried(uri, "download", attempt)
-    except NoSuchObjectError as e:  # listed a moment ago
-        raise ChangedDatasetError(f"{uri} was removed while it was being fetched; fetch again "
-                                  "once nothing writes to the source.") from e
-    finally:
+        try:
+            return retried(uri, "download", attempt)
+        except NoSuchObjectError as e:  # listed a moment ago
+            raise ChangedDatasetError(f"{uri} was removed while it was being fetched; fetch "
+                                      "again once nothing writes to the source.") from e
+    except BaseException:  # a failed try's part (a whole one was renamed: no unlink per object)
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+        raise
 
 
 def upload(path: Path, bucket: str, key: str,
