@@ -7,6 +7,8 @@ object storage and the proxies before it do:
     truncate    the headers (the full Content-Length) and half the body, then a clean close
     stall       the headers and half the body, then nothing for `stall_s`, then a close
     stale_etag  the whole answer, with an ETag header other than the object's
+    corrupt     the whole answer, one byte of its body changed (its ETag and checksums as they
+                were)
 
 and refuses, as a server does, with no retry to follow (not in KINDS: no try gets further):
 
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-KINDS = ("slowdown", "reset", "truncate", "stall", "stale_etag")
+KINDS = ("slowdown", "reset", "truncate", "stall", "stale_etag", "corrupt")
 REFUSALS = ("denied", "precondition")
 
 
@@ -195,6 +197,9 @@ class _Handler(BaseHTTPRequestHandler):
         if kind in ("reset", "truncate", "stall") and (method == "HEAD" or not data):
             self._lost(kind)  # no body to break: the answer is lost as a whole
             return
+        if kind == "corrupt" and data:
+            middle = len(data) // 2
+            data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
         length = next((v for k, v in answer if k.lower() == "content-length"), None)
         length = int(length) if method == "HEAD" and length is not None else len(data)
         self.send_response(status, reason)

@@ -319,7 +319,8 @@ def _transient(e: BaseException) -> bool:
     if isinstance(e, bx.SSLError):  # a certificate does not get better by asking again
         return False
     return isinstance(e, (bx.HTTPClientError, bx.ConnectTimeoutError, bx.ReadTimeoutError,
-                          bx.IncompleteReadError, bx.ResponseStreamingError, ProtocolError,
+                          bx.IncompleteReadError, bx.ResponseStreamingError,
+                          bx.FlexibleChecksumError, ProtocolError,
                           Urllib3Timeout, http.client.HTTPException, ConnectionError,
                           TimeoutError))
 
