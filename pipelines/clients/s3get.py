@@ -94,6 +94,8 @@ class Getter:
             return None
         url = built.url
         at = url.find(quoted)
+        if at < 0:  # the key is not in the URL as we would write it: botocore writes each
+            return None
         region, service = scope.groups()
         self._signer = SigV4(region, service)
         return url[:at], url[at + len(quoted):], headers, region, service
