@@ -82,8 +82,11 @@ def start(work: Path, latency_ms: float = 0) -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = (work / "moto.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "bench.s3server", str(port), str(latency_ms)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    # its stdin is a pipe from this process: the server ends when it reads EOF, so it dies with
+    # the bench even when that is killed (SIGKILL runs no `finally`) rather than serving on
+    proc = subprocess.Popen([sys.executable, "-m", "bench.s3server", str(port), str(latency_ms),
+                             "--until-stdin-closes"], stdin=subprocess.PIPE, stdout=log,
+                            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -101,5 +104,12 @@ def counts(url: str) -> dict:
         return json.load(r)
 
 
+def _exit_at_eof() -> None:
+    sys.stdin.buffer.read()  # returns at EOF: the starting process has closed its end, or died
+    os._exit(0)
+
+
 if __name__ == "__main__":
+    if "--until-stdin-closes" in sys.argv[3:]:
+        threading.Thread(target=_exit_at_eof, daemon=True).start()
     serve(int(sys.argv[1]), float(sys.argv[2]) / 1000)
