@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 DEMO_DIR ?= build/demo
+# pytest-xdist workers for `make test`, each given whole files and its share of the cores
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 
@@ -27,11 +29,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup ## the whole KFP pipeline on the digits, locally (KFP local runner), deploy on; prints the evaluation and the served figures
 	$(VENV)/bin/kfvision demo --out $(DEMO_DIR)
 
-test: setup ## run the whole test suite (what CI runs)
-	$(PY) -m pytest
+test: setup ## run the whole test suite (what CI runs), in TEST_WORKERS (2) parallel workers
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: setup ## the suite without slow and distributed tests
-	$(PY) -m pytest -m "not slow and not distributed"
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not distributed"
 
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,7 @@
 """Shared fixtures: real data (scikit-learn's digits) written and converted at test time, and what
 several files would otherwise each rebuild (640 px JPEG digits, a 2 x 2 CPU job, a fake clock),
-made once a session. Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device."""
+made once a run: under pytest-xdist (`make test` runs two workers) the workers share one copy
+(`made_once`). Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device."""
 
 import errno
 import json
@@ -22,8 +23,43 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED_REFERENCE = REPO.parent / "shared" / "reference"
 
 
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))  # 0: not under pytest-xdist
+
+if WORKERS:
+    # Each worker runs on its own share of the cores (`make test`: 2 workers, one core each), it
+    # and every process it starts: a training takes its threads from the cores it may run on
+    # (trainer.distributed.usable_cpus), and two trainings that each took the whole machine
+    # spin their OpenMP threads against each other (an in-process training ran 6x slower).
+    ALL_CORES = sorted(os.sched_getaffinity(0))
+    if len(ALL_CORES) >= WORKERS:
+        _index = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+        os.sched_setaffinity(0, ALL_CORES[_index % WORKERS::WORKERS])
+    THREADS = len(os.sched_getaffinity(0))
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
+    torch.set_num_threads(THREADS)
+
+
+@pytest.fixture
+def whole_machine():
+    """The test runs on every core, not on its pytest-xdist worker's share (given back after):
+    for what needs several cores to run at all, such as convert's pool of processes."""
+    if not WORKERS:
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, ALL_CORES)
+    yield
+    os.sched_setaffinity(0, mine)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device."""
+    """Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device. Under pytest-xdist
+    (`--dist loadfile` hands out whole files), the files with slow or distributed tests come
+    first, so that the workers finish together rather than one waiting on a long file last."""
+    if WORKERS:
+        heavy = {item.module.__name__ for item in items
+                 if item.get_closest_marker("slow") or item.get_closest_marker("distributed")}
+        items.sort(key=lambda item: item.module.__name__ not in heavy)  # stable: order kept within
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here "
@@ -48,6 +84,29 @@ def reference_file(*parts) -> Path:
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 
 
+def made_once(tmp_path_factory, name: str, make):
+    """`make(folder)` run once a test run in a new folder `name`; returns what it returned (a
+    JSON value, in which Paths are kept). The workers of pytest-xdist share it: the first to ask
+    makes it under a file lock in their common temporary root, the others wait and read it. A
+    make that fails is tried again by the next worker that asks, and fails there too."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return make(tmp_path_factory.mktemp(name))
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent / "made-once"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            value = make(folder)
+            done.write_text(json.dumps(value, default=lambda p: {"path": str(p)}))
+    return json.loads(done.read_text(),
+                      object_hook=lambda d: Path(d["path"]) if d.keys() == {"path"} else d)
+
+
 def _converted(root: Path, limit=None) -> dict:
     write_digits(root / "raw", limit=limit)
     out = {}
@@ -61,19 +120,19 @@ def _converted(root: Path, limit=None) -> dict:
 @pytest.fixture(scope="session")
 def digits(tmp_path_factory) -> dict:
     """All 1,797 digits: {"train", "val", "raw"} paths (80/20 stratified split, seed 1)."""
-    return _converted(tmp_path_factory.mktemp("digits"))
+    return made_once(tmp_path_factory, "digits", _converted)
 
 
 @pytest.fixture(scope="session")
 def tiny_digits(tmp_path_factory) -> dict:
     """30 digits per class (24 train / 6 val): for tests that only need something to run."""
-    return _converted(tmp_path_factory.mktemp("tiny_digits"), limit=30)
+    return made_once(tmp_path_factory, "tiny_digits", lambda root: _converted(root, limit=30))
 
 
 @pytest.fixture(scope="session")
 def micro_digits(tmp_path_factory) -> dict:
     """5 digits per class (4 train / 1 val): 3 steps an epoch at batch 16."""
-    return _converted(tmp_path_factory.mktemp("micro"), limit=5)
+    return made_once(tmp_path_factory, "micro", lambda root: _converted(root, limit=5))
 
 
 def jpeg_digits(data: dict, root: Path, size: int) -> Path:
@@ -91,14 +150,17 @@ def jpeg_digits(data: dict, root: Path, size: int) -> Path:
 def digits_640(tiny_digits, tmp_path_factory) -> Path:
     """tiny_digits' validation digits as 640 px JPEGs (quality 90), converted: large enough that
     a 32 px model's resize decodes them at reduced (DCT-scaled) size."""
-    return jpeg_digits(tiny_digits, tmp_path_factory.mktemp("digits_640"), 640)
+    return made_once(tmp_path_factory, "digits_640",
+                     lambda root: jpeg_digits(tiny_digits, root, 640))
 
 
 @pytest.fixture(scope="session")
 def resnet18_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("models") / "resnet18"
-    write_untrained_model(out, "resnet18")
-    return out
+    def make(root):
+        write_untrained_model(root / "resnet18", "resnet18")
+        return root / "resnet18"
+
+    return made_once(tmp_path_factory, "models", make)
 
 
 def fake_cpu(monkeypatch, flags, model: str = "a CPU") -> None:
@@ -122,11 +184,13 @@ def trained_tiny(tmp_path_factory, tiny_digits, resnet18_dir) -> Path:
     """A resnet18 trained for 2 epochs on tiny_digits (a real trained model directory, fast)."""
     from trainer.train import main
 
-    out = tmp_path_factory.mktemp("trained") / "model"
-    rc = main(train_argv(resnet18_dir, tiny_digits, out, epochs=2, image_size=32, batch_size=16,
-                         lr=0.05, augment="none", print_freq=100))
-    assert rc == 0
-    return out
+    def make(root):
+        rc = main(train_argv(resnet18_dir, tiny_digits, root / "model", epochs=2, image_size=32,
+                             batch_size=16, lr=0.05, augment="none", print_freq=100))
+        assert rc == 0
+        return root / "model"
+
+    return made_once(tmp_path_factory, "trained", make)
 
 
 # --- s3:// against a real S3 API server on loopback (moto's standalone server) ---------------
@@ -310,8 +374,8 @@ def trained_tiny_onnx(trained_tiny, tmp_path_factory) -> tuple:
     metadata `export` wrote)."""
     from trainer.use.export import export
 
-    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
-    return path, export(trained_tiny, "onnx", path)
+    return tuple(made_once(tmp_path_factory, "onnx", lambda root: [
+        root / "model.onnx", export(trained_tiny, "onnx", root / "model.onnx")]))
 
 
 @pytest.fixture(scope="session")
@@ -356,7 +420,8 @@ def pytorchjob_2x2(tmp_path_factory, micro_digits, resnet18_dir) -> dict:
     """The 2 nodes x 2 processes PyTorchJob of `run_job` on micro_digits, run once a session
     (what the 1 x 4 PyTorchJob and the 2 x 2 TrainJob are compared with: the same model from
     the same data, seed and world size is the claim, whatever the data's size)."""
-    return run_job(tmp_path_factory.mktemp("pytorchjob_2x2"), micro_digits, resnet18_dir)
+    return made_once(tmp_path_factory, "pytorchjob_2x2",
+                     lambda root: run_job(root, micro_digits, resnet18_dir))
 
 
 class FakeClock:

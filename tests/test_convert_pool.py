@@ -13,8 +13,11 @@ from trainer.data.convert import convert
 from trainer.data.imagedir import MANIFEST, read_image_directory
 from trainer.errors import ChangedDatasetError, DecompressionBombError, InvalidDatasetError
 
-pytestmark = pytest.mark.skipif(convert_module._pool_size(10**6) < 2,
-                                reason="needs 2 cores and the fork start method")
+
+@pytest.fixture(autouse=True)
+def several_cores(whole_machine):
+    if convert_module._pool_size(10**6) < 2:
+        pytest.skip("needs 2 cores and the fork start method")
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The training loop: schedule, early stopping, parameters, errors, accuracy, determinism."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -174,3 +175,22 @@ def test_training_on_the_digits_reaches_a_real_accuracy(tmp_path, resnet18_dir, 
     assert final["val_top1"] >= 0.95, final
     model, info = load_trained_model(out)
     assert info["classes"] == list(read_image_directory(digits["val"]).classes)
+
+
+def test_the_log_follows_stdout_after_the_one_it_started_with_is_closed(monkeypatch, capsys):
+    """`main` run in a caller's process (a notebook, `kfvision tune run`, these tests) configures
+    the log; when that caller later closes the stdout it had, a log line still goes to the stdout
+    there is then, and no "--- Logging error ---" lands on stderr."""
+    import io
+    import logging
+
+    from trainer.train import setup_logging
+
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", first)
+    setup_logging(True)
+    first.close()
+    monkeypatch.undo()
+    logging.getLogger("trainer").info("a line after the first stdout closed")
+    out, err = capsys.readouterr()
+    assert "a line after the first stdout closed" in out and "Logging error" not in err

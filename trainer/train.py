@@ -202,8 +202,22 @@ def _message(e: BaseException, code: int) -> str:
             "a restarted job resumes from the last checkpoint.")
 
 
+class _Stdout(logging.StreamHandler):
+    """Writes to whatever sys.stdout is when a line is logged, not to the one there when the
+    handler was made: a caller that runs `main` in its own process and then replaces or closes
+    its stdout (the tests' capture, a notebook cell) gets no "I/O operation on closed file"."""
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, _):
+        pass
+
+
 def setup_logging(is_main: bool) -> None:
-    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, stream=sys.stdout,
+    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=[_Stdout()],
                         format="%(asctime)s %(message)s", datefmt="%H:%M:%S", force=True)
 
 
