@@ -31,9 +31,11 @@ if WORKERS:
     # (trainer.distributed.usable_cpus), and two trainings that each took the whole machine
     # spin their OpenMP threads against each other (an in-process training ran 6x slower).
     ALL_CORES = sorted(os.sched_getaffinity(0))
+    _index = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
     if len(ALL_CORES) >= WORKERS:
-        _index = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
         os.sched_setaffinity(0, ALL_CORES[_index % WORKERS::WORKERS])
+    else:  # more workers than cores: they take turns on a core, one thread each
+        os.sched_setaffinity(0, {ALL_CORES[_index % len(ALL_CORES)]})
     THREADS = len(os.sched_getaffinity(0))
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
     torch.set_num_threads(THREADS)
