@@ -91,8 +91,7 @@ def made_once(tmp_path_factory, name: str, make):
     JSON value, in which Paths are kept). The workers of pytest-xdist share it: the first to ask
     makes it under a file lock in their common temporary root, the others wait and read it. A
     make that fails is tried again by the next worker that asks, and fails there too."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is None:
+    if not WORKERS:
         return make(tmp_path_factory.mktemp(name))
     from filelock import FileLock
 
