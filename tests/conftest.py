@@ -54,6 +54,14 @@ def whole_machine():
     os.sched_setaffinity(0, mine)
 
 
+def pytest_configure(config):
+    """pytest-xdist hands out files in the order collected below, not re-sorted by how many tests
+    each holds (its default: the 3 long resume drills went last, and one worker ran them alone
+    for 90 s while the other waited)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device. Under pytest-xdist
     (`--dist loadfile` hands out whole files), the files with slow or distributed tests come
@@ -392,9 +400,17 @@ def served_digits(trained_tiny, tmp_path_factory):
     server.stop()
 
 
+# The CPU job that the distributed tests compare: 3 epochs of micro_digits (40 images) at 32 px,
+# batch 4 on each of 4 processes (3 steps an epoch), with a progress line at every step (what the
+# fault drills of test_resume_exact.py wait for), so that one unbroken run serves them all.
+JOB_FLAGS = ["--epochs", "3", "--image-size", "32", "--batch-size", "4", "--lr", "0.005",
+             "--augment", "light", "--print-freq", "1", "--seed", "5", "--workers", "0",
+             "--patience", "10"]
+
+
 def run_job(root: Path, data: dict, model, *, kind="pytorchjob", nodes=2, nproc=2) -> dict:
-    """Render a `nodes` x `nproc` CPU job of `kind` (2 epochs of the digits at 32 px, batch 8)
-    with `kfvision job render`, run it with `kfvision job run-local`.
+    """Render a `nodes` x `nproc` CPU job of `kind` (JOB_FLAGS) with `kfvision job render`, run
+    it with `kfvision job run-local`.
 
     Returns {"rc": run-local's exit code, "out": the model directory, "metrics": its
     metrics.json, "logs": the log folder}.
@@ -408,9 +424,7 @@ def run_job(root: Path, data: dict, model, *, kind="pytorchjob", nodes=2, nproc=
     assert main(["job", "render", *kind_flags, "--name", name, "--image", "local",
                  "--nodes", str(nodes), "--procs-per-node", str(nproc), "--model", str(model),
                  "--train", str(data["train"]), "--val", str(data["val"]), "--out", str(out),
-                 "--epochs", "2", "--image-size", "32", "--batch-size", "8", "--lr", "0.005",
-                 "--augment", "none", "--print-freq", "100", "--workers", "0",
-                 "-o", str(manifest)]) == 0
+                 *JOB_FLAGS, "-o", str(manifest)]) == 0
     rc = main(["job", "run-local", str(manifest), "--quiet", "--log-dir", str(logs)])
     return {"rc": rc, "out": out, "metrics": json.loads((out / "metrics.json").read_text()),
             "logs": logs}
@@ -418,9 +432,10 @@ def run_job(root: Path, data: dict, model, *, kind="pytorchjob", nodes=2, nproc=
 
 @pytest.fixture(scope="session")
 def pytorchjob_2x2(tmp_path_factory, micro_digits, resnet18_dir) -> dict:
-    """The 2 nodes x 2 processes PyTorchJob of `run_job` on micro_digits, run once a session
-    (what the 1 x 4 PyTorchJob and the 2 x 2 TrainJob are compared with: the same model from
-    the same data, seed and world size is the claim, whatever the data's size)."""
+    """The 2 nodes x 2 processes PyTorchJob of `run_job` on micro_digits, run once a session:
+    what the 1 x 4 PyTorchJob, the 2 x 2 TrainJob and the jobs killed and resumed are compared
+    with (the same model from the same data, seed and world size is the claim, whatever the
+    data's size)."""
     return made_once(tmp_path_factory, "pytorchjob_2x2",
                      lambda root: run_job(root, micro_digits, resnet18_dir))
 

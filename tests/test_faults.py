@@ -1,14 +1,13 @@
 """When things go wrong: exit codes through torchrun and the pod, and faults injected into
-`run-local` (a killed training process, a killed pod) that the job survives by restarting and
-resuming from its checkpoint. Checkpoint contents and single-process resume: test_checkpoint.py."""
+`run-local` (a killed pod) that the job survives by restarting. A real training killed mid-epoch
+and resumed from its checkpoint, bit for bit: test_resume_exact.py; checkpoint contents and
+single-process resume: test_checkpoint.py."""
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -181,63 +180,3 @@ def test_a_killed_pod_is_restarted_under_restart_policy_exitcode(tmp_path):
                                                                    "worker-0")
     log = (tmp_path / "logs" / "worker-0.log").read_text()
     assert "--- restart 1 (exit code 137, restartPolicy ExitCode" in log
-
-
-# --- the real thing: a training process killed mid-epoch ----------------------------------------
-
-TIMING = ("train_seconds", "train_images_per_sec")
-
-
-def _render(tmp_path, data, model, name) -> dict:
-    from pipelines.cli import main
-    from pipelines.jobs.kinds import read_job
-
-    manifest = tmp_path / f"{name}.yaml"
-    assert main(["job", "render", "--name", name, "--image", "local", "--nodes", "2",
-                 "--procs-per-node", "1", "--model", str(model), "--train", str(data["train"]),
-                 "--val", str(data["val"]), "--out", str(tmp_path / name), "--epochs", "2",
-                 "--image-size", "32", "--batch-size", "8", "--lr", "0.02", "--augment", "light",
-                 "--print-freq", "1", "--workers", "0", "--seed", "5", "-o", str(manifest)]) == 0
-    return read_job(manifest)
-
-
-def _progress(log: str, prefix: str) -> list:
-    """The metrics part of each progress line starting with `prefix` (no time, no img/s)."""
-    return [line.split("  ")[1:4] for line in log.splitlines() if prefix in line]
-
-
-@pytest.mark.distributed
-@pytest.mark.timeout(600)
-def test_a_training_process_killed_mid_epoch_costs_less_than_an_epoch_and_not_the_model(
-        tmp_path, micro_digits, resnet18_dir):
-    data = micro_digits  # 20 images per rank: 3 steps
-    start = time.monotonic()
-    run_local(_render(tmp_path, data, resnet18_dir, "calm"), tmp_path / "logs-calm", quiet=True)
-    calm_s = time.monotonic() - start
-    # SIGKILL rank 1 (the Worker's only process) once rank 0 reports step 1 of 3 of epoch 2
-    start = time.monotonic()
-    result = run_local(_render(tmp_path, data, resnet18_dir, "killed"), tmp_path / "logs-killed",
-                       quiet=True, faults=[Fault("worker-0/0", r"epoch 2 \[1/3\]")])
-    killed_s = time.monotonic() - start
-    assert len(result.faults) == 1 and "SIGKILL to worker-0/0" in result.faults[0]
-    master = (tmp_path / "logs-killed" / "master-0.log").read_text()
-    worker = (tmp_path / "logs-killed" / "worker-0.log").read_text()
-    # the killed pod exits 137, the Master's pod, which lost its peer, 200: both retried
-    assert "[kfvision launch] exiting with 137" in worker
-    assert "[kfvision launch] exiting with 200" in master
-    assert "--- restart" in worker and "--- restart" in master
-    # resumed from epoch 1's checkpoint: the lost work is part of epoch 2, less than an epoch
-    assert f"resuming from {tmp_path / 'killed' / 'checkpoints' / 'epoch-0001.pt'}" in master
-    assert "epoch 1 done" in master and master.count("epoch 1 done") == 1
-    # ...and replays epoch 2 exactly as before the kill (same data order, RNG, weights)
-    before, after = _progress(master, "epoch 2 [1/3]")
-    assert before == after
-    calm, killed = (json.loads((tmp_path / n / "metrics.json").read_text())
-                    for n in ("calm", "killed"))
-    assert killed["status"] == "completed" and killed["resumed_from"] == [1]
-    assert [{k: v for k, v in h.items() if k not in TIMING} for h in killed["history"]] == \
-        [{k: v for k, v in h.items() if k not in TIMING} for h in calm["history"]]
-    a, b = (torch.load(tmp_path / n / "weights.pt", weights_only=True) for n in ("calm", "killed"))
-    assert all(torch.equal(a[k], b[k]) for k in a)  # as good as the run that was not killed
-    print(f"uninterrupted {calm_s:.1f} s, killed and resumed {killed_s:.1f} s; final val loss "
-          f"{killed['final']['val_loss']:.6f} = {calm['final']['val_loss']:.6f}")

@@ -360,9 +360,9 @@ def test_under_nohup_a_closed_terminal_leaves_the_job_running(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_stops_every_process_it_started_20_rounds_under_load(tmp_path):
     """20 rounds of the cases above, in turn, each signal a random 0-0.3 s after its moment,
-    with every core kept busy."""
+    with every core it may run on kept busy."""
     load = [subprocess.Popen(["sh", "-c", "while :; do :; done"], start_new_session=True)
-            for _ in range(os.cpu_count() or 2)]
+            for _ in os.sched_getaffinity(0)]
     rng = random.Random(0)
     try:
         for i in range(20):
@@ -431,7 +431,7 @@ def test_two_nodes_of_two_train_like_one_node_of_four(tmp_path, micro_digits, re
     job_2x2 = pytorchjob_2x2
     job_1x4 = run_job(tmp_path, micro_digits, resnet18_dir, nodes=1, nproc=4)
     m_2x2, m_1x4 = job_2x2["metrics"], job_1x4["metrics"]
-    assert len(m_2x2["history"]) == len(m_1x4["history"]) == 2
+    assert len(m_2x2["history"]) == len(m_1x4["history"]) == 3
     for a, b in zip(m_2x2["history"], m_1x4["history"], strict=True):
         for key in set(a) - set(TIMING):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key

@@ -23,14 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO, _converted
+from conftest import JOB_FLAGS, REPO
 
 TIMING = ("train_seconds", "train_images_per_sec")
 MARK = "KFVISION_RESUME_TEST"  # set in every pod of a test job: how its processes are found
-# 60 training images (8 a class, 80%) over 4 processes of batch 4: 4 steps an epoch
-JOB = ["--nodes", "2", "--procs-per-node", "2", "--epochs", "3", "--image-size", "32",
-       "--batch-size", "4", "--lr", "0.005", "--augment", "light", "--print-freq", "1",
-       "--seed", "5", "--workers", "0", "--patience", "10"]
 
 
 def _cli(*args, check=True) -> subprocess.CompletedProcess:
@@ -47,7 +43,8 @@ def _render(root: Path, data: dict, model: Path, name: str, kind: str) -> Path:
     # TrainJob's runtime counts the 2 restarts of the whole job)
     backoff = ["--backoff-limit", "4"] if kind == "pytorchjob" else []
     _cli("job", "render", "--kind", kind, "--name", name, "--image", "local", "--model", model,
-         "--train", data["train"], "--val", data["val"], "--out", root / name, *JOB, *backoff,
+         "--train", data["train"], "--val", data["val"], "--out", root / name, "--nodes", "2",
+         "--procs-per-node", "2", *JOB_FLAGS, *backoff,
          "-o", manifest)
     doc = yaml.safe_load(manifest.read_text())
 
@@ -200,28 +197,33 @@ def test_a_new_ddp_wrapper_sums_its_first_step_like_one_that_ran_before_only_whe
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, resnet18_dir) -> dict:
-    """The data and an unbroken PyTorchJob's result, shared by every case."""
-    root = tmp_path_factory.mktemp("resume_exact")
-    data = _converted(root / "digits", limit=8)
-    manifest = _render(root, data, resnet18_dir, "calm", "pytorchjob")
-    _, seconds = run_job(manifest, root / "logs-calm")
-    print(f"unbroken 2 x 2 job: {seconds:.1f} s")
-    return {"root": root, "data": data, "model": resnet18_dir, "out": root / "calm"}
+def setup(tmp_path_factory, micro_digits, resnet18_dir, pytorchjob_2x2) -> dict:
+    """The data, and the unbroken 2 x 2 PyTorchJob of conftest.run_job (the same flags) that
+    every case must end like."""
+    assert pytorchjob_2x2["rc"] == 0
+    return {"root": tmp_path_factory.mktemp("resume_exact"), "data": micro_digits,
+            "model": resnet18_dir, "out": pytorchjob_2x2["out"]}
 
 
 # Per kind, two faults in one run, each once the previous one's resume is under way: the second
-# hits a job that has already resumed once. What each fault is:
+# hits a job that has already resumed once. Each epoch is 3 steps. What each fault is:
 FAULTS = {
     "pytorchjob": [
-        (1, 0, r"epoch 2 \[2/4\]"),     # the Worker's local rank 0: its DDP buckets start anew
-        (1, None, r"epoch 3 \[3/4\]"),  # the whole Worker pod (both processes and the launcher)
+        (1, 0, r"epoch 2 \[2/3\]"),     # the Worker's local rank 0: its DDP buckets start anew
+        (1, None, r"epoch 3 \[2/3\]"),  # the whole Worker pod (both processes and the launcher)
     ],
     "trainjob": [
-        (1, 0, r"epoch 2 \[2/4\]"),     # the same in a TrainJob
-        (0, 0, r"epoch 3 \[1/4\]"),     # the Master's process (global rank 0, which writes
+        (1, 0, r"epoch 2 \[2/3\]"),     # the same in a TrainJob
+        (0, 0, r"epoch 3 \[1/3\]"),     # the Master's process (global rank 0, which writes
     ],                                  # checkpoints), at its first step after one
 }
+# The logs of node 0's and node 1's pod (a TrainJob's are named as the JobSet's pods: node-0-<node>)
+PODS = {"pytorchjob": ("master-0", "worker-0"), "trainjob": ("node-0-0", "node-0-1")}
+
+
+def _progress(log: str, prefix: str) -> list:
+    """The metrics part of each progress line starting with `prefix` (no time, no img/s)."""
+    return [line.split("  ")[1:4] for line in log.splitlines() if prefix in line]
 
 
 @pytest.mark.slow
@@ -236,11 +238,21 @@ def test_a_job_killed_from_outside_in_epoch_2_and_3_ends_bit_for_bit_as_an_unbro
     killed, seconds = run_job(manifest, root / f"logs-{name}", faults=FAULTS[kind])
     print(f"{name}: killed pids {killed} ({FAULTS[kind]}); {seconds:.1f} s")
     logs = {p.stem: p.read_text() for p in (root / f"logs-{name}").glob("*.log")}
-    first = logs["master-0" if kind == "pytorchjob" else "node-0-0"]
+    first, second = (logs[pod] for pod in PODS[kind])
     for epoch in (1, 2):  # the fault in epoch 2 resumes from epoch 1's end, the one in 3 from 2's
         assert f"resuming from {root / name / 'checkpoints' / f'epoch-000{epoch}.pt'}" in first
+    # the pod whose process was killed exits 137, the other one, which lost its peer, 200
+    assert "[kfvision launch] exiting with 137" in second
+    assert "[kfvision launch] exiting with 200" in first
     # every pod went down and came back, once for each fault
     assert all(log.count("--- restart") >= len(FAULTS[kind]) for log in logs.values())
+    # the work lost is part of an epoch, never a whole one: epoch 1 ran once, and epoch 2's
+    # first step, run again after the first fault, gave what it gave before
+    assert first.count("epoch 1 done") == 1
+    before, again = _progress(first, "epoch 2 [1/3]")
+    assert before == again
+    doc = json.loads((root / name / "metrics.json").read_text())
+    assert doc["resumed_from"] == [1, 2]
     a, b = (torch.load(out / "weights.pt", weights_only=True) for out in (setup["out"],
                                                                           root / name))
     differ = weight_differences(a, b)

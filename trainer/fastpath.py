@@ -226,6 +226,8 @@ def resolve_fast_path(cfg, ctx: DistContext, decoded_bytes: int,
         workers = max(1, min(8, cpus - 1))
     if cfg.amp != "auto":
         amp, amp_reason = cfg.amp == "bf16", f"--amp {cfg.amp}"
+        if amp and not cuda and not cpu_bf16_kind(cpu.flags):
+            amp_reason += "; emulated: this CPU has neither AMX nor AVX512_BF16, slower than fp32"
     elif cuda:
         amp = torch.cuda.is_bf16_supported()
         amp_reason = "CUDA" if amp else "this GPU has no bf16"
