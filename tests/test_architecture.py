@@ -14,7 +14,7 @@ PACKAGES = ("trainer", "pipelines")
 LEAVES = ("trainer.errors", "trainer.fileio", "trainer.progress", "trainer.presets",
           "trainer.upstream")
 # What a leaf may import all the same: other leaves (so no cycle can form through it).
-LEAF_IMPORTS = {"trainer.fileio": {"trainer.errors"}}
+LEAF_IMPORTS = {"trainer.fileio": {"trainer.errors"}, "trainer.presets": {"trainer.errors"}}
 # Third-party packages only one module of ours imports (every other goes through it).
 CONFINED = {"openvino": {"trainer.use.predict"},
             "onnxruntime.quantization": {"trainer.use.quantize"}}

@@ -169,7 +169,8 @@ def test_train_and_val_categories_that_differ_fail_before_training(tmp_path, res
 @pytest.mark.slow
 def test_training_on_the_digits_reaches_a_real_accuracy(tmp_path, resnet18_dir, digits):
     out = tmp_path / "out"
-    assert main(train_argv(resnet18_dir, digits, out, epochs=8, image_size=32, batch_size=32,
+    # 4 epochs: 0.978 top-1 here (0.95 after 3)
+    assert main(train_argv(resnet18_dir, digits, out, epochs=4, image_size=32, batch_size=32,
                            lr=0.05, warmup_epochs=1, augment="light", print_freq=1000)) == 0
     final = _metrics(out)["final"]
     assert final["val_top1"] >= 0.95, final

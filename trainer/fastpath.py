@@ -17,6 +17,7 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
   for images at least as large as the threshold measured for that kind (CPU_BF16_MIN_IMAGE_SIZE;
   below it the layout reorders cost more than the bf16 maths saves). Weights, optimiser state and
   the loss stay float32. The start-up line says why (`bf16 autocast (AVX512_BF16, 224 px)`);
+  `--amp bf16` on a CPU with neither runs (PyTorch emulates bf16 there) and says it is slower;
 - channels_last: on where the convolutions are faster in NHWC (CUDA, and CPU oneDNN with bf16);
 - compile: torch.compile of the model (off by default: on 2 CPU cores it costs more than it saves
   on short runs; see docs/benchmarks.md);

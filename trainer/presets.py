@@ -6,6 +6,8 @@ recipe (what the Azure module uses); "light" keeps orientation (digits, text, me
 "none" only resizes, for data already framed like the test images.
 """
 
+from trainer.errors import check_choice
+
 AUGMENTATIONS = ("standard", "light", "none")
 
 # The normalisation torchvision's ImageNet weights were trained with: kfvision trains with it, and
@@ -20,6 +22,16 @@ ARCHITECTURES = {
                "resnext101_32x8d", "wide_resnet50_2", "wide_resnet101_2"),
     "densenet": ("densenet121", "densenet161", "densenet169", "densenet201"),
 }
+
+
+def family_of(arch: str) -> str:
+    """"resnet" or "densenet" for one of ARCHITECTURES' names; InvalidParameterError naming the
+    choices otherwise."""
+    for family, names in ARCHITECTURES.items():
+        if arch in names:
+            return family
+    check_choice("model name", arch, [n for names in ARCHITECTURES.values() for n in names])
+    raise AssertionError("unreachable")
 
 # The smallest image size at which bf16 autocast + channels_last trains faster than fp32 on a CPU,
 # per kind of native bf16 (bench/amp.py; the machines and figures are in docs/benchmarks.md).

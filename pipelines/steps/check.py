@@ -19,6 +19,7 @@ from pipelines.steps.train import job_config, job_kinds
 from pipelines.storage import DATA_MOUNT
 from trainer.config import TrainConfig
 from trainer.errors import InvalidDatasetError, InvalidParameterError, ref
+from trainer.presets import family_of
 
 REMOTE_SCHEMES = (*URL_SCHEMES, "s3")  # sources no step needs a path for
 
@@ -50,8 +51,6 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
         InvalidParameterError: a value out of range or not one of the choices (the message names
             the parameter and the valid values). InvalidDatasetError: a source that is not there.
     """
-    from trainer.model.arch import family_of
-
     family = family_of(params["model_name"])
     for name in ("train_source", "validation_source", "test_source"):
         _check_source(name, params[name], required=name == "train_source", exists=check_sources)

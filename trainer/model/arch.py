@@ -12,9 +12,9 @@ import torch
 import torchvision
 from torch import nn
 
-from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, check_choice
+from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
 from trainer.fileio import atomic_write, atomic_write_bytes
-from trainer.presets import ARCHITECTURES
+from trainer.presets import ARCHITECTURES, family_of
 
 SPEC_FILE = "spec.json"
 WEIGHTS_FILE = "weights.pt"
@@ -34,14 +34,6 @@ class ModelSpec:
 
     def to_json(self) -> dict:
         return {"format": SPEC_FORMAT, "version": 1, **asdict(self)}
-
-
-def family_of(arch: str) -> str:
-    for family, names in ARCHITECTURES.items():
-        if arch in names:
-            return family
-    check_choice("model name", arch, [n for names in ARCHITECTURES.values() for n in names])
-    raise AssertionError("unreachable")
 
 
 def _head_prefix(family: str) -> str:
