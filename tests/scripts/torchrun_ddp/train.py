@@ -24,7 +24,7 @@ def main():
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--tag", default="")
-    p.add_argument("--pause", type=float, default=0.0, help="seconds to wait after each epoch")
+    p.add_argument("--pause", type=float, default=0.0, help="seconds to wait between epochs")
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -55,7 +55,8 @@ def main():
             os.replace(ckpt + ".tmp", ckpt)
         print(f"rank {rank}/{world} local_rank {os.environ['LOCAL_RANK']} epoch {epoch} "
               f"loss={loss.item():.4f}", flush=True)
-        time.sleep(args.pause)
+        if epoch + 1 < args.epochs:
+            time.sleep(args.pause)
     if rank == 0:
         out = os.environ.get("KFVISION_MODEL_DIR", "model")
         os.makedirs(out, exist_ok=True)
