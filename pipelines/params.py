@@ -69,10 +69,11 @@ class PipelineInputs:
                                   pipeline=True)
     script_source: str = option("", "your own training code instead of the built-in trainer",
                                 doc="An s3:// URI of a packed source (a .tar.gz, as `kfvision "
-                                "job render --source-store` uploads it), or a folder the train "
-                                "step can read (locally any folder; on a cluster one on the data "
-                                "PVC or the workspace). '': the built-in trainer (docs/scripts.md,"
-                                " 'In the pipeline').", pipeline=True)
+                                "pipeline submit --source-store` uploads a folder of your "
+                                "machine), or a folder the train step can read (locally any "
+                                "folder; on a cluster one on the data PVC or the workspace). '': "
+                                "the built-in trainer (docs/scripts.md, 'In the pipeline').",
+                                pipeline=True)
     script_entry: str = option("", "the script in script_source: train.py, or -m pkg.module",
                                pipeline=True)
     script_args: str = option("", "the script's arguments, one string split as a shell would",

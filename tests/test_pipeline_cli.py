@@ -4,6 +4,7 @@ server answers the health check submit makes first), and the flags every command
 import http.server
 import threading
 import types
+from pathlib import Path
 
 import pytest
 import yaml
@@ -115,3 +116,46 @@ def test_pipeline_help(action, capsys):
         for flag in ("--train-source", "--lr LEARNING_RATE, --learning-rate LEARNING_RATE",
                      "--gpus-per-node", "--pvc-name", "(default: 0.001)"):
             assert flag in out
+
+
+SCRIPT = Path(__file__).parent / "scripts" / "torchrun_ddp"
+
+
+def test_submit_uploads_a_script_folder_of_this_machine_and_the_run_gets_its_uri(
+        fake_kfp, capsys, s3_bucket, tmp_path):
+    """The pipeline's pods cannot see this machine: a --script-source folder here is packed as the
+    train step packs it and uploaded once to --source-store (a real S3 API: moto on loopback);
+    the run's script_source is that object, which the train step reads back to the same bytes."""
+    from pipelines.script.pack import pack
+    from pipelines.steps.trainscript import snapshot
+
+    argv = ["pipeline", "submit", "--endpoint", fake_kfp.endpoint, "--train-source",
+            "https://example.com/photos.tgz", "--script-source", str(SCRIPT), "--script-entry",
+            "train.py", "--source-store", s3_bucket.uri("src/")]
+    snap = pack(SCRIPT)
+    uri = s3_bucket.uri(f"src/{snap.sha256}.tar.gz")
+    assert cli.main(argv) == 0
+    (call,) = fake_kfp.made[0].calls
+    assert call["arguments"]["script_source"] == uri
+    assert call["arguments"]["script_entry"] == "train.py"
+    out = capsys.readouterr().out
+    assert f"script_source {SCRIPT}: {len(snap.files)} files" in out and f"uploaded to {uri}" in out
+    assert snapshot(uri, tmp_path).data == snap.data  # what the train step will run
+    assert cli.main(argv) == 0  # a second run of the same code uploads nothing
+    assert f"at {uri} (already there)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--script-source", str(SCRIPT), "--script-entry", "train.py"],
+     f"--script-source {SCRIPT} is a folder of this machine, which no step of a cluster run can "
+     "read: add --source-store s3://BUCKET/PREFIX"),
+    (["--source-store", "s3://b/src"], "no --script-source is given: leave --source-store out"),
+    (["--script-source", "s3://b/src/x.tar.gz", "--script-entry", "train.py", "--source-store",
+      "s3://b/src"], "--script-source 's3://b/src/x.tar.gz' is not one"),
+])
+def test_submit_refuses_a_script_folder_it_cannot_ship_before_contacting_anything(
+        fake_kfp, capsys, flags, message):
+    rc = cli.main(["pipeline", "submit", "--endpoint", fake_kfp.endpoint, "--train-source",
+                   "https://example.com/photos.tgz", *flags])
+    assert rc == 2 and fake_kfp.made == []
+    assert message in capsys.readouterr().err

@@ -79,6 +79,50 @@ def validate_for_cluster(arguments: dict) -> None:
     check_parameters(**params, check_sources=False)
 
 
+def local_script_source(arguments: dict, store: str | None) -> str | None:
+    """The script_source folder of this machine that `submit` must upload to `store` (no step of
+    a cluster run can see this machine), or None: no script, an s3:// URI, or a path that is not
+    a folder here or is on the data PVC (the cluster's to read).
+
+    Raises:
+        InvalidParameterError: such a folder without `store`; `store` with no such folder.
+    """
+    from pipelines.clients.s3 import is_s3
+    from pipelines.storage import DATA_MOUNT
+    from trainer.errors import InvalidParameterError, ref
+
+    source = arguments.get("script_source") or ""
+    on_pvc = source == DATA_MOUNT or source.startswith(DATA_MOUNT + "/")
+    local = bool(source) and not is_s3(source) and not on_pvc and Path(source).is_dir()
+    if local and not store:
+        raise InvalidParameterError(
+            f"{ref('script_source')} {source} is a folder of this machine, which no step of a "
+            "cluster run can read: add --source-store s3://BUCKET/PREFIX to upload it (packed, "
+            f"as PREFIX/<sha256>.tar.gz), or give a folder on the data PVC ({DATA_MOUNT}/...).")
+    if store and not local:
+        what = f"{ref('script_source')} {source!r} is not one" if source else \
+            f"no {ref('script_source')} is given"
+        raise InvalidParameterError(f"--source-store uploads a {ref('script_source')} folder of "
+                                    f"this machine, and {what}: leave --source-store out.")
+    return source if local else None
+
+
+def upload_script_source(arguments: dict, folder: str, store: str) -> str:
+    """Pack `folder` as the train step would and upload it to `store` as
+    PREFIX/<sha256>.tar.gz (unless that object is there); script_source becomes its URI.
+    Returns the line that says so."""
+    from pipelines.cli.jobscript import ship
+    from pipelines.script.job import choose_transport
+    from pipelines.script.pack import pack
+
+    snap = pack(folder)
+    transport = choose_transport(snap, store, None)
+    done = ship(snap, transport, None)
+    arguments["script_source"] = transport.where
+    return (f"script_source {folder}: {len(snap.files)} files, {snap.size / 2**20:.2f} MiB "
+            f"packed, {done}")
+
+
 HEALTHZ = "/apis/v2beta1/healthz"  # what kfp.Client asks first, too
 CHECK_ENDPOINT = ("the endpoint's address, and that the port-forward to it is running "
                   "(kubectl port-forward -n kubeflow svc/ml-pipeline-ui 8080:80)")
@@ -112,6 +156,7 @@ def _submit(args) -> int:
     storage.check_arguments(arguments)
     if storage.data_pvc and not arguments.get("pvc_name"):  # the flags' default is the
         arguments["pvc_name"] = storage.data_pvc  # uncompiled one: ''; the run mounts this
+    script_folder = local_script_source(arguments, args.source_store)
     token = args.token or _read_token(args.token_file)
     warnings.filterwarnings("ignore", message="This client only works with Kubeflow Pipeline",
                             category=FutureWarning)  # kfp's note on every start; we need v2 too
@@ -120,6 +165,8 @@ def _submit(args) -> int:
         headers["Cookie"] = args.cookies
     probe(args.endpoint, HEALTHZ, "the KFP API", CHECK_ENDPOINT, CHECK_AUTH,
           headers=headers, cafile=args.ssl_ca_cert)
+    if script_folder:  # uploaded once the endpoint answers, before the run that reads it
+        print(upload_script_source(arguments, script_folder, args.source_store), flush=True)
     with talking_to(args.endpoint, "the KFP API", check=CHECK_ENDPOINT, auth_check=CHECK_AUTH), \
             tempfile.TemporaryDirectory(prefix="kfvision-pipeline-") as tmp:
         client = kfp.Client(host=args.endpoint, namespace=args.namespace, existing_token=token,
@@ -193,6 +240,8 @@ def register(subparsers, help: str) -> None:
                    "'authservice_session=...'")
     s.add_argument("--ssl-ca-cert", metavar="FILE", help="certificate authority that signed the "
                    "endpoint's TLS certificate")
+    s.add_argument("--source-store", metavar="S3_URI", help="upload a --script-source folder of "
+                   "this machine here (s3://BUCKET/PREFIX), as PREFIX/<sha256>.tar.gz")
     add_storage_flags(s)
     add_parameter_flags(s)
     s.set_defaults(func=_submit)
