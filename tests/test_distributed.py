@@ -21,13 +21,13 @@ def _torchrun(argv, nproc=2):
 
 
 @pytest.fixture(scope="module")
-def torchrun_2(tmp_path_factory, resnet18_dir, tiny_digits) -> dict:
+def torchrun_2(tmp_path_factory, resnet18_dir, micro_digits) -> dict:
     """The trainer under plain torchrun, 2 processes, once a module: {"run", "out"}."""
     out = tmp_path_factory.mktemp("torchrun_2") / "a"
-    return {"run": _torchrun(train_argv(resnet18_dir, tiny_digits, out, **OPTIONS)), "out": out}
+    return {"run": _torchrun(train_argv(resnet18_dir, micro_digits, out, **OPTIONS)), "out": out}
 
 
-def test_two_processes_keep_identical_weights_and_write_one_model(torchrun_2, tiny_digits):
+def test_two_processes_keep_identical_weights_and_write_one_model(torchrun_2, micro_digits):
     run, out = torchrun_2["run"], torchrun_2["out"]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "weights identical on all 2 rank(s)" in run.stdout
@@ -39,19 +39,19 @@ def test_two_processes_keep_identical_weights_and_write_one_model(torchrun_2, ti
     assert m["world_size"] == 2 and m["status"] == "completed"
     assert m["history"][0]["lr"] == pytest.approx(OPTIONS["lr"] * 2)  # lr x world size
     # each rank saw half of each epoch's images; the metrics cover all of them once
-    n_train = len(json.loads((tiny_digits["train"] / "kfvision-imagedir.json").read_text())
+    n_train = len(json.loads((micro_digits["train"] / "kfvision-imagedir.json").read_text())
                   ["images"])
     assert m["history"][0]["train_images_per_sec"] * m["history"][0]["train_seconds"] == \
         pytest.approx(n_train, rel=1e-6)
 
 
-def test_same_seed_and_world_size_give_the_same_model(tmp_path, resnet18_dir, tiny_digits,
+def test_same_seed_and_world_size_give_the_same_model(tmp_path, resnet18_dir, micro_digits,
                                                       torchrun_2):
     """A second run, started the other way (`kfvision train --nproc-per-node 2`), against the
     plain torchrun one: the launcher is not part of what decides the model."""
     assert torchrun_2["run"].returncode == 0, torchrun_2["run"].stderr[-3000:]
     argv = ["train", "--nproc-per-node", "2",
-            *train_argv(resnet18_dir, tiny_digits, tmp_path / "b", **OPTIONS)]
+            *train_argv(resnet18_dir, micro_digits, tmp_path / "b", **OPTIONS)]
     run = subprocess.run([sys.executable, "-m", "pipelines.cli", *argv], cwd=REPO,
                          capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -69,11 +69,11 @@ def _can_rename_host() -> bool:
 
 @pytest.mark.skipif(not _can_rename_host(), reason="needs `unshare --uts` (root, util-linux) to "
                     "give the test its own host name")
-def test_several_processes_on_one_machine_meet_on_loopback(tmp_path, resnet18_dir, tiny_digits):
+def test_several_processes_on_one_machine_meet_on_loopback(tmp_path, resnet18_dir, micro_digits):
     # A container whose host name is not in its /etc/hosts: torchrun's default rendezvous would
     # hand the processes that name and wait out its timeout (300 s); kfvision uses loopback.
     argv = ["train", "--nproc-per-node", "2",
-            *train_argv(resnet18_dir, tiny_digits, tmp_path / "out", **{**OPTIONS, "epochs": 1})]
+            *train_argv(resnet18_dir, micro_digits, tmp_path / "out", **{**OPTIONS, "epochs": 1})]
     script = ('hostname kfvision-test-unresolvable && ! getent hosts "$(hostname)" && '
               'exec "$0" -m pipelines.cli "$@"')
     run = subprocess.run(["unshare", "--uts", "sh", "-c", script, sys.executable, *map(str, argv)],
