@@ -86,6 +86,28 @@ def test_an_unsigned_client_gets_through_botocore(s3_bucket, monkeypatch):
                       "ChecksumMode": "ENABLED"}]
 
 
+def test_a_botocore_without_the_private_pool_gets_through_get_object(s3_bucket):
+    """The template sends through the client's own HTTP session, a private attribute of
+    botocore's: where a botocore release lacks it, every GET is botocore's get_object, as
+    before."""
+    from pipelines.clients import s3
+
+    class WithoutPool:  # the real client, less its private _endpoint
+        def __init__(self, client):
+            self._client = client
+
+        def __getattr__(self, name):
+            if name == "_endpoint":
+                raise AttributeError(name)
+            return getattr(self._client, name)
+
+    getter = s3get.Getter(WithoutPool(s3.client()), s3_bucket.name, None)
+    assert getter.template is None
+    s3_bucket.put("k", b"data")
+    etag = s3_bucket.client.head_object(Bucket=s3_bucket.name, Key="k")["ETag"]
+    assert getter.get_object("k", etag)["Body"].read() == b"data"
+
+
 def test_a_redirect_hands_the_bucket_to_botocore(s3_bucket, monkeypatch):
     put = _objects(s3_bucket, 3)
     getter = s3._getter(s3_bucket.name, 2)

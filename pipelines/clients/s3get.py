@@ -59,7 +59,8 @@ class Getter:
 
     def __init__(self, client, bucket: str, credentials):
         self._client, self._bucket, self._credentials = client, bucket, credentials
-        self._session = client._endpoint.http_session  # the client's pool (private in botocore)
+        # the client's pool: private in botocore, so a botocore without it gets no template
+        self._session = getattr(getattr(client, "_endpoint", None), "http_session", None)
         self._op = client.meta.service_model.operation_model("GetObject")
         request = {"context": {}}
         resolve_response_checksum_algorithms(request, self._op, {"ChecksumMode": "ENABLED"})
@@ -68,6 +69,8 @@ class Getter:
         self.template = self._template()  # None: every request through get_object
 
     def _template(self) -> tuple | None:
+        if self._session is None:
+            return None
         key = f"kfvision-template-{uuid.uuid4().hex}"
         quoted = percent_encode(key, safe="/~")
 
