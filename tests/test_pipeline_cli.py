@@ -152,6 +152,8 @@ def test_submit_uploads_a_script_folder_of_this_machine_and_the_run_gets_its_uri
     (["--source-store", "s3://b/src"], "no --script-source is given: leave --source-store out"),
     (["--script-source", "s3://b/src/x.tar.gz", "--script-entry", "train.py", "--source-store",
       "s3://b/src"], "--script-source 's3://b/src/x.tar.gz' is not one"),
+    (["--script-source", str(SCRIPT), "--script-entry", "trian.py", "--source-store",
+      "s3://b/src"], "trian.py"),  # looked for before anything is uploaded
 ])
 def test_submit_refuses_a_script_folder_it_cannot_ship_before_contacting_anything(
         fake_kfp, capsys, flags, message):

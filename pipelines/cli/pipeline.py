@@ -85,7 +85,8 @@ def local_script_source(arguments: dict, store: str | None) -> str | None:
     a folder here or is on the data PVC (the cluster's to read).
 
     Raises:
-        InvalidParameterError: such a folder without `store`; `store` with no such folder.
+        InvalidParameterError: such a folder without `store`; `store` with no such folder; an
+            entry or requirements file that is not in the folder.
     """
     from pipelines.clients.s3 import is_s3
     from pipelines.storage import DATA_MOUNT
@@ -104,6 +105,11 @@ def local_script_source(arguments: dict, store: str | None) -> str | None:
             f"no {ref('script_source')} is given"
         raise InvalidParameterError(f"--source-store uploads a {ref('script_source')} folder of "
                                     f"this machine, and {what}: leave --source-store out.")
+    if local:  # the entry and requirements looked for in it now, not after the upload
+        from pipelines.pipeline import parameter_defaults
+        from pipelines.steps.check import check_script
+
+        check_script({**parameter_defaults(), **arguments}, exists=True)
     return source if local else None
 
 
