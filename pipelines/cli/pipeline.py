@@ -79,10 +79,11 @@ def validate_for_cluster(arguments: dict) -> None:
     check_parameters(**params, check_sources=False)
 
 
-def local_script_source(arguments: dict, store: str | None) -> str | None:
-    """The script_source folder of this machine that `submit` must upload to `store` (no step of
-    a cluster run can see this machine), or None: no script, an s3:// URI, or a path that is not
-    a folder here or is on the data PVC (the cluster's to read).
+def local_script_source(arguments: dict, store: str | None):
+    """The snapshot of the script_source folder of this machine that `submit` must upload to
+    `store` (no step of a cluster run can see this machine), packed as the train step packs it
+    and its entry and requirements looked for; or None: no script, an s3:// URI, or a path that
+    is not a folder here or is on the data PVC (the cluster's to read).
 
     Raises:
         InvalidParameterError: such a folder without `store`; `store` with no such folder; an
@@ -105,28 +106,27 @@ def local_script_source(arguments: dict, store: str | None) -> str | None:
             f"no {ref('script_source')} is given"
         raise InvalidParameterError(f"--source-store uploads a {ref('script_source')} folder of "
                                     f"this machine, and {what}: leave --source-store out.")
-    if local:  # the entry and requirements looked for in it now, not after the upload
-        from pipelines.pipeline import parameter_defaults
-        from pipelines.steps.check import check_script
+    if not local:
+        return None
+    from pipelines.pipeline import parameter_defaults
+    from pipelines.steps.check import check_script
 
-        check_script({**parameter_defaults(), **arguments}, exists=True)
-    return source if local else None
+    return check_script({**parameter_defaults(), **arguments}, exists=True)
 
 
-def upload_script_source(arguments: dict, folder: str, store: str) -> str:
-    """Pack `folder` as the train step would and upload it to `store` as
-    PREFIX/<sha256>.tar.gz (unless that object is there); script_source becomes its URI.
-    Returns the line that says so."""
+def upload_script_source(arguments: dict, snap, store: str) -> str:
+    """Upload the snapshot `snap` of script_source's folder to `store` as PREFIX/<sha256>.tar.gz
+    (unless that object is there); script_source becomes its URI. Returns the line that says
+    so."""
     from pipelines.cli.jobscript import ship
     from pipelines.script.job import choose_transport
-    from pipelines.script.pack import pack
 
-    snap = pack(folder)
     transport = choose_transport(snap, store, None)
     done = ship(snap, transport, None)
+    line = (f"script_source {arguments['script_source']}: {len(snap.files)} files, "
+            f"{snap.size / 2**20:.2f} MiB packed, {done}")
     arguments["script_source"] = transport.where
-    return (f"script_source {folder}: {len(snap.files)} files, {snap.size / 2**20:.2f} MiB "
-            f"packed, {done}")
+    return line
 
 
 HEALTHZ = "/apis/v2beta1/healthz"  # what kfp.Client asks first, too
@@ -162,7 +162,7 @@ def _submit(args) -> int:
     storage.check_arguments(arguments)
     if storage.data_pvc and not arguments.get("pvc_name"):  # the flags' default is the
         arguments["pvc_name"] = storage.data_pvc  # uncompiled one: ''; the run mounts this
-    script_folder = local_script_source(arguments, args.source_store)
+    script = local_script_source(arguments, args.source_store)
     token = args.token or _read_token(args.token_file)
     warnings.filterwarnings("ignore", message="This client only works with Kubeflow Pipeline",
                             category=FutureWarning)  # kfp's note on every start; we need v2 too
@@ -171,8 +171,8 @@ def _submit(args) -> int:
         headers["Cookie"] = args.cookies
     probe(args.endpoint, HEALTHZ, "the KFP API", CHECK_ENDPOINT, CHECK_AUTH,
           headers=headers, cafile=args.ssl_ca_cert)
-    if script_folder:  # uploaded once the endpoint answers, before the run that reads it
-        print(upload_script_source(arguments, script_folder, args.source_store), flush=True)
+    if script:  # uploaded once the endpoint answers, before the run that reads it
+        print(upload_script_source(arguments, script, args.source_store), flush=True)
     with talking_to(args.endpoint, "the KFP API", check=CHECK_ENDPOINT, auth_check=CHECK_AUTH), \
             tempfile.TemporaryDirectory(prefix="kfvision-pipeline-") as tmp:
         client = kfp.Client(host=args.endpoint, namespace=args.namespace, existing_token=token,

@@ -84,10 +84,11 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
     return family
 
 
-def check_script(params: dict, *, exists: bool) -> None:
+def check_script(params: dict, *, exists: bool):
     """The script parameters: none without script_source; with it, an entry of the source (a
     folder here is packed as the train step packs it, and its entry looked for), arguments a
-    shell could split, a known launcher running one process per pod under python.
+    shell could split, a known launcher running one process per pod under python. Returns the
+    folder's snapshot (pipelines.script.pack.Snapshot) when it packed one, else None.
 
     Raises:
         InvalidParameterError (InvalidJobError): which parameter is wrong, and what to give.
@@ -127,8 +128,10 @@ def check_script(params: dict, *, exists: bool) -> None:
     from pipelines.script.pack import pack
     from pipelines.steps.trainscript import PARAMETERS
 
-    resolve(pack(source).files, source=source, name=PARAMETERS,
+    snap = pack(source)
+    resolve(snap.files, source=source, name=PARAMETERS,
             requirements=params["script_requirements"] or None, **entry)
+    return snap
 
 
 def check_model_uri(model_uri: str) -> None:
