@@ -57,7 +57,9 @@ def whole_machine():
 def pytest_configure(config):
     """pytest-xdist hands out files in the order collected below, not re-sorted by how many tests
     each holds (its default: the 3 long resume drills went last, and one worker ran them alone
-    for 90 s while the other waited)."""
+    for 90 s while the other waited). The option is pytest-xdist 3.8.0's `--loadscope-reorder`,
+    dest "loadscopereorder", default True (xdist/plugin.py), read by
+    xdist/scheduler/loadscope.py's LoadScopeScheduling.schedule, which loadfile inherits."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
 
