@@ -1,6 +1,7 @@
 """The training loop: schedule, early stopping, parameters, errors, accuracy, determinism."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -176,6 +177,42 @@ def test_training_on_the_digits_reaches_a_real_accuracy(tmp_path, resnet18_dir, 
     assert final["val_top1"] >= 0.95, final
     model, info = load_trained_model(out)
     assert info["classes"] == list(read_image_directory(digits["val"]).classes)
+
+
+def test_the_log_shows_our_lines_once_and_leaves_the_callers_logging_alone(capsys):
+    """`main` in a caller's process: the caller's root handlers and level stay; the trainer's and
+    kfvision's INFO lines print once on stdout, with the time; another library's INFO does not
+    (botocore's "Found credentials in environment variables" once printed in every S3 run); the
+    caller's own handler still gets our lines. A process of another rank shows warnings only."""
+    import io
+    import logging
+
+    from trainer.train import setup_logging
+
+    root = logging.getLogger()
+    theirs = logging.StreamHandler(io.StringIO())
+    before = (root.level, list(root.handlers))
+    root.setLevel(logging.WARNING)  # Python's default: what a caller has unless it chose
+    root.addHandler(theirs)
+    try:
+        setup_logging(True)
+        setup_logging(True)  # a second run in the same process: still one line each
+        assert root.handlers == [*before[1], theirs] and root.level == logging.WARNING
+        logging.getLogger("trainer").info("a trainer line")
+        logging.getLogger("kfvision.tune").info("a tune line")
+        logging.getLogger("botocore.credentials").info("Found credentials")
+        out = capsys.readouterr().out.splitlines()
+        assert [line.split(" ", 1)[1] for line in out] == ["a trainer line", "a tune line"]
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", out[0].split(" ", 1)[0]), out
+        assert theirs.stream.getvalue() == "a trainer line\na tune line\n"
+        setup_logging(False)
+        logging.getLogger("trainer").info("not on this rank")
+        logging.getLogger("trainer").warning("a warning on every rank")
+        assert capsys.readouterr().out.endswith(" a warning on every rank\n")
+    finally:
+        root.removeHandler(theirs)
+        root.setLevel(before[0])
+        setup_logging(True)
 
 
 def test_the_log_follows_stdout_after_the_one_it_started_with_is_closed(monkeypatch, capsys):

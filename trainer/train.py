@@ -216,9 +216,23 @@ class _Stdout(logging.StreamHandler):
         pass
 
 
+# Whose lines a kfvision command shows: the trainer's, and kfvision's own (kfvision.tune, ...)
+SHOWN_LOGGERS = ("trainer", "kfvision")
+
+
 def setup_logging(is_main: bool) -> None:
-    logging.basicConfig(level=logging.INFO if is_main else logging.WARNING, handlers=[_Stdout()],
-                        format="%(asctime)s %(message)s", datefmt="%H:%M:%S", force=True)
+    """Show SHOWN_LOGGERS' lines on stdout with the time: INFO and up on the main process,
+    warnings only on the others. The root logger is left as it is: a caller that runs `main` in
+    its own process (a notebook, `kfvision tune run`, the tests) keeps its handlers, and other
+    libraries' INFO lines (botocore's "Found credentials ...") stay hidden. Our lines still
+    reach the root's handlers too (a host that logs to a file gets them there)."""
+    for name in SHOWN_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.INFO if is_main else logging.WARNING)
+        if not any(isinstance(h, _Stdout) for h in logger.handlers):
+            handler = _Stdout()
+            handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+            logger.addHandler(handler)
 
 
 def main(argv=None) -> int:
