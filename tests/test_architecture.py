@@ -244,3 +244,28 @@ def test_each_platforms_names_are_spelled_in_one_module():
     stray = {p: sorted(mods - PLATFORM_NAMES[p]) for p, mods in found.items()
              if mods - PLATFORM_NAMES[p]}
     assert stray == {}
+
+
+# What only pipelines/jobs/render.py calls outside pipelines/jobs/: the one place that dispatches
+# on the job kind (each kind's builder and local runner)
+KIND_DISPATCH = {"pipelines.jobs.pytorchjob.build": {"build_pytorchjob", "set_command"},
+                 "pipelines.jobs.trainjob.build": {"build_trainjob", "set_command"},
+                 "pipelines.jobs.pytorchjob.local": {"run_local"},
+                 "pipelines.jobs.trainjob.local": {"run_local"}}
+
+
+def test_only_render_dispatches_on_the_job_kind():
+    found = []
+    for path in (REPO / "pipelines").rglob("*.py"):
+        name = _module_name(path)
+        if name.startswith("pipelines.jobs."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in KIND_DISPATCH:
+                found += [f"{name}: {a.name}" for a in node.names
+                          if a.name in KIND_DISPATCH[node.module]]
+            elif isinstance(node, ast.ImportFrom) and node.module in (
+                    "pipelines.jobs.pytorchjob", "pipelines.jobs.trainjob"):
+                found += [f"{name}: {node.module}.{a.name}" for a in node.names
+                          if a.name in ("build", "local")]
+    assert found == [], "use pipelines.jobs.render (render_job, render_command_job, run_local)"

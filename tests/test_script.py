@@ -192,6 +192,18 @@ def test_a_configmap_too_big_for_client_side_apply_says_how_to_apply_it(tmp_path
     assert "client-side" not in capsys.readouterr().err
 
 
+def test_a_scripts_trainjob_references_the_runtime_kind_it_was_given(tmp_path):
+    """--runtime-kind TrainingRuntime (a namespaced runtime), as the built-in trainer's job takes
+    it: the script's TrainJob once referenced a ClusterTrainingRuntime whatever was given."""
+    (job,) = _docs_of(tmp_path, "trainjob", "--source-pvc", "/data/src", "--runtime-kind",
+                      "TrainingRuntime")
+    assert job["spec"]["runtimeRef"] == {"name": "kfvision-torch",
+                                         "apiGroup": "trainer.kubeflow.org",
+                                         "kind": "TrainingRuntime"}
+    (job,) = _docs_of(tmp_path, "trainjob", "--source-pvc", "/data/src")
+    assert job["spec"]["runtimeRef"]["kind"] == "ClusterTrainingRuntime"
+
+
 def test_a_trainjob_with_pet_names_in_trainer_env_is_refused(tmp_path):
     (job,) = _docs_of(tmp_path, "trainjob", "--source-pvc", "/data/src")
     broken = copy.deepcopy(job)

@@ -12,7 +12,6 @@ from pipelines.jobs.config import JobConfig
 from pipelines.jobs.errors import InvalidJobError
 from pipelines.jobs.faults import Fault
 from pipelines.jobs.kinds import KINDS as JOB_KINDS
-from pipelines.jobs.pytorchjob.build import build_pytorchjob
 from pipelines.jobs.signals import STOP
 from pipelines.jobs.trainjob.rules import RUNTIME_KINDS
 from trainer.options import HelpFormatter, add_flags, options_of
@@ -87,16 +86,20 @@ KINDS = tuple(sorted(k.lower() for k in JOB_KINDS))
 
 def build_job(args, cfg: JobConfig) -> tuple:
     """(job dict, the kind flags for the header) of `--kind`."""
-    if args.kind == "pytorchjob":
+    from pipelines.jobs.kinds import PYTORCHJOB, named
+    from pipelines.jobs.render import render_job
+
+    kind = named(args.kind)
+    if kind is PYTORCHJOB:
         if args.runtime or args.runtime_kind:
             raise InvalidJobError("--runtime and --runtime-kind are for --kind trainjob; a "
                                   "PyTorchJob has no runtime. Drop them or add --kind trainjob.")
-        return build_pytorchjob(cfg), []
-    from pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
+        return render_job(cfg, kind), []
+    from pipelines.jobs.trainjob.build import RuntimeRef
 
-    runtime = RuntimeRef(args.runtime or RuntimeRef.name, args.runtime_kind or RuntimeRef.kind)
+    runtime = RuntimeRef.from_flags(args.runtime, args.runtime_kind)
     argv = ["--kind", "trainjob", "--runtime", runtime.name]
-    return build_trainjob(cfg, runtime), argv + (
+    return render_job(cfg, kind, runtime), argv + (
         ["--runtime-kind", runtime.kind] if runtime.kind != RuntimeRef.kind else [])
 
 
@@ -154,24 +157,17 @@ def _fault(text: str) -> Fault:
 
 @STOP  # SIGINT and SIGTERM heard from here on, whatever this process inherited (signals.py)
 def _run_local(args) -> int:
-    from pipelines.jobs.kinds import TRAINJOB, kind_of, read_manifest
-    from pipelines.jobs.pytorchjob import local as pytorchjob_local
-    from pipelines.jobs.trainjob import local as trainjob_local
+    from pipelines.jobs.kinds import read_manifest
+    from pipelines.jobs.render import run_local
 
     job, config_maps = read_manifest(args.manifest)  # ConfigMaps: a user's script's source
-    name, trainjob = job["metadata"]["name"], kind_of(job) is TRAINJOB
+    name = job["metadata"]["name"]
     log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
     print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
           f"machine's programs); logs in {log_dir}/", file=sys.stderr)
-    try:
-        if trainjob:  # every node must succeed: no --grace
-            result = trainjob_local.run_local(job, log_dir, source=args.manifest,
-                                              quiet=args.quiet, faults=args.fault,
-                                              config_maps=config_maps)
-        else:
-            result = pytorchjob_local.run_local(job, log_dir, source=args.manifest,
-                                                quiet=args.quiet, grace_s=args.grace,
-                                                faults=args.fault, config_maps=config_maps)
+    try:  # --grace is a PyTorchJob's (a TrainJob's nodes must all succeed)
+        result = run_local(job, log_dir, source=args.manifest, quiet=args.quiet,
+                           grace_s=args.grace, faults=args.fault, config_maps=config_maps)
     except KeyboardInterrupt:
         return _stopped(name)  # run_local raised Interrupted once every process was stopped
     print(f"job {name} succeeded in {result.seconds:.1f} s ({result.restarts} restart(s)); "

@@ -193,7 +193,11 @@ def script_job(args, build_kind, then: str = "the job") -> tuple:
     if args.kind == "pytorchjob" and (args.runtime or args.runtime_kind):
         build_kind(args, cfg)  # the built-in path's refusal, worded once
     snap, script, transport = script_parts(args)
-    docs = build_script_job(cfg, script, snap, transport, kind=args.kind, runtime=args.runtime)
+    from pipelines.jobs.kinds import named
+    from pipelines.jobs.trainjob.build import RuntimeRef
+
+    docs = build_script_job(cfg, script, snap, transport, kind=named(args.kind),
+                            runtime=RuntimeRef.from_flags(args.runtime, args.runtime_kind))
     said = [f"source {args.source}: {len(snap.files)} file(s), {snap.size:,} bytes packed "
             f"({encoded_size(snap):,} as base64), sha256 {snap.sha256}; "
             f"{ship(snap, transport, getattr(args, 'output', None))}"]

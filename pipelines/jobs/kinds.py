@@ -24,6 +24,7 @@ class JobKind(Resource):
     container: str = ""  # the training container
     primary: str = ""  # the replica whose log is streamed (rank 0's pod)
     succeeded: str = ""  # the condition that ends the job well
+    sets_env: str = ""  # who sets the launchers' variables in its pods (for the error that says so)
 
     def replica_name(self, pod: dict) -> str:
         """`master-0` / `worker-1` or `node-0-1` from the pod's labels (else the pod's name)."""
@@ -39,6 +40,12 @@ class JobKind(Resource):
             if rtype is not None and index is not None:
                 return f"{rtype.lower()}-{index}"
         return pod["metadata"]["name"]
+
+    def pod_hosts(self, name: str, nodes: int) -> list:
+        """The host names of job `name`'s pods, node 0 first, as its controller names them."""
+        if self is TRAINJOB:
+            return [f"{name}-{trainjob_rules.NODE}-0-{i}" for i in range(nodes)]
+        return [f"{name}-master-0"] + [f"{name}-worker-{i}" for i in range(nodes - 1)]
 
     def node_index(self, pod: dict) -> int | None:
         """The pod's node index as torchrun numbers nodes (PyTorchJob: master-0 is 0, worker-i
@@ -58,15 +65,23 @@ PYTORCHJOB = JobKind(
     install="install the Kubeflow Training Operator v1.9 (kubectl apply --server-side -k "
     "\"github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.4\")",
     pod_label=pytorchjob_rules.JOB_NAME_LABEL, container=pytorchjob_rules.CONTAINER_NAME,
-    primary="master-0", succeeded=pytorchjob_rules.SUCCEEDED)
+    primary="master-0", succeeded=pytorchjob_rules.SUCCEEDED,
+    sets_env="the Training Operator sets it")
 TRAINJOB = JobKind(
     kind=trainjob_rules.KIND, group=trainjob_rules.API_GROUP, version=trainjob_rules.VERSION,
     plural=trainjob_rules.PLURAL,
     install="install Kubeflow Trainer v2 (see https://www.kubeflow.org/docs/components/trainer/"
     "operator-guides/installation/)",
     pod_label=trainjob_rules.JOBSET_NAME_LABEL, container=trainjob_rules.NODE,
-    primary=f"{trainjob_rules.NODE}-0-0", succeeded=trainjob_rules.COMPLETE)
+    primary=f"{trainjob_rules.NODE}-0-0", succeeded=trainjob_rules.COMPLETE,
+    sets_env=f"Kubeflow Trainer's webhook refuses {', '.join(trainjob_rules.PET_NAMES)} in "
+    "trainer.env")
 KINDS = {k.kind: k for k in (TRAINJOB, PYTORCHJOB)}  # preference order: TrainJob first
+
+
+def named(flag: str) -> JobKind:
+    """The JobKind of a `--kind` / job_kind value (`pytorchjob`, `trainjob`)."""
+    return next(k for k in KINDS.values() if k.kind.lower() == flag)
 
 
 def kind_of(job: dict, source: str = "the manifest") -> JobKind:

@@ -11,7 +11,7 @@ source snapshot's transport:
   hash-checked by the boot.
 
     docs = build_script_job(job_config, ScriptConfig(source="proj", entry="train.py",
-                            args=("--epochs", "3")), transport, kind=PYTORCHJOB)
+                            args=("--epochs", "3")), snap, transport, kind=PYTORCHJOB)
     # -> [ConfigMap, PyTorchJob] (or [PyTorchJob] when the snapshot travels another way)
 
 Pure functions, no I/O: `choose_transport` decides, the CLI uploads (pipelines/cli/jobscript.py).
@@ -159,8 +159,8 @@ def _location(uri: str, cfg: JobConfig, what: str) -> str:
                           "absolute path as the pods see it.")
 
 
-def check_script(cfg: JobConfig, script: ScriptConfig, kind: str) -> None:
-    """Raise InvalidJobError for a script setting the job cannot carry."""
+def check_script(cfg: JobConfig, script: ScriptConfig, kind) -> None:
+    """Raise InvalidJobError for a script setting the job of `kind` (a JobKind) cannot carry."""
     if bool(script.entry) == bool(script.module):
         raise InvalidJobError("give the script as --entry FILE or --module NAME (one of them).")
     if script.launcher not in LAUNCHERS:
@@ -170,15 +170,14 @@ def check_script(cfg: JobConfig, script: ScriptConfig, kind: str) -> None:
         procs = ref_of(JobConfig, "procs_per_node")
         raise InvalidJobError(f"--launcher python runs one process per pod, not {procs} "
                               f"{cfg.procs_per_node}; use --launcher torchrun for several.")
-    from pipelines.jobs.trainjob.rules import PET_NAMES, PET_PREFIX
+    from pipelines.jobs.trainjob.rules import PET_PREFIX
 
     for name, _ in script.env:
         if not _ENV_NAME.fullmatch(name):
             raise InvalidJobError(f"--env {name}: not a variable name.")
         if name.startswith(PET_PREFIX) or name in RESERVED_ENV:
-            who = (f"Kubeflow Trainer's webhook refuses {', '.join(PET_NAMES)} in trainer.env"
-                   if kind == "trainjob" else "the Training Operator sets it")
-            raise InvalidJobError(f"--env {name}: the platform sets it ({who}); drop it.")
+            raise InvalidJobError(f"--env {name}: the platform sets it ({kind.sets_env}); "
+                                  "drop it.")
     seen = set()
     for name, uri in script.inputs:
         if not _CHANNEL.fullmatch(name) or name.lower() in seen:
@@ -216,53 +215,26 @@ def _mounts(transport: Transport, sha256: str) -> tuple:
     return volumes, mounts
 
 
-def hosts_of(cfg: JobConfig, kind: str) -> list:
-    """The pods' host names, node 0 first (as each kind names them)."""
-    if kind == "trainjob":
-        return [f"{cfg.name}-node-0-{i}" for i in range(cfg.nodes)]
-    return [f"{cfg.name}-master-0"] + [f"{cfg.name}-worker-{i}" for i in range(cfg.nodes - 1)]
-
-
 def build_script_job(cfg: JobConfig, script: ScriptConfig, snap: Snapshot, transport: Transport,
-                     kind: str = "pytorchjob", runtime: str | None = None) -> list:
-    """[ConfigMap (when it carries the snapshot), job] for a user's script (module docstring).
+                     kind, runtime: str | None = None) -> list:
+    """[ConfigMap (when it carries the snapshot), job] for a user's script (module docstring):
+    the job of `kind` (a JobKind; a TrainJob on `runtime`, None: kfvision's).
 
     Raises:
         InvalidJobError: a rule of the cluster or of the script settings is broken.
     """
+    from pipelines.jobs.render import render_command_job
+
     check_script(cfg, script, kind)
     if script.launcher == "python":
         cfg = replace(cfg, procs_per_node=1)
     cfg = replace(cfg, train=NO_TRAINER, env=(*cfg.env, *script.env))
-    hosts = hosts_of(cfg, kind)
-    args = _boot_args(cfg, script, transport, snap.sha256, hosts)
+    args = _boot_args(cfg, script, transport, snap.sha256, kind.pod_hosts(cfg.name, cfg.nodes))
     volumes, mounts = _mounts(transport, snap.sha256)
-    if kind == "trainjob":
-        from pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
-        from pipelines.jobs.trainjob.rules import validate_trainjob
-
-        job = build_trainjob(cfg, RuntimeRef(runtime or RuntimeRef.name))
-        job["spec"]["trainer"].update(command=list(BOOT_COMMAND), args=args)
-        patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
-        pod = patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-        pod["volumes"] += volumes
-        pod["containers"][0]["volumeMounts"] += mounts
-        validate = validate_trainjob
-    else:
-        from pipelines.jobs.pytorchjob.build import build_pytorchjob
-        from pipelines.jobs.pytorchjob.rules import validate_pytorchjob
-
-        job = build_pytorchjob(cfg)
-        for replica in job["spec"]["pytorchReplicaSpecs"].values():
-            pod = replica["template"]["spec"]
-            container = pod["containers"][0]
-            container.update(command=list(BOOT_COMMAND), args=args)
-            container["volumeMounts"] += mounts
-            pod["volumes"] += [dict(v) for v in volumes]
-        validate = validate_pytorchjob
-    job["metadata"]["annotations"] = {SHA_ANNOTATION: snap.sha256, **(
+    annotations = {SHA_ANNOTATION: snap.sha256, **(
         {OUTPUT_ANNOTATION: script.output_uri} if script.output_uri else {})}
-    job = validate(job, f"the rendered job {cfg.name!r}")
+    job = render_command_job(cfg, kind, runtime, BOOT_COMMAND, args, volumes=volumes,
+                             mounts=mounts, annotations=annotations)
     if transport.how == "configmap":
         return [config_map(snap, cfg.namespace), job]
     return [job]

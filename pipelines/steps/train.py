@@ -70,11 +70,11 @@ def job_config(cfg: TrainConfig, *, run_id: str, volumes: tuple = (), env: tuple
 def job_kinds(job_kind: str, mode: str) -> tuple:
     """The JobKinds `job_kind` may mean in `mode` (local or cluster): auto on a cluster is the
     one the cluster serves (known only there), auto locally a PyTorchJob, as before TrainJobs."""
-    from pipelines.jobs.kinds import KINDS, PYTORCHJOB
+    from pipelines.jobs.kinds import KINDS, PYTORCHJOB, named
 
     check_choice(ref("job_kind"), job_kind, JOB_KINDS)
     if job_kind != "auto":
-        return (next(k for k in KINDS.values() if k.kind.lower() == job_kind),)
+        return (named(job_kind),)
     return tuple(KINDS.values()) if mode == "cluster" else (PYTORCHJOB,)
 
 
@@ -124,16 +124,13 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
     (job_kind,) = kinds
     env = tracking_env(os.environ, kind=job_kind.kind, name=name, run_id=run_id, local=True)
     job = render(replace(job, env=env), job_yaml, job_kind, runtime)
-    from pipelines.jobs.kinds import TRAINJOB
-    from pipelines.jobs.pytorchjob import local as pytorchjob_local
-    from pipelines.jobs.trainjob import local as trainjob_local
+    from pipelines.jobs.render import run_local
 
     what = job_kind.kind
-    runner = (trainjob_local if job_kind is TRAINJOB else pytorchjob_local).run_local
     with tempfile.TemporaryDirectory(prefix=f"{name}-logs-") as logs:
         print(f"running {what} {name} on this machine (kfvision job run-local)", file=out,
               flush=True)
-        result = runner(job, logs, source=f"{what} {name}", out=out)
+        result = run_local(job, logs, source=f"{what} {name}", out=out)
     print(f"{what} {name} succeeded in {result.seconds:.1f} s", file=out, flush=True)
     return read_metrics(out_dir)
 

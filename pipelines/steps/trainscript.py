@@ -212,7 +212,7 @@ def script_train_step(train_dir, val_dir, out_dir, job_yaml, *, script: dict, se
         env = tracking_env(os.environ, kind=job_kind.kind, name=name, run_id=run_id,
                            local=client is None, out=out)
         job = job_config(NO_TRAINER, run_id=run_key, volumes=volumes, env=env, **settings)
-        docs = build_script_job(job, config, snap, transport, kind=job_kind.kind.lower(),
+        docs = build_script_job(job, config, snap, transport, kind=job_kind,
                                 runtime=runtime)
         stage_script(stage, snap, transport, train_dir, val_dir)
         write_job(docs, job_yaml, config)
@@ -234,14 +234,11 @@ def script_train_step(train_dir, val_dir, out_dir, job_yaml, *, script: dict, se
 
 
 def _run_here(job: dict, job_kind, stage: Path, name: str, out) -> None:
-    from pipelines.jobs.kinds import TRAINJOB
-    from pipelines.jobs.pytorchjob import local as pytorchjob_local
-    from pipelines.jobs.trainjob import local as trainjob_local
+    from pipelines.jobs.render import run_local
 
-    runner = (trainjob_local if job_kind is TRAINJOB else pytorchjob_local).run_local
     print(f"running {job_kind.kind} {name} on this machine (kfvision job run-local)", file=out,
           flush=True)
-    result = runner(job, stage / "logs", source=f"{job_kind.kind} {name}", out=out)
+    result = run_local(job, stage / "logs", source=f"{job_kind.kind} {name}", out=out)
     print(f"{job_kind.kind} {name} succeeded in {result.seconds:.1f} s", file=out, flush=True)
 
 

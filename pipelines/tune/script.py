@@ -128,10 +128,10 @@ class ScriptTrial:
             script = dataclasses.replace(script, output_uri=f"{script.output_uri.rstrip('/')}/"
                                                             f"{name}")
         return build_script_job(dataclasses.replace(self.cfg, name=name), script, self.snap,
-                                self.transport)
+                                self.transport, PYTORCHJOB)
 
     def __call__(self, trial) -> float:
-        from pipelines.jobs.pytorchjob.local import run_local
+        from pipelines.jobs.render import run_local
 
         values = {p.name: p.suggest(trial) for p in self.search.params}
         folder = self.folder(trial.number).absolute()  # the pods' paths: the script runs elsewhere

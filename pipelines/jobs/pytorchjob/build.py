@@ -63,3 +63,16 @@ def build_pytorchjob(cfg: JobConfig) -> dict:
            "spec": {"nprocPerNode": str(cfg.nproc), "runPolicy": run_policy,
                     "pytorchReplicaSpecs": replica_specs}}
     return validate_pytorchjob(job, f"the rendered job {cfg.name!r}")
+
+
+def set_command(job: dict, command, args, volumes=(), mounts=()) -> dict:
+    """`job` with every replica's container running `command` `args` instead of the trainer,
+    `volumes` added to the pods and `mounts` to that container (a user's script's job:
+    pipelines/script/job.py). Not validated again: the caller does, once it is complete."""
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        pod = replica["template"]["spec"]
+        container = pod["containers"][0]
+        container.update(command=list(command), args=list(args))
+        container["volumeMounts"] += [dict(m) for m in mounts]
+        pod["volumes"] += [dict(v) for v in volumes]
+    return job

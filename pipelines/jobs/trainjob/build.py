@@ -60,6 +60,11 @@ class RuntimeRef:
     kind: str = "ClusterTrainingRuntime"
     service_account: str | None = None
 
+    @classmethod
+    def from_flags(cls, name: str | None, kind: str | None) -> "RuntimeRef":
+        """From --runtime and --runtime-kind, either left out (None: the default)."""
+        return cls(name or cls.name, kind or cls.kind)
+
     def validate(self) -> "RuntimeRef":
         for what, value in (("--runtime", self.name), ("service account", self.service_account)):
             if value is not None and dns1123_problem(what, value, subdomain=True):
@@ -137,6 +142,18 @@ def build_trainjob(cfg: JobConfig, runtime: RuntimeRef = RuntimeRef()) -> dict:
     spec["runtimePatches"] = [_patch(cfg, runtime)]
     job = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
     return validate_trainjob(job, f"the rendered TrainJob {cfg.name!r}")
+
+
+def set_command(job: dict, command, args, volumes=(), mounts=()) -> dict:
+    """`job` with its trainer running `command` `args` instead of kfvision's trainer, `volumes`
+    added to the nodes' pods and `mounts` to their container (through our runtimePatches entry);
+    as pipelines.jobs.pytorchjob.build.set_command."""
+    job["spec"]["trainer"].update(command=list(command), args=list(args))
+    patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    pod = patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod["volumes"] += [dict(v) for v in volumes]
+    pod["containers"][0]["volumeMounts"] += [dict(m) for m in mounts]
+    return job
 
 
 def build_runtime(image: str, kind: str = "ClusterTrainingRuntime",
