@@ -523,14 +523,19 @@ def test_job_run_submit_renders_says_where_and_submits(tmp_path, monkeypatch, ca
     monkeypatch.setattr(cluster, "connect", fake_connect(fake))
     monkeypatch.chdir(tmp_path)
     src = tree(tmp_path / "src", {"train.py": "print('hi')\n"})
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert main(["job", "run", "--name", "digits", "--image", IMAGE, "--source", str(src),
-                 "--entry", "train.py", "--submit", "--", "--lr", "0.1"]) == 0
+                 "--entry", "train.py", "--tracking-uri", "http://mlflow.kubeflow:5000",
+                 "--experiment", "mnist", "--submit", "--", "--lr", "0.1"]) == 0
     assert "running your script to build/jobs/digits.yaml" in capsys.readouterr().err
     assert (tmp_path / "build" / "jobs" / "digits.yaml").is_file()
     assert fake.calls[:2] == [("create", "configmaps"), ("create", "pytorchjobs")]
-    args = fake.jobs["digits"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"][
-        "containers"][0]["args"]
-    assert args[-3:] == ["--", "--lr", "0.1"]
+    container = fake.jobs["digits"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
+        "spec"]["containers"][0]
+    assert container["args"][-3:] == ["--", "--lr", "0.1"]
+    env = {e["name"]: e.get("value") for e in container["env"]}  # the script's MLflow run
+    assert env["MLFLOW_TRACKING_URI"] == "http://mlflow.kubeflow:5000"
+    assert env["MLFLOW_EXPERIMENT_NAME"] == "mnist"
 
 
 def test_render_and_the_boot_load_neither_torch_nor_kubernetes(tmp_path):

@@ -259,6 +259,11 @@ def add_run(sub, job_options, add_kind_flags, func) -> None:
     add_kind_flags(g)
     g.add_argument("-o", "--output", help="YAML file to write (default: build/jobs/NAME.yaml)")
     add_script_flags(r)
+    from trainer.config import TrainConfig
+    from trainer.options import options_of
+
+    t = r.add_argument_group("the script's MLflow run (as `job render --source` takes them)")
+    add_flags(t, [o for o in options_of(TrainConfig) if o.name in TRACKING])
     w = r.add_argument_group("where it runs")
     w.add_argument("--submit", action="store_true", help="submit to the cluster instead of "
                    "running here")
