@@ -242,7 +242,7 @@ _GPU_MACHINE = textwrap.dedent("""
                              "--batch-size", "16", "--workers", "0", "--gpu-decode", "on"])
     config = json.load(open(out + "/model/config.yaml"))
     loaded = sorted({m.split(".")[0] for m in sys.modules} & {"kfp", "sklearn", "kubernetes"})
-    print(json.dumps({"rc": rc, "loaded": loaded, "runtime": config["runtime"]}))
+    print(json.dumps({"rc": rc, "loaded": loaded, "fast_path": config["fast_path"]}))
 """)
 
 
@@ -254,5 +254,5 @@ def test_bench_and_trainer_run_without_kfp_sklearn_kubernetes_yaml_tqdm(tmp_path
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result["rc"] == 0 and result["runtime"]["gpu_decode"] is True
+    assert result["rc"] == 0 and result["fast_path"]["gpu_decode"] is True
     assert result["loaded"] == [], result

@@ -48,9 +48,9 @@ def _metrics(out) -> dict:
     return json.loads((out / "metrics.json").read_text())
 
 
-def _runtime(out) -> dict:
-    """The fast-path settings the run resolved (config.yaml: `runtime`)."""
-    return yaml.safe_load((out / "config.yaml").read_text())["runtime"]
+def _fast_path(out) -> dict:
+    """The fast-path settings the run resolved (config.yaml: `fast_path`)."""
+    return yaml.safe_load((out / "config.yaml").read_text())["fast_path"]
 
 
 def _assert_learned(m: dict) -> None:
@@ -143,7 +143,7 @@ def test_training_with_gpu_decode_learns_as_the_cpu_decode_does(tmp_path, resnet
         out = tmp_path / setting
         assert main(train_argv(resnet18_dir, jpeg_digits, out, device="cuda", gpu_decode=setting,
                                amp="off", workers=2, **DIGITS)) == 0
-        assert _runtime(out)["gpu_decode"] is (setting == "on")
+        assert _fast_path(out)["gpu_decode"] is (setting == "on")
         m = _metrics(out)
         _assert_learned(m)
         finals[setting] = m["final"]
@@ -187,9 +187,9 @@ def test_amp_auto_on_cuda_trains_in_bf16_to_fp32s_accuracy(tmp_path, resnet18_di
                                    amp="off")
     assert bf16 == {("train", torch.bfloat16), ("eval", torch.bfloat16)}, bf16
     assert fp32 == {("train", torch.float32), ("eval", torch.float32)}, fp32
-    rt = _runtime(tmp_path / "bf16")
+    rt = _fast_path(tmp_path / "bf16")
     assert rt["amp"] is True and rt["amp_reason"] == "CUDA" and rt["channels_last"] is True
-    assert _runtime(tmp_path / "fp32")["amp"] is False
+    assert _fast_path(tmp_path / "fp32")["amp"] is False
     a, b = _metrics(tmp_path / "bf16"), _metrics(tmp_path / "fp32")
     _assert_learned(a)
     _assert_learned(b)

@@ -115,8 +115,8 @@ def test_the_output_is_the_best_epochs_weights_with_history(tmp_path, resnet18_d
     # the speed choices, and the CPU they were taken for
     from trainer.fastpath import cpu_features
 
-    assert m["runtime"]["cpu"] == cpu_features().to_dict()
-    assert m["runtime"]["amp"] is False and m["runtime"]["workers"] >= 0  # 32 px: fp32 anywhere
+    assert m["fast_path"]["cpu"] == cpu_features().to_dict()
+    assert m["fast_path"]["amp"] is False and m["fast_path"]["workers"] >= 0  # 32 px: fp32 anywhere
 
 
 def test_same_seed_gives_the_same_model_and_another_seed_does_not(tmp_path, resnet18_dir,

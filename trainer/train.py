@@ -97,7 +97,7 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         write_model_files(out, spec, info, {**cfg.to_dict(), "world_size": ctx.world_size,
-                                            "runtime": rt.to_dict()})
+                                            "fast_path": rt.to_dict()})
         log.info("training %s on %d images (%d classes), validating on %d; %d process(es) on %s, "
                  "batch %d/process, lr %g x %d; %s", spec.arch, len(train_ds),
                  len(train_dir.classes), len(val_ds), ctx.world_size, ctx.device.type,
@@ -117,7 +117,7 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
             if best_state is not None:
                 atomic_torch_save(best_state, out / WEIGHTS_FILE)
             atomic_write_json(out / "metrics.json", {"status": "running", "history": history,
-                                                     "runtime": rt.to_dict()})
+                                                     "fast_path": rt.to_dict()})
         except OSError as e:
             raise output_error(e, out) from e
         if status is not None:
@@ -138,7 +138,7 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     def completed():
         try:
             atomic_write_json(out / "metrics.json", {"status": "completed", **summary,
-                                                     "runtime": rt.to_dict()})
+                                                     "fast_path": rt.to_dict()})
         except OSError as e:
             raise output_error(e, out) from e
 
