@@ -118,7 +118,7 @@ def tracking_env(args, given: set) -> tuple:
     name as tags; none that --env sets itself."""
     import os
 
-    from pipelines.jobs.kinds import KINDS
+    from pipelines.jobs.kinds import named
     from pipelines.steps.train import tracking_env as forwarded
     from trainer import upstream
 
@@ -127,8 +127,7 @@ def tracking_env(args, given: set) -> tuple:
         environ[upstream.MLFLOW_TRACKING_URI] = args.tracking_uri
     if getattr(args, "experiment", None):
         environ[upstream.MLFLOW_EXPERIMENT_NAME] = args.experiment
-    kind = next(k for k in KINDS if k.lower() == args.kind)
-    pairs = forwarded(environ, kind=kind, name=args.name, run_id="", local=False,
+    pairs = forwarded(environ, kind=named(args.kind).kind, name=args.name, run_id="", local=False,
                       out=sys.stderr)
     return tuple((n, v) for n, v in pairs if n not in given)
 

@@ -216,9 +216,9 @@ def _mounts(transport: Transport, sha256: str) -> tuple:
 
 
 def build_script_job(cfg: JobConfig, script: ScriptConfig, snap: Snapshot, transport: Transport,
-                     kind, runtime: str | None = None) -> list:
+                     kind, runtime=None) -> list:
     """[ConfigMap (when it carries the snapshot), job] for a user's script (module docstring):
-    the job of `kind` (a JobKind; a TrainJob on `runtime`, None: kfvision's).
+    the job of `kind` (a JobKind; a TrainJob on `runtime`: as render_job takes it).
 
     Raises:
         InvalidJobError: a rule of the cluster or of the script settings is broken.
