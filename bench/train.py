@@ -15,9 +15,11 @@ favours neither.
 
 For the JPEG set on CUDA, kfvision runs twice: with its defaults, and with `--gpu-decode on`
 (JPEGs decoded and augmented on the GPU, trainer/data/devicedata.py); `--variants` picks, and
-`no-cache` (`--cache off`: every epoch decodes on the CPU, the path of data too large to cache)
-is the baseline for `--gpu-decode`. The JPEG set needs only torch, torchvision, pillow and
-numpy (the digits need scikit-learn).
+`cpu-decode` (`--cache off --gpu-decode off`: every epoch decodes in the DataLoader workers, the
+path of data too large to cache without nvJPEG) is the baseline for `--gpu-decode`. (`--cache
+off` alone is not that baseline: on CUDA, `--gpu-decode auto` turns nvJPEG on for uncached
+JPEGs.) The JPEG set needs only torch, torchvision, pillow and numpy (the digits need
+scikit-learn).
 
 Prints a Markdown table of ratios (kfvision / plain loop) and writes it to build/bench/.
 """
@@ -41,7 +43,8 @@ from trainer.model.arch import write_untrained_model
 
 BENCH = Path("build/bench")
 # kfvision runs compared with the plain loop: name -> extra `trainer.train` flags
-VARIANTS = {"default": (), "gpu-decode": ("--gpu-decode", "on"), "no-cache": ("--cache", "off")}
+VARIANTS = {"default": (), "gpu-decode": ("--gpu-decode", "on"),
+            "cpu-decode": ("--cache", "off", "--gpu-decode", "off")}
 
 
 def prepare(args) -> tuple[Path, Path, Path]:

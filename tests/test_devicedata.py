@@ -14,7 +14,7 @@ from conftest import REPO, train_argv
 from PIL import Image
 from torchvision.transforms import RandomResizedCrop
 
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, config_from_args, get_args_parser
 from trainer.data.convert import convert
 from trainer.data.datasets import ImageDataset
 from trainer.data.devicedata import (
@@ -199,6 +199,21 @@ def test_gpu_decode_auto_is_on_for_cuda_with_uncached_jpegs(monkeypatch, device,
     rt = resolve_fast_path(cfg, DistContext(0, 0, 1, 1, torch.device(device)), decoded, jpeg_share)
     assert rt.gpu_decode is expected
     assert rt.conv_gemm is (device == "cpu")  # cuDNN has no per-call weight re-layout to avoid
+
+
+@pytest.mark.parametrize("variant, cache, gpu_decode", [
+    ("default", True, False), ("gpu-decode", True, True), ("cpu-decode", False, False)])
+def test_each_gpu_benchmark_variant_resolves_to_the_decode_it_is_named_for(monkeypatch, variant,
+                                                                          cache, gpu_decode):
+    """bench/gpu.sh's kfvision runs on CUDA with the JPEG set (small enough to cache): an uncached
+    run whose flags left --gpu-decode at auto would decode with nvJPEG, not on the CPU."""
+    import bench.train
+    monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda: True)
+    argv = ["--model", "m", "--train", "t", "--val", "v", "--out", "o",
+            *bench.train.VARIANTS[variant]]
+    cfg = config_from_args(get_args_parser().parse_args(argv))
+    rt = resolve_fast_path(cfg, DistContext(0, 0, 1, 1, torch.device("cuda")), 1 << 20, 1.0)
+    assert (rt.cache, rt.gpu_decode) == (cache, gpu_decode)
 
 
 def test_gpu_decode_on_with_cache_on_is_refused():
