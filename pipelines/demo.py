@@ -66,8 +66,10 @@ def demo_arguments(raw: Path, epochs: int) -> dict:
             **DEMO_DEPLOY}
 
 
-def run_demo(out, epochs: int = 15) -> int:
-    """Write the digits under `out`/raw and run the whole pipeline locally into `out`/pipeline."""
+def run_demo(out, epochs: int) -> int:
+    """Write the digits under `out`/raw and run the whole pipeline locally into `out`/pipeline.
+
+    `epochs` has no default here: `kfvision demo --epochs` holds it (one place)."""
     from pipelines.localrun import run_local_pipeline, summary
 
     out = Path(out)
