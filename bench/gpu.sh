@@ -10,7 +10,8 @@
 # ResNet-50, 224 px, batch 256, standard augmentation, on 5,000 generated ImageNet-like JPEGs
 # (generated once into build/bench/jpeg5000, about 2 minutes on one core): the plain
 # ImageFolder + PIL loop with 8 DataLoader workers against `kfvision train` with its defaults and
-# with --gpu-decode on. Training images/s with data loading included, epochs after the first.
+# with --gpu-decode on. Training images/s with data loading included, epochs after the first,
+# and each contender's whole run in seconds (process start to exit: start-up and epoch 1 too).
 # The table is printed and written to build/bench/train-jpeg-cuda.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -8,6 +8,11 @@ per round (kfvision / the plain loop's best of that round), then the median over
 alternate the order (plain loop first, then kfvision first), so a drift in machine speed
 favours neither.
 
+Steady-state rates leave out what a short run pays once: start-up, kfvision's decode into the
+cache before epoch 1, and epoch 1's warm-up (cuDNN's choice of algorithms on a GPU). So a second
+table gives each contender's whole run: seconds from starting its process to its exit, every
+epoch included, and kfvision's validation after each epoch, which the plain loop does not do.
+
     python -m bench.train --dataset digits                      # 32 px digits, resnet18
     python -m bench.train --dataset jpeg --archs resnet18 resnet50 --image-size 224 \
         --batch-size 16 --images 256 --epochs 2                  # the generated JPEG set
@@ -30,6 +35,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -75,17 +81,25 @@ def _common(args) -> list:
             "--epochs", str(args.epochs)]
 
 
-def run_plain(arch, args, raw, workers) -> float:
+def _timed(cmd) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.perf_counter()
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    return run, time.perf_counter() - start
+
+
+def run_plain(arch, args, raw, workers) -> tuple[float, float]:
+    """(steady-state images/s, whole-run seconds) of the plain loop."""
     cmd = [sys.executable, "-m", "bench.plain_loop", "--data", str(raw), "--arch", arch,
            "--workers", str(workers), "--augment", args.augment, "--device", args.device,
            *_common(args)]
-    run = subprocess.run(cmd, capture_output=True, text=True)
+    run, seconds = _timed(cmd)
     if run.returncode:
         raise SystemExit(f"the plain loop failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
-    return _steady(json.loads(run.stdout.strip().splitlines()[-1])["images_per_sec"])
+    return _steady(json.loads(run.stdout.strip().splitlines()[-1])["images_per_sec"]), seconds
 
 
-def run_kfvision(arch, args, train, val, variant="default") -> float:
+def run_kfvision(arch, args, train, val, variant="default") -> tuple[float, float]:
+    """(steady-state images/s, whole-run seconds) of `kfvision train` with `variant`'s flags."""
     model = BENCH / "models" / arch
     if not model.exists():
         write_untrained_model(model, arch)
@@ -95,11 +109,11 @@ def run_kfvision(arch, args, train, val, variant="default") -> float:
            "--val", str(val), "--out", str(out), "--augment", args.augment, "--lr", "0.05",
            "--print-freq", "100000", "--patience", str(args.epochs), "--device", args.device,
            *_common(args), *VARIANTS[variant]]
-    run = subprocess.run(cmd, capture_output=True, text=True)
+    run, seconds = _timed(cmd)
     if run.returncode:
         raise SystemExit(f"kfvision train failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
     history = json.loads((out / "metrics.json").read_text())["history"]
-    return _steady([h["train_images_per_sec"] for h in history])
+    return _steady([h["train_images_per_sec"] for h in history]), seconds
 
 
 def main(argv=None) -> int:
@@ -130,8 +144,11 @@ def main(argv=None) -> int:
     head = "".join(f" kfvision {v} img/s | ratio |" for v in args.variants)
     rows = [f"| {args.dataset} {args.image_size}px, batch {args.batch_size}, {args.device} "
             f"| plain loop img/s (workers) |{head}", "|---|---|" + "---|---|" * len(args.variants)]
+    head = "".join(f" kfvision {v} s | ratio |" for v in args.variants)
+    whole = [f"| whole run, {args.epochs} epochs | plain loop s (workers) |{head}",
+             "|---|---|" + "---|---|" * len(args.variants)]
     for arch in args.archs:
-        plain = {w: [] for w in args.plain_workers}
+        plain = {w: [] for w in args.plain_workers}  # (img/s, whole-run s) per round
         ours = {v: [] for v in args.variants}
         for r in range(args.rounds):
             runs = [("plain", w) for w in args.plain_workers] + [("ours", v) for v in args.variants]
@@ -140,25 +157,40 @@ def main(argv=None) -> int:
                     plain[key].append(run_plain(arch, args, raw, key))
                 else:
                     ours[key].append(run_kfvision(arch, args, train, val, key))
-            print(f"{arch} round {r + 1}: plain {({w: round(x[-1], 1) for w, x in plain.items()})}"
-                  f" kfvision {({v: round(x[-1], 1) for v, x in ours.items()})} img/s", flush=True)
-        best_w = max(plain, key=lambda w: statistics.median(plain[w]))
-        base = statistics.median(plain[best_w])
-        # the ratio pairs each kfvision run with the plain loop's best of the same round (minutes
-        # apart): this machine's speed drifts by more than +-10% over a run, rounds cancel it
-        best_per_round = [max(x[r] for x in plain.values()) for r in range(args.rounds)]
-        cells = ""
-        for x in ours.values():
-            ratios = sorted(m / b for m, b in zip(x, best_per_round))
-            spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
-            cells += f" {statistics.median(x):.1f} | {statistics.median(ratios):.2f}x{spread} |"
-        rows.append(f"| {arch} | {base:.1f} ({best_w}) |{cells}")
-    table = "\n".join(rows)
-    note = (f"\n{args.epochs} epochs x {args.rounds} rounds; img/s are medians over rounds; a "
-            "ratio is the median (and range) over rounds of kfvision / the plain loop's best of "
-            f"{args.plain_workers} DataLoader workers in the same round. {machine}")
+            print(f"{arch} round {r + 1}: plain {_last(plain)} kfvision {_last(ours)} "
+                  "(img/s, whole-run s)", flush=True)
+        rows.append(_row(arch, plain, ours, args.rounds, 0, best=max))
+        whole.append(_row(arch, plain, ours, args.rounds, 1, best=min))
+    table = "\n".join(rows) + "\n\n" + "\n".join(whole)
+    note = (f"\n{args.epochs} epochs x {args.rounds} rounds; img/s (epochs after the first) and "
+            "whole-run seconds (process start to exit) are medians over rounds; a ratio is the "
+            "median (and range) over rounds of kfvision against the plain loop's best of "
+            f"{args.plain_workers} DataLoader workers in the same round, above 1 where kfvision "
+            f"is faster. {machine}")
     publish(table + "\n" + note, f"train-{args.dataset}-{args.device}.md")
     return 0
+
+
+def _last(runs: dict) -> dict:
+    return {k: tuple(round(v, 1) for v in x[-1]) for k, x in runs.items()}
+
+
+def _row(arch, plain: dict, ours: dict, rounds: int, i: int, best) -> str:
+    """A table row of figure `i` of each run (0: images/s, higher is better; 1: seconds, lower
+    is better; `best` picks the better of two), each kfvision variant against the plain loop's
+    best of the same round."""
+    base = {w: statistics.median(x[i] for x in runs) for w, runs in plain.items()}
+    best_w = best(base, key=base.get)
+    # the ratio pairs each kfvision run with the plain loop's best of the same round (minutes
+    # apart): this machine's speed drifts by more than +-10% over a run, rounds cancel it
+    per_round = [best(x[r][i] for x in plain.values()) for r in range(rounds)]
+    cells = ""
+    for runs in ours.values():
+        mine = [x[i] for x in runs]
+        ratios = sorted((m / b if i == 0 else b / m) for m, b in zip(mine, per_round))
+        spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
+        cells += f" {statistics.median(mine):.1f} | {statistics.median(ratios):.2f}x{spread} |"
+    return f"| {arch} | {base[best_w]:.1f} ({best_w}) |{cells}"
 
 
 def describe_machine(device: str) -> str:

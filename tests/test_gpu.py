@@ -265,3 +265,8 @@ def test_the_gpu_benchmark_runs_its_command_in_small(tmp_path):
     cells = [c.strip() for c in row.strip().strip("|").split("|")]
     rates = [float(cells[1].split()[0]), float(cells[2]), float(cells[4])]
     assert len(cells) == 6 and all(r > 0 for r in rates), row
+    # the whole-run table: each contender's seconds from process start to exit
+    row = [x for x in table.splitlines() if x.startswith("| resnet50 |")][1]
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    seconds = [float(cells[1].split()[0]), float(cells[2]), float(cells[4])]
+    assert len(cells) == 6 and all(s > 0 for s in seconds), row
