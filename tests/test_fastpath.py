@@ -160,6 +160,19 @@ def test_the_cache_keeps_large_images_at_reduced_size(tmp_path):
     assert all(torch.equal(img, load_rgb(p)) for p, img in zip(full.paths, full.images))
 
 
+@pytest.mark.parametrize("dct", [False, True])
+def test_decoding_up_front_on_threads_keeps_the_same_images_in_the_same_order(tmp_path, dct):
+    """The cache and the precomputed evaluation crops, decoded on 3 threads (train.py gives them
+    the process's cores): the very tensors one thread makes, JPEGs, a PNG and misnamed files."""
+    imdir = _images(tmp_path, (640, 480), n=8)
+    for kind in ({"cache": True}, {"precompute": True}):
+        transform = TrainCrop("light", 64) if "cache" in kind else EvalResize("standard", 48)
+        one, three = (ImageDataset(imdir, transform, pack=False, dct_scaling=dct, threads=t,
+                                   **kind) for t in (1, 3))
+        assert len(three.images) == len(one.images) == len(imdir.images)
+        assert all(torch.equal(a, b) for a, b in zip(one.images, three.images)), kind
+
+
 def test_the_decision_to_cache_counts_the_reduced_size_unless_a_pack_is_there(tmp_path):
     imdir = _images(tmp_path, (1600, 1200), n=4)  # 4 JPEGs, a JPEG named .png, a PNG named .jpg
     crop = TrainCrop("light", 64)

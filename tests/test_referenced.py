@@ -98,6 +98,15 @@ def test_a_file_rewritten_with_the_same_size_is_named_when_read(referenced):
         ds[2]
 
 
+def test_a_changed_file_is_named_when_the_cache_is_filled_on_threads(referenced):
+    e = referenced.images[2]
+    data = bytearray(referenced.file(e).read_bytes())
+    data[-3] ^= 0x55
+    referenced.file(e).write_bytes(bytes(data))
+    with pytest.raises(ChangedDatasetError, match=f"{e.path}.*same size, but its sha256"):
+        ImageDataset(referenced, None, cache=True, threads=2)
+
+
 def test_a_resized_or_missing_file_is_named_when_the_directory_is_opened(referenced):
     e = referenced.images[0]
     referenced.file(e).write_bytes(referenced.file(e).read_bytes() + b"\0")

@@ -3,8 +3,9 @@
 import sys
 
 
-def progress_bar(items, desc: str, unit: str, progress: bool | None):
-    """`items` wrapped in a tqdm bar; `progress` None shows it only on a terminal.
+def progress_bar(items, desc: str, unit: str, progress: bool | None, total: int | None = None):
+    """`items` wrapped in a tqdm bar; `progress` None shows it only on a terminal. `total`: how
+    many items, where `items` has no length (an iterator).
 
     tqdm is optional: the GPU images have torch but not tqdm, and the items come back as they are.
     So they do where no bar would show (tqdm is not imported: 30 ms of a short command's start).
@@ -15,4 +16,5 @@ def progress_bar(items, desc: str, unit: str, progress: bool | None):
         from tqdm import tqdm
     except ImportError:
         return items
-    return tqdm(items, desc=desc, unit=unit, disable=None if progress is None else not progress)
+    return tqdm(items, desc=desc, unit=unit, total=total,
+                disable=None if progress is None else not progress)

@@ -72,8 +72,12 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
         torch.backends.cudnn.benchmark = True
     seed_everything(cfg.seed)
     model = build_model(spec, len(train_dir.classes), cfg.model)
+    # decoding up front (the cache, the evaluation crops) uses this process's cores; a bar on
+    # a terminal, from one process
+    decoding = {"threads": distributed.cpus_per_process(ctx),
+                "progress": None if ctx.is_main else False}
     val_ds = ImageDataset(val_dir, eval_transform(cfg.augment, cfg.image_size),
-                          precompute=rt.cache, dct_scaling=cfg.dct_scaling == "on")
+                          precompute=rt.cache, dct_scaling=cfg.dct_scaling == "on", **decoding)
     pin = ctx.device.type == "cuda"
     options = {"batch_size": cfg.batch_size, "workers": rt.workers, "shuffle": True,
                "seed": cfg.seed, "rank": ctx.rank, "world_size": ctx.world_size, "pin_memory": pin}
@@ -83,7 +87,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
                                                    image_size=cfg.image_size, device=ctx.device,
                                                    **options)
     else:
-        train_ds = ImageDataset(train_dir, train_tf, cache=rt.cache, dct_scaling=rt.dct_scaling)
+        train_ds = ImageDataset(train_dir, train_tf, cache=rt.cache, dct_scaling=rt.dct_scaling,
+                                **decoding)
         train_loader, sampler = make_loader(train_ds, **options)
     if ctx.is_main and not rt.cache and not rt.gpu_decode and train_ds.pack is None:
         _suggest_pack(cfg, train_dir, cached)
