@@ -165,12 +165,14 @@ def test_decoding_up_front_on_threads_keeps_the_same_images_in_the_same_order(tm
     """The cache and the precomputed evaluation crops, decoded on 3 threads (train.py gives them
     the process's cores): the very tensors one thread makes, JPEGs, a PNG and misnamed files."""
     imdir = _images(tmp_path, (640, 480), n=8)
+    intra_op = torch.get_num_threads()
     for kind in ({"cache": True}, {"precompute": True}):
         transform = TrainCrop("light", 64) if "cache" in kind else EvalResize("standard", 48)
         one, three = (ImageDataset(imdir, transform, pack=False, dct_scaling=dct, threads=t,
                                    **kind) for t in (1, 3))
         assert len(three.images) == len(one.images) == len(imdir.images)
         assert all(torch.equal(a, b) for a, b in zip(one.images, three.images)), kind
+        assert torch.get_num_threads() == intra_op  # set to 1 while the threads decode, restored
 
 
 def test_the_decision_to_cache_counts_the_reduced_size_unless_a_pack_is_there(tmp_path):

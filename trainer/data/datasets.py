@@ -178,11 +178,14 @@ def _map_in_threads(fn, n: int, threads: int, desc: str, progress) -> list:
     1,000 ImageNet-sized JPEGs 2.2 times as fast as one (docs/benchmarks.md)."""
     if threads <= 1 or n < 2:
         return list(progress_bar(map(fn, range(n)), desc, "img", progress, total=n))
+    intra_op = torch.get_num_threads()
+    torch.set_num_threads(1)  # the threads are the parallelism: no OpenMP team for each resize
     pool = ThreadPoolExecutor(min(threads, n), thread_name_prefix="decode")
     try:
         return list(progress_bar(pool.map(fn, range(n)), desc, "img", progress, total=n))
     finally:  # a file that fails (or Ctrl-C) stops the decoding not yet started
         pool.shutdown(cancel_futures=True)
+        torch.set_num_threads(intra_op)
 
 
 def make_loader(dataset: Dataset, *, batch_size: int, workers: int, shuffle: bool, seed: int,
