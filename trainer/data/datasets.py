@@ -69,7 +69,7 @@ class ImageDataset(Dataset):
         if cache or precompute:
             decode = functools.partial(self._decode, transform=transform if precompute else None)
             self.images = _map_in_threads(decode, len(self.paths), threads,
-                                          "validation" if precompute else "cache", progress)
+                                          "decoding" if precompute else "caching", progress)
             if precompute:
                 self.transform = None
 
