@@ -23,8 +23,8 @@ For the JPEG set on CUDA, kfvision runs twice: with its defaults, and with `--gp
 `cpu-decode` (`--cache off --gpu-decode off`: every epoch decodes in the DataLoader workers, the
 path of data too large to cache without nvJPEG) is the baseline for `--gpu-decode`. (`--cache
 off` alone is not that baseline: on CUDA, `--gpu-decode auto` turns nvJPEG on for uncached
-JPEGs.) The JPEG set needs only torch, torchvision, pillow and numpy (the digits need
-scikit-learn).
+JPEGs.) `cpu-decode-all-cores` is the same with a DataLoader worker on every core but one.
+The JPEG set needs only torch, torchvision, pillow and numpy (the digits need scikit-learn).
 
 Prints a Markdown table of ratios (kfvision / plain loop) and writes it to build/bench/.
 """
@@ -45,12 +45,16 @@ from bench import processor, publish
 from bench.jpegset import make_jpeg_set
 from trainer.data.convert import convert
 from trainer.data.split import split
+from trainer.distributed import usable_cpus
 from trainer.model.arch import write_untrained_model
 
 BENCH = Path("build/bench")
 # kfvision runs compared with the plain loop: name -> extra `trainer.train` flags
 VARIANTS = {"default": (), "gpu-decode": ("--gpu-decode", "on"),
-            "cpu-decode": ("--cache", "off", "--gpu-decode", "off")}
+            "cpu-decode": ("--cache", "off", "--gpu-decode", "off"),
+            # every core but the training process's decodes (`--workers auto` stops at 8)
+            "cpu-decode-all-cores": ("--cache", "off", "--gpu-decode", "off",
+                                     "--workers", str(max(1, usable_cpus() - 1)))}
 
 
 def prepare(args) -> tuple[Path, Path, Path]:

@@ -26,7 +26,7 @@ from trainer.data.devicedata import (
 )
 from trainer.data.imagedir import read_image_directory
 from trainer.data.transforms import train_transform
-from trainer.distributed import DistContext
+from trainer.distributed import DistContext, usable_cpus
 from trainer.errors import InvalidParameterError
 from trainer.fastpath import resolve_fast_path
 from trainer.train import main
@@ -202,7 +202,8 @@ def test_gpu_decode_auto_is_on_for_cuda_with_uncached_jpegs(monkeypatch, device,
 
 
 @pytest.mark.parametrize("variant, cache, gpu_decode", [
-    ("default", True, False), ("gpu-decode", True, True), ("cpu-decode", False, False)])
+    ("default", True, False), ("gpu-decode", True, True), ("cpu-decode", False, False),
+    ("cpu-decode-all-cores", False, False)])
 def test_each_gpu_benchmark_variant_resolves_to_the_decode_it_is_named_for(monkeypatch, variant,
                                                                           cache, gpu_decode):
     """bench/gpu.sh's kfvision runs on CUDA with the JPEG set (small enough to cache): an uncached
@@ -214,6 +215,8 @@ def test_each_gpu_benchmark_variant_resolves_to_the_decode_it_is_named_for(monke
     cfg = config_from_args(get_args_parser().parse_args(argv))
     rt = resolve_fast_path(cfg, DistContext(0, 0, 1, 1, torch.device("cuda")), 1 << 20, 1.0)
     assert (rt.cache, rt.gpu_decode) == (cache, gpu_decode)
+    if variant == "cpu-decode-all-cores":
+        assert rt.workers == max(1, usable_cpus() - 1)
 
 
 def test_gpu_decode_on_with_cache_on_is_refused():
