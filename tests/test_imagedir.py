@@ -119,6 +119,23 @@ def test_each_damage_gives_a_named_error_that_says_what_to_do(imdir, damage, mes
     assert "kfvision convert" in str(err.value) or "Add images" in str(err.value)
 
 
+def test_a_folder_of_images_given_as_an_image_directory_gets_the_convert_command(tmp_path):
+    """The common mistake: the source folder (class folders of images) given where its image
+    directory belongs. The error names the command that makes one of it; a folder without
+    images gets the general advice (never `convert SRC` into a folder that already exists)."""
+    source = tmp_path / "photos"
+    (source / "cats").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(source / "cats" / "a.JPG")
+    with pytest.raises(InvalidDatasetError) as err:
+        read_image_directory(source)
+    assert ("holds images but is not a kfvision image directory" in str(err.value)
+            and f"`kfvision convert {source} {tmp_path / 'photos-imagedir'}`" in str(err.value))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidDatasetError, match="holds no images. Give the OUT folder of a "
+                                                  r"`kfvision convert SRC OUT`"):
+        read_image_directory(tmp_path / "empty")
+
+
 def test_hash_verification_catches_same_size_corruption(imdir):
     f = imdir / json.loads((imdir / MANIFEST).read_text())["images"][0]["path"]
     data = bytearray(f.read_bytes())

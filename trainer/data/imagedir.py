@@ -110,7 +110,8 @@ def _sha256(data: bytes) -> str:
 
 def _bad(root: Path, what: str) -> InvalidDatasetError:
     return InvalidDatasetError(
-        f"{root / MANIFEST}: {what}. Re-create the directory with `kfvision convert SRC {root}`."
+        f"{root / MANIFEST}: {what}. Re-create the directory with `kfvision convert SRC {root} "
+        "--overwrite`."
     )
 
 
@@ -148,6 +149,20 @@ def _parse_manifest(root: Path, doc) -> ImageDirectory:
                           None if images_root is None else Path(images_root))
 
 
+def _holds_images(root: Path, look_at: int = 1000) -> bool:
+    """Whether `root` or one of its folders (a class folder) has an image file, judged by name
+    from the first `look_at` entries: a source folder of images rather than an empty one."""
+    seen = 0
+    for entry in root.iterdir():
+        for f in (entry.iterdir() if entry.is_dir() else (entry,)):
+            if f.suffix.lower() in IMAGE_EXTENSIONS:
+                return True
+            seen += 1
+            if seen >= look_at:
+                return False
+    return False
+
+
 def read_image_directory(root, *, verify: str = "size") -> ImageDirectory:
     """Read and validate an image directory.
 
@@ -165,10 +180,15 @@ def read_image_directory(root, *, verify: str = "size") -> ImageDirectory:
                                   "`kfvision convert`.")
     path = root / MANIFEST
     if not path.is_file():
+        if _holds_images(root):  # the source itself, given where its image directory belongs
+            out = root.with_name(root.name + "-imagedir")
+            raise InvalidDatasetError(
+                f"{root} holds images but is not a kfvision image directory (no {MANIFEST}). "
+                f"Make one of it with `kfvision convert {root} {out}` (add --in-place to copy "
+                f"no image) and give {out} instead.")
         raise InvalidDatasetError(
-            f"{root} is not a kfvision image directory (no {MANIFEST}). Make one with "
-            f"`kfvision convert SRC {root}`."
-        )
+            f"{root} is not a kfvision image directory (no {MANIFEST}) and holds no images. "
+            "Give the OUT folder of a `kfvision convert SRC OUT`, or make one that way.")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
