@@ -59,7 +59,8 @@ def test_score_refuses_data_with_other_classes(trained_tiny, tmp_path, tiny_digi
 
 
 def test_score_refuses_an_untrained_model_directory(resnet18_dir, tiny_digits, tmp_path):
-    with pytest.raises(InvalidModelDirectoryError, match="not a trained model directory"):
+    with pytest.raises(InvalidModelDirectoryError, match="not a trained model directory but an "
+                       rf"untrained one .* `kfvision train --model {resnet18_dir} --train TRAIN"):
         score(resnet18_dir, tiny_digits["val"], tmp_path / "x.csv", progress=False)
 
 

@@ -170,10 +170,12 @@ def no_model(model_dir: Path) -> str:
                 f"it {'is a file' if model_dir.exists() else 'does not exist'}. Give the folder "
                 "`kfvision train --out` or your script wrote.")
     others = sorted(p.name for p in model_dir.iterdir() if p.is_file())
+    if "spec.json" in others:  # `kfvision model`'s output, given where its training's belongs
+        return (f"{model_dir} is not a trained model directory but an untrained one (spec.json, "
+                f"as `kfvision model` writes it). Train it first: `kfvision train --model "
+                f"{model_dir} --train TRAIN --val VAL --out OUT`, then give OUT.")
     found = (f"it holds {', '.join(others[:8])}{' ...' if len(others) > 8 else ''}" if others
              else "it is empty")
-    if "spec.json" in others:
-        found += " (spec.json: an untrained model; train it first)"
     return (f"{model_dir} is not a trained model directory (model.json and weights.pt, which "
             f"`kfvision train --out {model_dir}` writes), nor one a training script wrote "
             f"({', '.join(MODEL_FILES)} with {CLASSES_FILE}): {found}. A state_dict or a pickled "
