@@ -153,13 +153,16 @@ def _holds_images(root: Path, look_at: int = 1000) -> bool:
     """Whether `root` or one of its folders (a class folder) has an image file, judged by name
     from the first `look_at` entries: a source folder of images rather than an empty one."""
     seen = 0
-    for entry in root.iterdir():
-        for f in (entry.iterdir() if entry.is_dir() else (entry,)):
-            if f.suffix.lower() in IMAGE_EXTENSIONS:
-                return True
-            seen += 1
-            if seen >= look_at:
-                return False
+    try:
+        for entry in root.iterdir():
+            for f in (entry.iterdir() if entry.is_dir() else (entry,)):
+                if f.suffix.lower() in IMAGE_EXTENSIONS:
+                    return True
+                seen += 1
+                if seen >= look_at:
+                    return False
+    except OSError:  # a folder it may not read: the general advice then
+        pass
     return False
 
 
