@@ -63,7 +63,8 @@ class TrainConfig:
     lr_decay_power: float = option(1.0, "power of the polynomial decay of the learning rate to "
                                    "0 at the last epoch", low=0, high=10)
     cache: str = option("auto", "keep decoded images in memory", doc="auto: when they fit in a "
-                        "quarter of the free memory.", choices=AUTO_ON_OFF)
+                        "quarter of the free memory. Decoded before epoch 1 on every core the "
+                        "process has (a progress bar on a terminal).", choices=AUTO_ON_OFF)
     channels_last: str = option("auto", "NHWC memory layout: on, off, or auto (on for CUDA and "
                                 "for bf16 on CPU)", choices=AUTO_ON_OFF)
     amp: str = option("auto", "mixed precision: bf16 autocast, or off (fp32)", doc="auto: bf16 "
