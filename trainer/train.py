@@ -260,4 +260,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from trainer.heap import freeze_imports
+
+    freeze_imports()
     sys.exit(main())

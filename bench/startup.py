@@ -1,0 +1,118 @@
+"""kfvision's programs from start to exit, with the heap frozen (trainer/heap.py) and without, in
+one run.
+
+The processes torchrun, a job and a pipeline start most: a trainer (`python -m trainer.train`,
+1 epoch of 40 digits at 32 px), `kfvision score` of its model (10 images), and a one-node
+torchrun job of 2 trainers (`python -m trainer.launch --standalone --nproc-per-node 2`). Each is
+timed from start to exit and from its last line of output to exit (the end: what freezing the
+heap shortens), rounds alternating which goes first. The baseline is the same command with
+trainer.heap's two functions made no-ops (a sitecustomize on PYTHONPATH), so that both run the
+same code otherwise.
+
+    python -m bench.startup [--rounds 5] [--work build/bench-startup]
+
+The table is printed and written to build/bench/startup-cpu.md.
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import publish
+
+REPO = Path(__file__).resolve().parent.parent
+# what the baseline runs first: trainer.heap as if it were not there
+NO_FREEZE = ("import trainer.heap as heap\n"
+             "heap.freeze_imports = heap.freeze_at_exit = lambda: None\n")
+
+
+def prepare(work: Path) -> dict:
+    """40 training and 10 validation digits, converted, and an untrained resnet18."""
+    from pipelines.demo import write_digits
+    from trainer.data.convert import convert
+    from trainer.model.arch import write_untrained_model
+
+    paths = {split: work / split for split in ("train", "val")}
+    if not all((p / "manifest.json").exists() for p in paths.values()):
+        write_digits(work / "raw", limit=5)
+        for split, path in paths.items():
+            convert(work / "raw" / split, path, progress=False)
+    paths["model"] = work / "resnet18"
+    if not (paths["model"] / "spec.json").exists():
+        write_untrained_model(paths["model"], "resnet18")
+    (work / "no-freeze").mkdir(exist_ok=True)
+    (work / "no-freeze" / "sitecustomize.py").write_text(NO_FREEZE)
+    return paths
+
+
+def timed(argv: list, env: dict) -> tuple:
+    """(seconds from start to exit, seconds from the last line of output to exit)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    last, lines = start, []
+    for line in proc.stdout:
+        last = time.monotonic()
+        lines.append(line)
+    code = proc.wait()
+    end = time.monotonic()
+    if code != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({code}):\n{''.join(lines[-20:])}")
+    return end - start, end - last
+
+
+def commands(paths: dict, work: Path) -> dict:
+    train = ["--model", str(paths["model"]), "--train", str(paths["train"]), "--val",
+             str(paths["val"]), "--epochs", "1", "--image-size", "32", "--batch-size", "4",
+             "--workers", "0"]
+    py = sys.executable
+    return {
+        "trainer (python -m trainer.train)": [py, "-m", "trainer.train", *train, "--out",
+                                              str(work / "model")],
+        "kfvision score": [py, "-m", "pipelines.cli", "score", "--model", str(work / "model"),
+                           "--data", str(paths["val"]), "--out", str(work / "scored.csv"),
+                           "--quiet"],
+        "torchrun job, 1 node x 2 (python -m trainer.launch)": [
+            py, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "2", "-m",
+            "trainer.train", *train, "--out", str(work / "model-2")],
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--rounds", type=int, default=5, help="rounds of each measurement")
+    p.add_argument("--work", default="build/bench-startup", help="scratch folder")
+    args = p.parse_args(argv)
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    paths = prepare(work)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    envs = {"baseline": {**env, "PYTHONPATH": str(work / "no-freeze")}, "kfvision": env}
+    rows, loads = [], []
+    cmds = commands(paths, work)
+    timed(cmds["trainer (python -m trainer.train)"], env)  # warm-up; score needs its model
+    for name, argv_ in cmds.items():
+        got = {"baseline": [], "kfvision": []}
+        for i in range(args.rounds):
+            loads.append(os.getloadavg()[0])
+            for who in (("baseline", "kfvision") if i % 2 == 0 else ("kfvision", "baseline")):
+                got[who].append(timed(argv_, envs[who]))
+        b, k = ([statistics.median(x[j] for x in got[who]) for j in (0, 1)]
+                for who in ("baseline", "kfvision"))
+        rows.append(f"| {name} | {b[0]:.2f} / {b[1]:.2f} | {k[0]:.2f} / {k[1]:.2f} | "
+                    f"{b[0] / k[0]:.2f}x | {b[0] - k[0]:.2f} s |")
+    text = "\n".join([
+        f"Python {sys.version.split()[0]}; {args.rounds} rounds each (order alternating), "
+        f"medians; load average at each round's start: {min(loads):.1f} to {max(loads):.1f}", "",
+        "| program | baseline: start to exit / last line to exit, s | kfvision, s | whole run, "
+        "baseline / kfvision | saved |", "|---|---|---|---|---|", *rows])
+    publish(text, "startup-cpu.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
