@@ -26,6 +26,7 @@ from pipelines.jobs.errors import InvalidJobError, JobFailedError
 from pipelines.jobs.procs import proc_table
 from pipelines.jobs.pytorchjob.build import build_pytorchjob
 from pipelines.jobs.pytorchjob.local import ReplicaPlan, operator_env, run_local
+from pipelines.jobs.trainjob.local import run_local as run_trainjob_local
 from trainer.config import TrainConfig
 
 TRAIN = TrainConfig(model="/m", train="/t", val="/v", out="/o")
@@ -140,6 +141,52 @@ def test_without_a_backoff_limit_run_local_stops_after_six_restarts(tmp_path):
     del job["spec"]["runPolicy"]["backoffLimit"]
     with pytest.raises(JobFailedError, match="backoffLimit 6 reached after 6 restart"):
         run_local(job, tmp_path / "logs", quiet=True, restart_delay_s=0)
+
+
+# Every node exits 137 at its first start, at once; at the second node 0 waits for node 1's
+# {tmp}/done. Each start and exit is written down, with the time, in {tmp}/times-<node rank>.
+BOTH_FAIL_ONCE = """
+    import os, pathlib, sys, time
+    d = pathlib.Path(r"{tmp}")
+    node = os.environ["PET_NODE_RANK"]
+    times = d / f"times-{{node}}"
+    def note(what):
+        with times.open("a") as f:
+            f.write(f"{{what}} {{time.time()}}\\n")
+    note("start")
+    if times.read_text().count("start") == 1:
+        note("exit")
+        sys.exit(137)
+    if node == "0":
+        while not (d / "done").exists():
+            time.sleep(0.05)
+    else:
+        (d / "done").touch()
+"""
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_each_failed_pod_restarts_on_its_own_clock(tmp_path, kind):
+    # as kubelet restarts a container after its own back-off: pods that fail together restart
+    # together, neither held back by the other's wait (the TrainJob on the stock runtime, which
+    # restarts a failed node alone)
+    script = BOTH_FAIL_ONCE.format(tmp=tmp_path)
+    job = (make_job(policy="ExitCode", script=script) if kind == "pytorchjob" else
+           make_trainjob(runtime="torch-distributed", script=script))
+    runner = run_local if kind == "pytorchjob" else run_trainjob_local
+    delay = 2.0
+    result = runner(job, tmp_path / "logs", quiet=True, restart_delay_s=delay)
+    assert result.restarts == 2
+    for node in ("0", "1"):
+        times = dict.fromkeys(["start", "exit"])
+        waits = []
+        for line in (tmp_path / f"times-{node}").read_text().splitlines():
+            what, when = line.split()
+            if what == "start" and times["exit"] is not None:
+                waits.append(float(when) - times["exit"])
+            times[what] = float(when)
+        # one back-off each, from its own exit: not two back to back (4 s)
+        assert len(waits) == 1 and delay <= waits[0] < delay + 1.5, (node, waits)
 
 
 def _pids(folder) -> list:

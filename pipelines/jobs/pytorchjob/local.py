@@ -156,6 +156,7 @@ def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> t
     limit = LOCAL_BACKOFF_LIMIT if limit is None else limit
     deadline_s = run_policy.get("activeDeadlineSeconds")
     start, restarts, codes, last_scan = time.monotonic(), 0, {}, 0.0
+    due = {}  # replica name -> (when it restarts, its note): each on its own clock, as kubelet
     while True:
         now = time.monotonic()
         if now - last_scan > 0.5:  # remember descendants before their parents can exit
@@ -164,6 +165,10 @@ def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> t
                 r.remember_descendants(table)
             last_scan = now
         for plan, r in zip(plans, procs, strict=True):
+            if r.name in due:
+                if now >= due[r.name][0]:
+                    r.start(note=due.pop(r.name)[1])
+                continue
             if r.name in codes:
                 continue
             code = r.poll()
@@ -181,9 +186,9 @@ def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> t
                 raise failure(name, r, code, f"backoffLimit {limit} reached after {restarts} "
                                "restart(s)")
             restarts += 1
-            STOP.sleep(restart_delay_s)
-            r.start(note=f"--- restart {restarts} (exit code {code}, restartPolicy "
-                    f"{plan.restart_policy}, backoffLimit {limit}) ---")
+            due[r.name] = (time.monotonic() + restart_delay_s,
+                           f"--- restart {restarts} (exit code {code}, restartPolicy "
+                           f"{plan.restart_policy}, backoffLimit {limit}) ---")
         if deadline_s is not None and time.monotonic() - start > deadline_s:
             raise JobFailedError(f"job {name} failed: DeadlineExceeded (it ran longer than "
                                  f"runPolicy.activeDeadlineSeconds = {deadline_s} s).")

@@ -246,12 +246,20 @@ class _Supervisor:
         self.name, self.procs, self.policy = job["metadata"]["name"], procs, policy
         self.deadline_s = job["spec"].get("activeDeadlineSeconds")
         self.delay, self.restarts, self.jobset_restarts = restart_delay_s, 0, 0
+        self.due = {}  # pod name -> (when it restarts, its note): each on its own clock
 
     def _restart(self, procs: list, note: str) -> None:
-        STOP.sleep(self.delay)
+        """Restart `procs` after the delay: one pod on its own clock, as kubelet restarts a
+        container while its peers go on; the whole JobSet at once, after a pause."""
         self.restarts += 1
+        note = f"--- restart {self.restarts} ({note}) ---"
+        if len(procs) == 1:
+            self.due[procs[0].name] = (time.monotonic() + self.delay, note)
+            return
+        self.due.clear()
+        STOP.sleep(self.delay)
         for r in procs:
-            r.start(note=f"--- restart {self.restarts} ({note}) ---")
+            r.start(note=note)
 
     def _job_failed(self, r, code: int, reason: str, codes: dict) -> None:
         action = self.policy.action(reason)
@@ -276,6 +284,10 @@ class _Supervisor:
                     r.remember_descendants(table)
                 last_scan = time.monotonic()
             for r in self.procs:
+                if r.name in self.due:
+                    if time.monotonic() >= self.due[r.name][0]:
+                        r.start(note=self.due.pop(r.name)[1])
+                    continue
                 code = None if codes.get(r.name) == 0 else r.poll()
                 if code is None or code == 0:
                     if code == 0:
