@@ -34,13 +34,14 @@ def prepare(work: Path) -> dict:
     """40 training and 10 validation digits, converted, and an untrained resnet18."""
     from pipelines.demo import write_digits
     from trainer.data.convert import convert
+    from trainer.data.imagedir import MANIFEST
     from trainer.model.arch import write_untrained_model
 
     paths = {split: work / split for split in ("train", "val")}
-    if not all((p / "manifest.json").exists() for p in paths.values()):
+    if not all((p / MANIFEST).exists() for p in paths.values()):
         write_digits(work / "raw", limit=5)
         for split, path in paths.items():
-            convert(work / "raw" / split, path, progress=False)
+            convert(work / "raw" / split, path, progress=False, overwrite=True)
     paths["model"] = work / "resnet18"
     if not (paths["model"] / "spec.json").exists():
         write_untrained_model(paths["model"], "resnet18")

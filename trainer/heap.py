@@ -28,8 +28,10 @@ import gc
 
 
 def freeze_imports() -> None:
-    """Freeze what the program's imports made, and do the same at exit (module doc)."""
-    gc.collect()  # the imports' own garbage goes now, not frozen with the rest
+    """Freeze what the program's imports made, and do the same at exit (module doc).
+
+    No collection first: after `import trainer.train` one found 36 objects of garbage among
+    337,000 and took 0.15-0.35 s; those few stay in memory instead."""
     gc.freeze()
     freeze_at_exit()
 
