@@ -10,17 +10,19 @@ it, a job's trainers before torchrun could see them end.
 
 `gc.freeze` moves every object that exists into a generation that no collection walks. What
 changes is only what a collection frees: an object frozen inside a reference cycle that later
-becomes garbage stays in memory for the rest of the process. Hence two uses, both for programs,
-never for a function a host process (a notebook, `kfvision tune run`) calls, whose garbage is
-not ours to keep:
+becomes garbage stays in memory for the rest of the process. Hence:
 
-- `freeze_imports()`: at a program's entry, once its modules are imported and before it makes
-  anything of its own. The objects frozen are the modules' own, which live until exit anyway;
-  the full collections during the run then walk only what the run made.
+- `freeze_imports()`: at a program's entry (`python -m trainer.train`, `python -m
+  trainer.launch`), once its modules are imported and before it makes anything of its own. The
+  objects frozen are the modules' own, which live until exit anyway; the full collections during
+  the run then walk only what the run made. Never in a function a host process (a notebook,
+  `kfvision tune run`) calls: the host's later garbage is not ours to keep.
 - `freeze_at_exit()`: at exit, one collection first, so that every cycle of garbage there is is
-  finalized as it always was (a file in one is flushed and closed), then a freeze, so that the
-  shutdown's own collections skip the heap. Registered first, it runs after every other exit
-  handler registered later (atexit runs them last in, first out).
+  finalized as it always was (its objects' `__del__` run; tests/test_heap.py), then a freeze, so
+  that the shutdown's own collections skip the heap. It changes nothing before exit, so a
+  function a host calls may ask for it (`kfvision`'s main, a pipeline step). Registered once,
+  when first asked for, it runs after every exit handler registered later (atexit: last in,
+  first out).
 """
 
 import atexit
