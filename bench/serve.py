@@ -57,7 +57,8 @@ import bench
 from bench.jpegset import PHOTO, make_jpeg_set
 from pipelines.clients.endpoints import free_port
 from pipelines.serve.client import Server, request
-from trainer.model.arch import WEIGHTS_FILE, build_model, read_model_spec, write_untrained_model
+from trainer.model.arch import build_model, write_untrained_model
+from trainer.model.spec import WEIGHTS_FILE, read_model_spec
 from trainer.model.trained import atomic_torch_save, write_model_files
 
 BENCH = bench.BENCH / "serve"

@@ -83,6 +83,22 @@ def test_the_command_line_loads_torch_and_kfp_only_for_the_commands_that_need_th
     assert run.stdout.strip() == str(heavy)
 
 
+@pytest.mark.parametrize("args", [
+    ["--epochs", "0"],
+    [],  # the model directory does not exist
+    ["--nproc-per-node", "2"],  # nor is torchrun started, whose processes would say the same
+])
+def test_train_says_a_wrong_flag_or_input_before_it_imports_torch(tmp_path, args):
+    argv = ["train", "--model", str(tmp_path / "none"), "--train", "t", "--val", "v", "--out",
+            str(tmp_path / "out"), *args]
+    code = ("import sys; from pipelines.cli import main; rc = main(sys.argv[1:]); "
+            "print(rc, 'torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert run.stdout.split() == ["2", "False"], run.stdout + run.stderr
+    assert run.stderr.startswith("error: Invalid") and "[kfvision launch]" not in run.stderr
+
+
 def test_training_on_an_unlabelled_directory_names_the_error(tiny_digits, resnet18_dir, tmp_path):
     from trainer.data.convert import convert
 
@@ -152,7 +168,8 @@ def test_train_refuses_a_shortened_nproc_per_node_in_one_line(argv):
                           f"(see kfvision {command} --help)\n")
 
 
-def test_the_trainer_gets_its_flags_from_the_parsed_options(monkeypatch, tmp_path):
+def test_the_trainer_gets_its_flags_from_the_parsed_options(monkeypatch, tmp_path,
+                                                            micro_digits, resnet18_dir):
     """What `kfvision train` hands the trainer is written from the configuration its parser
     built (a --config file merged in), never a filtered copy of the command line."""
     from pipelines.cli import main
@@ -161,8 +178,8 @@ def test_the_trainer_gets_its_flags_from_the_parsed_options(monkeypatch, tmp_pat
     got = []
     monkeypatch.setattr(train, "main", lambda argv: got.append(argv) or 0)
     (tmp_path / "c.yaml").write_text("lr: 0.05\nepochs: 7\n")
-    assert main(["train", "--model", "m", "--train", "t", "--val", "v", "--out", "o",
-                 f"--config={tmp_path / 'c.yaml'}", "--nproc-per-node", "1", "--epochs=2",
-                 "--print-freq", "5"]) == 0
-    assert got == [["--model", "m", "--train", "t", "--val", "v", "--out", "o", "--epochs", "2",
-                    "--lr", "0.05", "--print-freq", "5"]]
+    paths = ["--model", str(resnet18_dir), "--train", str(micro_digits["train"]), "--val",
+             str(micro_digits["val"]), "--out", "o"]
+    assert main(["train", *paths, f"--config={tmp_path / 'c.yaml'}", "--nproc-per-node", "1",
+                 "--epochs=2", "--print-freq", "5"]) == 0
+    assert got == [[*paths, "--epochs", "2", "--lr", "0.05", "--print-freq", "5"]]

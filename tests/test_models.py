@@ -8,14 +8,9 @@ import torch
 import torchvision
 
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
-from trainer.model.arch import (
-    ARCHITECTURES,
-    SPEC_FILE,
-    ModelSpec,
-    build_model,
-    read_model_spec,
-    write_untrained_model,
-)
+from trainer.model.arch import build_model, write_untrained_model
+from trainer.model.spec import SPEC_FILE, ModelSpec, read_model_spec
+from trainer.presets import ARCHITECTURES
 
 ALL = [(family, arch) for family, names in ARCHITECTURES.items() for arch in names]
 

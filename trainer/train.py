@@ -19,7 +19,6 @@ from trainer.config import TrainConfig, config_from_args, get_args_parser
 from trainer.data.datasets import EvalShard, ImageDataset, cache_bytes, make_loader
 from trainer.data.decode import JPEG_SUFFIXES
 from trainer.data.devicedata import EncodedImages, make_device_loader
-from trainer.data.imagedir import check_same_classes, read_image_directory
 from trainer.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -28,10 +27,12 @@ from trainer.data.transforms import (
     train_transform,
 )
 from trainer.engine import Trainer
-from trainer.errors import InvalidDatasetError, KfvisionError
+from trainer.errors import KfvisionError
 from trainer.fastpath import describe, resolve_fast_path
 from trainer.fileio import atomic_write_json
-from trainer.model.arch import WEIGHTS_FILE, build_model, read_model_spec
+from trainer.inputs import read_inputs
+from trainer.model.arch import build_model
+from trainer.model.spec import WEIGHTS_FILE
 from trainer.model.trained import atomic_torch_save, write_model_files
 from trainer.reporting import EpochReporter
 from trainer.rng import seed_everything
@@ -54,13 +55,7 @@ def _suggest_pack(cfg: TrainConfig, train_dir, cached: int) -> None:
 
 def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     """Read inputs, train, and (rank 0) write the trained model directory. Returns the summary."""
-    spec = read_model_spec(cfg.model)
-    train_dir = read_image_directory(cfg.train).require_labelled("training")
-    val_dir = read_image_directory(cfg.val).require_labelled("validation")
-    check_same_classes(train_dir, val_dir)
-    if len(train_dir.classes) < 2:
-        raise InvalidDatasetError(f"{cfg.train} has a single class; a classifier needs two or "
-                                  "more. Add a class folder and convert again.")
+    spec, train_dir, val_dir = read_inputs(cfg.model, cfg.train, cfg.val)
     jpegs = sum(e.path.lower().endswith(JPEG_SUFFIXES) for e in train_dir.images)
     train_tf = train_transform(cfg.augment, cfg.image_size)
     cached = cache_bytes(train_dir, train_tf, cfg.dct_scaling == "on")

@@ -12,15 +12,21 @@ LOOPBACK = "127.0.0.1"
 
 def _train(args) -> int:
     from pipelines.jobs.config import train_flags
-    from trainer import train
     from trainer.config import config_from_args
+    from trainer.inputs import read_inputs
 
     # The trainer's flags are written from the parsed, checked configuration (--config
     # merged in): what reaches the trainer is what kfvision's parser understood, never a
-    # filtered copy of the command line.
-    flags = train_flags(config_from_args(args))
+    # filtered copy of the command line. Flags and inputs are checked before torch is imported
+    # (trainer/inputs.py): a mistake is said at once, and with several processes this one only
+    # waits for torchrun.
+    cfg = config_from_args(args)
+    read_inputs(cfg.model, cfg.train, cfg.val)
+    flags = train_flags(cfg)
     nproc = args.nproc_per_node
     if nproc == 1:
+        from trainer import train
+
         return train.main(flags)
     # Several processes on this machine: hand over to torchrun, exactly as a PyTorchJob would
     # (through trainer.launch, which keeps the training processes' exit codes). One machine needs

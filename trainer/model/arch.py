@@ -1,11 +1,11 @@
-"""Model registry and the untrained-model directory (`spec.json` + optional `weights.pt`).
+"""Model registry: the torchvision model an untrained-model directory describes (its
+`spec.json`, trainer/model/spec.py, and an optional `weights.pt`), and writing such a directory.
 
 The architectures are the ones Azure ML designer's ResNet and DenseNet modules offer, built by
 torchvision. The classifier head is sized to the training data's classes at training time.
 """
 
 import json
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -14,26 +14,8 @@ from torch import nn
 
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
 from trainer.fileio import atomic_write, atomic_write_bytes
-from trainer.presets import ARCHITECTURES, family_of
-
-SPEC_FILE = "spec.json"
-WEIGHTS_FILE = "weights.pt"
-SPEC_FORMAT = "kfvision.untrained-model"
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What `kfvision model` writes and training reads. `weights` is a file in the model folder."""
-
-    family: str
-    arch: str
-    pretrained: bool = False
-    weights: str | None = None
-    zero_init_residual: bool = False  # resnet: start each residual block as the identity
-    memory_efficient: bool = False  # densenet: gradient checkpointing (less memory, slower)
-
-    def to_json(self) -> dict:
-        return {"format": SPEC_FORMAT, "version": 1, **asdict(self)}
+from trainer.model.spec import SPEC_FILE, WEIGHTS_FILE, ModelSpec
+from trainer.presets import family_of
 
 
 def _head_prefix(family: str) -> str:
@@ -114,31 +96,6 @@ def write_untrained_model(out, arch: str, *, pretrained: bool = False, weights=N
         # to a file, not a path: torch's zip writer then raises on a full disk, it does not abort
         atomic_write(out / WEIGHTS_FILE, lambda f: torch.save(state, f))
     atomic_write_bytes(out / SPEC_FILE, (json.dumps(spec.to_json(), indent=1) + "\n").encode())
-    return spec
-
-
-def read_model_spec(model_dir) -> ModelSpec:
-    """Read and validate an untrained model directory (or the spec inside a trained one)."""
-    model_dir = Path(model_dir)
-    path = model_dir / SPEC_FILE
-    hint = "Make one with `kfvision model resnet DIR --name resnet18` (or densenet)."
-    if not path.is_file():
-        raise InvalidModelDirectoryError(f"{model_dir} is not a model directory (no {SPEC_FILE}). "
-                                         + hint)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        if doc.pop("format") != SPEC_FORMAT or doc.pop("version") != 1:
-            raise ValueError("unknown format or version")
-        spec = ModelSpec(**doc)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise InvalidModelDirectoryError(f"{path}, the model directory's spec, is malformed "
-                                         f"({e}). " + hint) from e
-    if spec.arch not in ARCHITECTURES.get(spec.family, ()):
-        raise InvalidModelDirectoryError(f"{path}: unknown architecture {spec.family}/{spec.arch}. "
-                                         + hint)
-    if spec.weights and not (model_dir / spec.weights).is_file():
-        raise InvalidModelDirectoryError(f"{path} names weights {spec.weights!r} but "
-                                         f"{model_dir / spec.weights} is missing. " + hint)
     return spec
 
 

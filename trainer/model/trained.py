@@ -20,9 +20,10 @@ import torch
 
 from trainer.errors import InvalidModelDirectoryError
 from trainer.fileio import atomic_write, atomic_write_bytes, atomic_write_json
-from trainer.model.arch import SPEC_FILE, WEIGHTS_FILE, ModelSpec, build_model, read_model_spec
+from trainer.model.arch import build_model
 from trainer.model.scripted import has_script_model, no_model
 from trainer.model.scriptnet import load_script_model
+from trainer.model.spec import SPEC_FILE, WEIGHTS_FILE, ModelSpec, read_model_spec
 
 MODEL_FILE = "model.json"
 MODEL_FORMAT = "kfvision.trained-model"
