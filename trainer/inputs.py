@@ -19,8 +19,10 @@ class Inputs(NamedTuple):
     val: ImageDirectory
 
 
-def read_inputs(model, train, val) -> Inputs:
-    """The model directory's spec and the training and validation image directories, checked.
+def read_inputs(model, train, val, *, verify: str = "size") -> Inputs:
+    """The model directory's spec and the training and validation image directories, checked
+    (`verify`: as read_image_directory takes it; "none" reads the manifests alone, without a
+    look at each image file, for a check before the trainer's own).
 
     Raises:
         InvalidModelDirectoryError: `model` is not an untrained model directory.
@@ -28,8 +30,8 @@ def read_inputs(model, train, val) -> Inputs:
             classes than the other, or of a single class.
     """
     spec = read_model_spec(model)
-    train_dir = read_image_directory(train).require_labelled("training")
-    val_dir = read_image_directory(val).require_labelled("validation")
+    train_dir = read_image_directory(train, verify=verify).require_labelled("training")
+    val_dir = read_image_directory(val, verify=verify).require_labelled("validation")
     check_same_classes(train_dir, val_dir)
     if len(train_dir.classes) < 2:
         raise InvalidDatasetError(f"{train} has a single class; a classifier needs two or more. "
