@@ -36,6 +36,7 @@ def prepare(work: Path) -> dict:
     from trainer.data.convert import convert
     from trainer.data.imagedir import MANIFEST
     from trainer.model.arch import write_untrained_model
+    from trainer.model.spec import SPEC_FILE
 
     paths = {split: work / split for split in ("train", "val")}
     if not all((p / MANIFEST).exists() for p in paths.values()):
@@ -43,7 +44,7 @@ def prepare(work: Path) -> dict:
         for split, path in paths.items():
             convert(work / "raw" / split, path, progress=False, overwrite=True)
     paths["model"] = work / "resnet18"
-    if not (paths["model"] / "spec.json").exists():
+    if not (paths["model"] / SPEC_FILE).exists():
         write_untrained_model(paths["model"], "resnet18")
     (work / "no-freeze").mkdir(exist_ok=True)
     (work / "no-freeze" / "sitecustomize.py").write_text(NO_FREEZE)
