@@ -91,12 +91,41 @@ def test_the_command_line_loads_torch_and_kfp_only_for_the_commands_that_need_th
 def test_train_says_a_wrong_flag_or_input_before_it_imports_torch(tmp_path, args):
     argv = ["train", "--model", str(tmp_path / "none"), "--train", "t", "--val", "v", "--out",
             str(tmp_path / "out"), *args]
-    code = ("import sys; from pipelines.cli import main; rc = main(sys.argv[1:]); "
-            "print(rc, 'torch' in sys.modules)")
-    run = subprocess.run([sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    run = _main_without_torch(argv)
     assert run.stdout.split() == ["2", "False"], run.stdout + run.stderr
     assert run.stderr.startswith("error: Invalid") and "[kfvision launch]" not in run.stderr
+
+
+def _main_without_torch(argv) -> subprocess.CompletedProcess:
+    """`kfvision ARGV` in a fresh process, which prints its exit code and whether it imported
+    torch."""
+    code = ("import sys; from pipelines.cli import main; rc = main(sys.argv[1:]); "
+            "print(rc, 'torch' in sys.modules)")
+    return subprocess.run([sys.executable, "-c", code, *map(str, argv)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", [["score", "--data", "d", "--out", "s.csv"],
+                                     ["export", "--out", "m.onnx"], ["serve"]])
+@pytest.mark.parametrize("model, says", [
+    ("none", "it does not exist"),
+    ("half", "needs model.json and weights.pt"),
+    ("untrained", "not a trained model directory but an untrained one")])
+def test_score_export_and_serve_say_a_wrong_model_before_they_import_torch(
+        tmp_path, resnet18_dir, command, model, says):
+    where = {"none": tmp_path / "none", "half": tmp_path / "half", "untrained": resnet18_dir}
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "model.json").write_text("{}")
+    run = _main_without_torch([command[0], "--model", where[model], *command[1:]])
+    assert run.stdout.split() == ["2", "False"], run.stdout + run.stderr
+    assert run.stderr.startswith("error: InvalidModelDirectoryError: ") and says in run.stderr
+
+
+def test_score_says_a_wrong_image_directory_before_it_imports_torch(tmp_path, trained_tiny):
+    run = _main_without_torch(["score", "--model", trained_tiny, "--data", tmp_path / "none",
+                               "--out", tmp_path / "s.csv"])
+    assert run.stdout.split() == ["2", "False"], run.stdout + run.stderr
+    assert run.stderr.startswith("error: InvalidDatasetError: ") and "not a folder" in run.stderr
 
 
 def test_training_on_an_unlabelled_directory_names_the_error(tiny_digits, resnet18_dir, tmp_path):

@@ -115,3 +115,32 @@ def test_a_folder_that_is_not_an_untrained_model_is_refused(tmp_path, damage, me
 def test_an_image_directory_is_not_a_model_directory(tiny_digits):
     with pytest.raises(InvalidModelDirectoryError, match="kfvision model resnet"):
         read_model_spec(tiny_digits["train"])
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda root: (root / "weights.pt").unlink(), "needs model.json and weights.pt"),
+    (lambda root: (root / "model.json").write_text("[]"), "model.json, is malformed"),
+    (lambda root: (root / "model.json").write_text(json.dumps(
+        {k: v for k, v in json.loads((root / "model.json").read_text()).items()
+         if k != "classes"})), "model.json, is malformed"),
+    (lambda root: (root / SPEC_FILE).write_text("[]"), "spec, is malformed"),
+    (lambda root: (root / "model.pt").write_bytes(b"") or (root / "model.json").unlink(),
+     "has no classes.txt"),
+])
+def test_the_torch_free_check_and_the_loader_refuse_a_broken_trained_model_alike(
+        tmp_path, trained_tiny, damage, message):
+    """trainer/model/layout.py's `model_kind` (what score, serve and export call before importing
+    torch) says what `load_model` says, in the same words."""
+    import shutil
+
+    from trainer.model.layout import TRAINED, model_kind
+    from trainer.model.trained import load_model
+
+    assert model_kind(trained_tiny) == TRAINED
+    shutil.copytree(trained_tiny, tmp_path / "m")
+    damage(tmp_path / "m")
+    with pytest.raises(InvalidModelDirectoryError, match=message) as checked:
+        model_kind(tmp_path / "m")
+    with pytest.raises(InvalidModelDirectoryError) as loaded:
+        load_model(tmp_path / "m")
+    assert str(checked.value) == str(loaded.value)

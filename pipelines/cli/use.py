@@ -6,11 +6,34 @@ from trainer.options import HelpFormatter, add_flags, options_of
 MODEL_HELP = "trained model directory, s3://BUCKET/PREFIX/ or models:/NAME/VERSION (docs/data.md)"
 
 
-def _score(args) -> int:
+def local_model(args, *, onnx_file: bool = False):
+    """The local path of `--model` (fetched where it is a URI), its files checked before torch is
+    imported: a wrong path is said at once, in the loader's words (trainer/model/layout.py), not
+    after seconds of imports. `onnx_file`: a file is taken as an ONNX export (serve's)."""
     from pipelines.clients.models import resolve_model
-    from trainer.use.score import score
+    from trainer.model.layout import model_kind
 
     model = resolve_model(args.model, max_connections=args.max_connections)
+    if not (onnx_file and model.is_file()):
+        model_kind(model)
+    return model
+
+
+def _image_dirs(*dirs) -> None:
+    """Read each given image directory's manifest (no look at each file: the reader later does
+    that), so that a wrong path is said before torch is imported too."""
+    from trainer.data.imagedir import read_image_directory
+
+    for d in dirs:
+        if d:
+            read_image_directory(d, verify="none")
+
+
+def _score(args) -> int:
+    model = local_model(args)
+    _image_dirs(args.data)
+    from trainer.use.score import score
+
     result = score(model, args.data, args.out, batch_size=args.batch_size,
                    device=args.device, progress=False if args.quiet else None,
                    dct_scaling=args.dct_scaling == "on")
@@ -49,9 +72,7 @@ def _export_int8(args, model) -> int:
 
 
 def _export(args) -> int:
-    from pipelines.clients.models import resolve_model
     from trainer.errors import ExportError, InvalidParameterError
-    from trainer.use.export import TOLERANCE, check_export, export
 
     if args.quantize == "int8":
         missing = [f for f, v in (("--calibrate", args.calibrate), ("--check", args.check))
@@ -61,9 +82,12 @@ def _export(args) -> int:
                 "--quantize int8 needs --format onnx, --calibrate TRAIN and --check VAL (missing: "
                 f"{', '.join(missing) or '--format onnx'}): the int8 model is calibrated on "
                 "training images and refused if it loses top-1 accuracy on VAL")
-    model = resolve_model(args.model, max_connections=args.max_connections)
+    model = local_model(args)
+    _image_dirs(args.check, args.calibrate)
     if args.quantize == "int8":
         return _export_int8(args, model)
+    from trainer.use.export import TOLERANCE, check_export, export
+
     meta = export(model, args.format, args.out)
     size = meta["image_size"]
     print(f"wrote the {args.format} export of {args.model} to {args.out}: input 'image' uint8 "

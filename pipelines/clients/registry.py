@@ -28,6 +28,7 @@ from pipelines.clients.endpoints import (
 )
 from pipelines.script.contract import read_provenance
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, KfvisionError
+from trainer.model.layout import TRAINED, model_kind, read_trained_model
 
 REGISTRIES = ("mlflow", "kubeflow")
 REGISTRY_URL = "KFVISION_REGISTRY_URL"  # ours: the Kubeflow Model Registry, https://HOST[:PORT]
@@ -80,14 +81,14 @@ def describe_model(model_dir) -> dict:
     trainer/model/scripted.py): classes, image size, final metrics, format version, and a
     script's model format. Raises InvalidModelDirectoryError for anything else."""
     model_dir = Path(model_dir)
-    if not ((model_dir / "model.json").is_file() and (model_dir / "weights.pt").is_file()):
+    if model_kind(model_dir) != TRAINED:
         return _describe_script_model(model_dir)
+    info, _ = read_trained_model(model_dir)
     try:
-        info = json.loads((model_dir / "model.json").read_text(encoding="utf-8"))
         metrics = json.loads((model_dir / "metrics.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise InvalidModelDirectoryError(
-            f"{model_dir} is not a trained model directory (model.json and metrics.json: {e}); "
+            f"{model_dir} is not a whole trained model directory (metrics.json: {e}); "
             "register what `kfvision train` wrote.") from e
     final = metrics.get("final", {})
     return {"classes": info["classes"], "image_size": info["image_size"],

@@ -264,13 +264,10 @@ def keep_model(model: Path, out_dir, script: ScriptConfig, snap: Snapshot, out) 
 def model_layout(model_dir) -> str:
     """"ok" when kfvision can score `model_dir` (a trained model directory, or a script's
     network and class names), else the first line of why not."""
-    from trainer.model.scripted import read_script_model
-    from trainer.model.trained import is_trained_model
+    from trainer.model.layout import model_kind
 
-    if is_trained_model(model_dir):
-        return "ok"
     try:
-        read_script_model(model_dir)
+        model_kind(model_dir)
     except InvalidModelDirectoryError as e:
         return str(e).splitlines()[0]
     return "ok"

@@ -9,7 +9,8 @@
 
 `load_model` also takes the model directory a user's own training script wrote (the network as
 TorchScript, torch.export or ONNX, and its class names: trainer/model/scripted.py, scriptnet.py),
-so scoring, serving and export read either kind through one function.
+so scoring, serving and export read either kind through one function. Which kind a folder is, and
+whether its files are complete, is read without torch in trainer/model/layout.py.
 """
 
 import dataclasses
@@ -21,12 +22,10 @@ import torch
 from trainer.errors import InvalidModelDirectoryError
 from trainer.fileio import atomic_write, atomic_write_bytes, atomic_write_json
 from trainer.model.arch import build_model
-from trainer.model.scripted import has_script_model, no_model
+from trainer.model.layout import MODEL_FILE, MODEL_FORMAT, is_trained_model, read_trained_model
+from trainer.model.scripted import has_script_model
 from trainer.model.scriptnet import load_script_model
-from trainer.model.spec import SPEC_FILE, WEIGHTS_FILE, ModelSpec, read_model_spec
-
-MODEL_FILE = "model.json"
-MODEL_FORMAT = "kfvision.trained-model"
+from trainer.model.spec import SPEC_FILE, WEIGHTS_FILE, ModelSpec
 
 
 def atomic_torch_save(obj, path) -> None:
@@ -51,13 +50,6 @@ def _yaml_text(config: dict) -> str:
     return yaml.safe_dump(config, sort_keys=False)
 
 
-def is_trained_model(model_dir) -> bool:
-    """Whether `model_dir` is one `kfvision train` wrote (model.json and weights.pt), not a
-    script's."""
-    model_dir = Path(model_dir)
-    return (model_dir / MODEL_FILE).is_file() and (model_dir / WEIGHTS_FILE).is_file()
-
-
 def load_model(model_dir, *, device: str = "cpu", threads: int | None = None):
     """(network: normalised float batch -> [batch, classes] logits, in eval mode on `device`;
     info: classes, image_size, eval_preset, mean, std, format) of any model directory kfvision
@@ -74,30 +66,11 @@ def load_model(model_dir, *, device: str = "cpu", threads: int | None = None):
 
 
 def load_trained_model(model_dir) -> tuple[torch.nn.Module, dict]:
-    """(model in eval mode on CPU, model.json contents) of a trained model directory."""
+    """(model in eval mode on CPU, model.json contents) of a trained model directory (its files
+    checked by trainer/model/layout.py `read_trained_model`)."""
     model_dir = Path(model_dir)
-    path = model_dir / MODEL_FILE
-    if not is_trained_model(model_dir) and has_script_model(model_dir):
-        raise InvalidModelDirectoryError(
-            f"{model_dir} holds a model a training script wrote (TorchScript, torch.export or "
-            "ONNX); this needs a directory `kfvision train` wrote (model.json and "
-            f"{WEIGHTS_FILE}). Score, serve, export or register the script's directory instead.")
-    if path.is_file() != (model_dir / WEIGHTS_FILE).is_file():  # one of them: a broken one
-        raise InvalidModelDirectoryError(
-            f"{model_dir} is not a trained model directory (needs {MODEL_FILE} and "
-            f"{WEIGHTS_FILE}). Train one with `kfvision train --out {model_dir} ...`."
-        )
-    if not path.is_file():  # neither kind: say what either needs
-        raise InvalidModelDirectoryError(no_model(model_dir))
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-        if info.get("format") != MODEL_FORMAT:
-            raise ValueError(f"format is not {MODEL_FORMAT!r}")
-        classes = info["classes"]
-    except (ValueError, KeyError) as e:
-        raise InvalidModelDirectoryError(f"{path}, the trained model directory's model.json, "
-                                         f"is malformed ({e}).") from e
-    spec = read_model_spec(model_dir)
+    info, spec = read_trained_model(model_dir)
+    classes = info["classes"]
     model = build_model(dataclasses.replace(spec, weights=None), len(classes))
     state = torch.load(model_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True)
     try:
