@@ -128,6 +128,20 @@ def test_score_says_a_wrong_image_directory_before_it_imports_torch(tmp_path, tr
     assert run.stderr.startswith("error: InvalidDatasetError: ") and "not a folder" in run.stderr
 
 
+def test_convert_and_the_pipelines_convert_step_never_import_torch(tmp_path, tiny_digits):
+    """Each image is checked with Pillow alone (trainer/data/rgb.py): a conversion starts 2 s
+    sooner, and so does every pipeline run's convert step."""
+    code = ("import sys; from pipelines.cli import main; from pipelines.steps.common import run; "
+            "from pipelines.steps.data import convert_step; "
+            "rc = main(['convert', sys.argv[1], sys.argv[2] + '/cli', '--quiet']); "
+            "run(convert_step, sys.argv[1], sys.argv[2] + '/step', labels='', place=None); "
+            "print(rc, 'torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code, str(tiny_digits["raw"] / "val"),
+                          str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.stdout.split()[-2:] == ["0", "False"], run.stdout + run.stderr
+    assert "wrote 60 images" in run.stdout
+
+
 def test_training_on_an_unlabelled_directory_names_the_error(tiny_digits, resnet18_dir, tmp_path):
     from trainer.data.convert import convert
 

@@ -5,8 +5,9 @@
     kfvision convert flat/ data/all --labels labels.csv    # flat images + path,label CSV
     kfvision convert loose/ data/unlabelled                # no classes: for scoring only
 
-Images are copied byte for byte (never re-encoded). Each is decoded once, through the same
-`load_rgb` the trainer uses, so whatever lands in the output is known to reach the model as RGB.
+Images are copied byte for byte (never re-encoded). Each is decoded once, through the Pillow decode
+the trainer's `load_rgb` falls back on (trainer/data/rgb.py: without torch, which a conversion
+never imports), so whatever lands in the output is known to reach the model as RGB.
 Unreadable files are skipped and reported (or fail the run with strict); an image above Pillow's
 pixel limit fails the run (DecompressionBombError). Everything is written to a staging folder
 beside OUT and renamed into place at the end: on any failure nothing is left at OUT.
@@ -40,6 +41,7 @@ from PIL import Image
 
 from trainer.data.archive import archive_kind, extract_archive
 from trainer.data.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
+from trainer.data.rgb import pil_rgb
 from trainer.data.sources import plan_source, relative_path
 from trainer.errors import ChangedDatasetError, DecompressionBombError, InvalidDatasetError
 from trainer.fileio import disk_errors, full_disk_error
@@ -83,8 +85,6 @@ def probe_image(data: bytes, where: str = "image") -> tuple[int, int]:
         ValueError: empty, not an image, truncated, or not convertible to RGB (skippable).
         DecompressionBombError: more pixels than PIL.Image.MAX_IMAGE_PIXELS (never skipped).
     """
-    from trainer.data.decode import load_rgb
-
     if not data:
         raise ValueError("is empty (0 bytes)")
     limit = Image.MAX_IMAGE_PIXELS  # read now: a caller (or test) may have changed it
@@ -102,7 +102,7 @@ def probe_image(data: bytes, where: str = "image") -> tuple[int, int]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            load_rgb(io.BytesIO(data))
+            pil_rgb(io.BytesIO(data))
     except Exception as e:  # truncated data, unsupported mode, decoder errors
         raise ValueError(f"cannot be decoded as an image ({type(e).__name__}: {e})") from e
     return size
@@ -331,17 +331,14 @@ def _examined(items: list, progress, keep_data: bool = False):
 
     Decoding is most of a conversion's time (a few hundred microseconds an image however
     small): with many items and several cores it runs in a pool of processes, one a core.
-    They are forked, so they share the torch and Pillow this process imported (a spawned
-    worker would take its own ~600 MiB to import torch) and see Pillow's pixel limit as the
-    caller set it.
+    They are forked, so they share what this process imported and see Pillow's pixel limit as
+    the caller set it.
     """
     workers = _pool_size(len(items))
     if workers < 2:
         yield ((item, _examine(item.file, item.shown, keep_data)) for item in
                progress_bar(items, "convert", "img", progress))
         return
-    import trainer.data.decode  # noqa: F401  (torch: imported once, before the fork)
-
     # Frozen, this process's objects are left alone by the workers' garbage collections, which
     # would otherwise write to (and so copy) every page of them in each worker.
     gc.freeze()

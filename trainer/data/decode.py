@@ -1,7 +1,8 @@
 """Decoding image files into uint8 RGB CHW tensors, at reduced size where the caller allows.
 
-Every reader of images (training, validation, scoring, packing, convert's probe) decodes through
-`load_rgb`, so what is accepted is known to reach the model as the same 8-bit RGB pixels.
+Every reader of images (training, validation, scoring, packing) decodes through `load_rgb`, and
+convert's probe through the Pillow decode it falls back on (trainer/data/rgb.py, torch-free), so
+what is accepted is known to reach the model as the same 8-bit RGB pixels.
 
 `--dct-scaling`: libjpeg can decode a JPEG at 1/2, 1/4 or 1/8 of its size for a fraction of the
 work (the inverse DCT on fewer coefficients, less upsampling and colour conversion). A caller that
@@ -18,6 +19,7 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms.v2 import functional as F
 
+from trainer.data.rgb import pil_rgb
 from trainer.errors import InvalidDatasetError
 
 # torchvision 0.29 marks its image decoders deprecated in favour of TorchCodec; they remain the
@@ -98,14 +100,8 @@ def load_rgb(path, data: torch.Tensor | None = None, reduce: int = 1) -> torch.T
                                mode=ImageReadMode.RGB)
         except RuntimeError:
             pass  # not really a JPEG, or a variant libjpeg refuses: Pillow decides below
-    with Image.open(path if data is None else io.BytesIO(data.numpy())) as im:
-        if im.mode.startswith("I"):  # 16/32-bit integer grayscale: scale into 0..255
-            arr = np.asarray(im, dtype=np.float64)
-            top = 255.0 if arr.max() <= 255 else 65535.0 if arr.max() <= 65535 else arr.max()
-            im = Image.fromarray((arr * (255.0 / top)).clip(0, 255).astype(np.uint8), "L")
-        rgb = im.convert("RGB")
-        arr = np.asarray(rgb, dtype=np.uint8)
-    return torch.from_numpy(arr.copy()).permute(2, 0, 1).contiguous()
+    arr = pil_rgb(path if data is None else io.BytesIO(data.numpy()))
+    return torch.from_numpy(arr).permute(2, 0, 1).contiguous()
 
 
 def dct_factor(box, size: int) -> int:
