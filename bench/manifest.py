@@ -172,8 +172,6 @@ def run_phase(phase: str, work: Path) -> dict:
     from trainer.data.imagedir import read_image_directory
     from trainer.data.split import split
 
-    if phase == "convert":
-        import trainer.data.decode  # noqa: F401  (what convert's decoding imports: torch)
     if phase == "open":
         from trainer.data.datasets import ImageDataset
     before, cpu = _peak_mib(), _cpu_seconds()

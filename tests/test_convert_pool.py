@@ -85,3 +85,32 @@ def test_a_file_changed_while_a_worker_reads_it_fails_the_conversion(tmp_path, p
     with pytest.raises(ChangedDatasetError, match="dog1.png changed while convert was reading"):
         convert(src, tmp_path / "out", in_place=True, progress=False)
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_neither_convert_nor_its_pool_imports_torch(tmp_path):
+    """Each image is checked by Pillow alone (trainer/data/rgb.py): the parent and each forked
+    worker would otherwise take ~700 MiB and 2 s of CPU to import torch. The workers run in a
+    process of their own (all cores: `several_cores`), checked image by image."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = source(tmp_path / "src")
+    code = """if True:
+        import sys
+        import trainer.data.convert as c
+        c.POOL_MIN_ITEMS = 0
+        examine = c._examine
+        def checked(*args, **kwargs):
+            result = examine(*args, **kwargs)
+            assert "torch" not in sys.modules, "a pool worker imported torch"
+            return result
+        c._examine = checked  # forked: the workers call this one
+        assert c._pool_size(10**6) >= 2
+        report = c.convert(sys.argv[1], sys.argv[2], progress=False)
+        print(report.images, "torch" in sys.modules)
+    """
+    run = subprocess.run([sys.executable, "-c", code, str(src), str(tmp_path / "out")],
+                         cwd=Path(__file__).parents[1], capture_output=True, text=True,
+                         timeout=120)
+    assert run.stdout.split() == ["25", "False"], run.stdout + run.stderr

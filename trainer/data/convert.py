@@ -343,7 +343,7 @@ def _examined(items: list, progress, keep_data: bool = False):
     # would otherwise write to (and so copy) every page of them in each worker.
     gc.freeze()
     try:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_worker_init) as pool:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
             # (file, shown) pairs: pickled 10x faster than Items
             results = pool.imap(partial(_examine_pair, keep_data=keep_data),
                                 ((item.file, item.shown) for item in items), chunksize=64)
@@ -358,13 +358,6 @@ def _pool_size(n_items: int) -> int:
         return 1
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return min(cores or 1, POOL_MAX_WORKERS)
-
-
-def _worker_init() -> None:
-    import torch
-
-    torch.set_num_threads(1)  # one image at a time per process; and OpenMP's threads are not
-    # safe to use in a forked child
 
 
 def _examine_pair(pair: tuple[str, str], keep_data: bool):
