@@ -28,7 +28,7 @@ from pipelines.clients.endpoints import (
 )
 from pipelines.script.contract import read_provenance
 from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, KfvisionError
-from trainer.model.layout import TRAINED, model_kind, read_trained_model
+from trainer.model.layout import is_trained_model, read_trained_model
 
 REGISTRIES = ("mlflow", "kubeflow")
 REGISTRY_URL = "KFVISION_REGISTRY_URL"  # ours: the Kubeflow Model Registry, https://HOST[:PORT]
@@ -81,7 +81,7 @@ def describe_model(model_dir) -> dict:
     trainer/model/scripted.py): classes, image size, final metrics, format version, and a
     script's model format. Raises InvalidModelDirectoryError for anything else."""
     model_dir = Path(model_dir)
-    if model_kind(model_dir) != TRAINED:
+    if not is_trained_model(model_dir):  # a script's, or none: its loader says which
         return _describe_script_model(model_dir)
     info, _ = read_trained_model(model_dir)
     try:

@@ -118,13 +118,15 @@ def default_runtime(model) -> str:
 
 def _script_format(model_dir) -> str | None:
     """The model format of a script's model directory (None: not one, or not readable)."""
-    from trainer.model.layout import TRAINED, model_kind
+    from trainer.model.layout import is_trained_model
+    from trainer.model.scripted import read_script_model
 
+    if is_trained_model(model_dir):
+        return None
     try:
-        kind = model_kind(model_dir)
+        return read_script_model(model_dir).format
     except KfvisionError:
         return None  # the loader says what is wrong
-    return None if kind == TRAINED else kind
 
 
 def onnx_session(path, threads: int):
