@@ -67,11 +67,11 @@ TRAINER_IMAGE ?= registry.example.com/kfvision-trainer:0.1.0
 .PHONY: golden-jobs golden-trainjobs manifests
 
 golden-jobs: setup ## regenerate tests/golden/job-*.yaml and script-*.yaml (rendered jobs); review the diff
-	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_job_golden.py -k golden_render
-	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_script.py -k golden_render
+	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/jobs/test_job_golden.py -k golden_render
+	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/script/test_script.py -k golden_render
 
 golden-trainjobs: setup ## regenerate tests/golden/trainjob-*.yaml and manifests/trainer-v2/ (TrainJobs, kfvision's runtimes); review the diff
-	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_trainjob.py -k "golden_render or shipped_runtimes"
+	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/jobs/test_trainjob.py -k "golden_render or shipped_runtimes"
 
 manifests: setup ## regenerate manifests/pytorchjob-example.yaml with `kfvision job render`
 	$(VENV)/bin/kfvision job render --name kfvision-digits --image $(TRAINER_IMAGE) \
@@ -88,7 +88,7 @@ docs: setup ## rewrite the generated parts of README.md and docs/*.md (option ta
 .PHONY: golden-pipeline pipeline
 
 golden-pipeline: setup ## regenerate tests/golden/pipeline-image-classification.yaml; review the diff
-	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_pipeline_compile.py -k golden
+	KFVISION_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/flow/test_pipeline_compile.py -k golden
 
 pipeline: setup ## compile the KFP pipeline to build/pipeline.yaml (TRAINER_IMAGE as its image)
 	$(VENV)/bin/kfvision pipeline compile -o build/pipeline.yaml --image $(TRAINER_IMAGE)

@@ -8,7 +8,9 @@ BENCH = Path("build/bench")  # every benchmark's data and results
 def processor() -> str:
     """The processor a figure was measured on: model, kind (AVX2 only, AVX-512, AVX512_BF16,
     AMX), the flags the speed choices read, and an ONEDNN_MAX_CPU_ISA cap where one is set."""
-    from trainer.fastpath import describe_cpu  # imports torch: only once a benchmark is done
+    from kfvision.trainer.fastpath import (
+        describe_cpu,  # imports torch: only once a benchmark is done
+    )
 
     return describe_cpu()
 

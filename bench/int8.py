@@ -1,11 +1,12 @@
 """int8 on CPU: the forward pass of ResNet-18 (224 px) quantized two ways, against fp32.
 
 The model is bench.serve's (random weights, ImageNet evaluation preset); it is exported to ONNX
-with `trainer.use.export.export` and quantized, after calibration on `--calibration` generated
-JPEGs (bench/jpegset.py) preprocessed as serving preprocesses them, by
+with `kfvision.trainer.use.export.export` and quantized, after calibration on `--calibration`
+generated JPEGs (bench/jpegset.py) preprocessed as serving preprocesses them, by
 
   ort-int8   onnxruntime `quantize_static`: QDQ, per-channel, u8 activations / s8 weights
-             (`trainer.use.quantize.quantize_onnx`, what `kfvision export --quantize int8` does)
+             (`kfvision.trainer.use.quantize.quantize_onnx`, what `kfvision export --quantize int8`
+             does)
   ov-int8    OpenVINO with NNCF (`nncf.quantize` on the model OpenVINO reads from the ONNX file;
              nncf is no kfvision dependency: `pip install nncf` for this row, else it is left out)
   ov-qdq     OpenVINO running ort-int8's QDQ file (what `kfvision serve` runs it on)
@@ -18,7 +19,7 @@ The table gives images/s (median over rounds) and the median ratio to fp32 PyTor
 each round (the machine may be shared: ratios in one run are what to compare). `agree` is top-1
 agreement with fp32 PyTorch on held-out generated images and `max dp` the largest probability
 difference from it (random weights: they measure the quantization's damage, not accuracy;
-tests/test_export_int8.py checks accuracy on a trained model).
+tests/trainer/test_export_int8.py checks accuracy on a trained model).
 
 A second table times the serving path itself, `Predictor.probabilities` with one intra-op thread,
 called by 1 and by as many threads as there are CPUs at once (the server runs one forward per
@@ -36,21 +37,21 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from kfvision.trainer.fastpath import int8_reduce_range
+from kfvision.trainer.use.quantize import quantize_onnx
 
 import bench
 from bench.jpegset import make_jpeg_set
 from bench.serve import bench_model
-from trainer.fastpath import int8_reduce_range
-from trainer.use.quantize import quantize_onnx
 
 BENCH = bench.BENCH / "int8"
 
 
 def _images(data_dir: Path) -> np.ndarray:
     """Every image of an image directory as served: the eval transform, uint8 NCHW."""
-    from trainer.data.datasets import ImageDataset
-    from trainer.data.imagedir import read_image_directory
-    from trainer.data.transforms import eval_transform
+    from kfvision.trainer.data.datasets import ImageDataset
+    from kfvision.trainer.data.imagedir import read_image_directory
+    from kfvision.trainer.data.transforms import eval_transform
 
     ds = ImageDataset(read_image_directory(data_dir), eval_transform("standard", 224))
     return torch.stack([ds[i][0] for i in range(len(ds))]).numpy()
@@ -87,8 +88,8 @@ def ov_runner(path: Path):
 
 
 def torch_runner(model_dir: Path):
-    from trainer.model.trained import load_trained_model
-    from trainer.use.export import ServingModel
+    from kfvision.trainer.model.trained import load_trained_model
+    from kfvision.trainer.use.export import ServingModel
 
     net, info = load_trained_model(model_dir)
     wrapped = ServingModel(net, info["mean"], info["std"]).eval()
@@ -148,7 +149,7 @@ def _rows(rates: dict, names, batches, baseline: str, extra=lambda k: []) -> lis
 
 def predictors(model: Path, int8: Path) -> dict:
     """The serving path: Predictor.probabilities, one intra-op thread per caller."""
-    from trainer.use.predict import Predictor
+    from kfvision.trainer.use.predict import Predictor
 
     ps = {"torch-fp32": Predictor(model, threads=1),
           "onnx-int8": Predictor(int8, runtime="onnx", threads=1),
@@ -158,7 +159,7 @@ def predictors(model: Path, int8: Path) -> dict:
 
 
 def build(work: Path, calibration: int, held_out: int) -> tuple[dict, np.ndarray]:
-    from trainer.use.export import export
+    from kfvision.trainer.use.export import export
 
     model = bench_model(work / "model")
     data = _images(make_jpeg_set(work / "jpegs", images=calibration + held_out))

@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from kfvision.trainer.data.convert import convert
 from PIL import Image, ImageDraw, ImageFilter
-
-from trainer.data.convert import convert
 
 PHOTO = (4032, 3024)
 

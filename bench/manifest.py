@@ -168,12 +168,12 @@ def _peak_mib() -> float:
 
 def run_phase(phase: str, work: Path) -> dict:
     """Run `phase` on the directories under `work` here; its seconds and memory."""
-    from trainer.data.convert import convert
-    from trainer.data.imagedir import read_image_directory
-    from trainer.data.split import split
+    from kfvision.trainer.data.convert import convert
+    from kfvision.trainer.data.imagedir import read_image_directory
+    from kfvision.trainer.data.split import split
 
     if phase == "open":
-        from trainer.data.datasets import ImageDataset
+        from kfvision.trainer.data.datasets import ImageDataset
     before, cpu = _peak_mib(), _cpu_seconds()
     with TreePss() as pss:
         start = time.perf_counter()

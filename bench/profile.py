@@ -46,11 +46,16 @@ def _timed(fn, reps: int) -> float:
 
 
 def profile(arch: str, data, a) -> dict:
-    from trainer.data.datasets import ImageDataset, make_loader
-    from trainer.data.imagedir import read_image_directory
-    from trainer.data.transforms import IMAGENET_MEAN, IMAGENET_STD, Normalizer, train_transform
-    from trainer.engine import make_sgd
-    from trainer.fastpath import cpu_bf16_decision
+    from kfvision.trainer.data.datasets import ImageDataset, make_loader
+    from kfvision.trainer.data.imagedir import read_image_directory
+    from kfvision.trainer.data.transforms import (
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        Normalizer,
+        train_transform,
+    )
+    from kfvision.trainer.engine import make_sgd
+    from kfvision.trainer.fastpath import cpu_bf16_decision
 
     bf16, _ = cpu_bf16_decision(224)
     layout = torch.channels_last if bf16 else torch.contiguous_format
@@ -118,7 +123,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3, help="timed repetitions of each part")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     a = p.parse_args(argv)
-    from trainer.fastpath import cpu_features
+    from kfvision.trainer.fastpath import cpu_features
 
     data = make_jpeg_set(BENCH / f"jpeg{a.images}", images=a.images)
     cpu = cpu_features()

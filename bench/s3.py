@@ -1,5 +1,5 @@
-"""Fetching an s3:// dataset: `pipelines.clients.s3sync.fetch` against the tools users pick for
-the same job (s5cmd, `aws s3 sync`) and a plain sequential boto3 loop, on the same S3 API server
+"""Fetching an s3:// dataset: `kfvision.pipelines.clients.s3sync.fetch` against the tools users pick
+for the same job (s5cmd, `aws s3 sync`) and a plain sequential boto3 loop, on the same S3 API server
 and the same objects, in one run.
 
 For each size N (`--images`) N small JPEGs (10 class folders, 64 to 160 px a side, quality 90:
@@ -110,7 +110,7 @@ def _command(name: str, uri: str, dest: Path, url: str, connections: int | None)
 def _child(name: str, uri: str, dest: Path, connections: int) -> None:
     """One Python contender's fetch, in this process."""
     if name == "kfvision":
-        from pipelines.clients.s3sync import fetch
+        from kfvision.pipelines.clients.s3sync import fetch
 
         fetch(uri, dest, progress=False, **({"max_connections": connections}
                                             if connections else {}))

@@ -5,7 +5,7 @@ Three figures (their goals in brackets):
 - wall time of `kfvision job run-local` of the rendered 2 x 2 PyTorchJob (2 pods, 2 processes
   each) against two `torchrun --nnodes 2 --nproc-per-node 2` started by hand on the same script
   with the same arguments and the same interpreter and requirements (its cached environment),
-  rounds alternating [overhead at most max(10 %, 5 s)]; the script is tests/scripts/
+  rounds alternating [overhead at most max(10 %, 5 s)]; the script is tests/script/styles/
   torchrun_ddp/train.py (DDP over gloo, a linear classifier on scikit-learn's digits as PNG class
   folders; it imports a requirement, `inflection`, that the image lacks);
 - packing a tree of `--files` small files [2,000 files under 1 s];
@@ -27,19 +27,22 @@ import sys
 import time
 from pathlib import Path
 
+from kfvision.pipelines.clients.endpoints import free_port
+from kfvision.pipelines.contract import ENV_CACHE
+from kfvision.pipelines.script.env import ensure_env
+from kfvision.pipelines.script.pack import pack
+from kfvision.trainer.fastpath import describe_cpu
+
 from bench import publish
-from pipelines.clients.endpoints import free_port
-from pipelines.script.contract import ENV_CACHE
-from pipelines.script.env import ensure_env
-from pipelines.script.pack import pack
-from trainer.fastpath import describe_cpu
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "tests" / "scripts" / "torchrun_ddp"
+SCRIPT = REPO / "tests" / "script" / "styles" / "torchrun_ddp"
 
 
 def prepare(work: Path) -> Path:
-    from pipelines.demo import write_digits  # scikit-learn's digits as PNG class folders
+    from kfvision.pipelines.flow.demo import (
+        write_digits,  # scikit-learn's digits as PNG class folders
+    )
 
     data = work / "digits"
     if not (data / "train").is_dir():
@@ -75,7 +78,7 @@ def hand_torchrun(python: Path, script_args: list, env: dict, work: Path) -> flo
 def run_local(manifest: Path, logs: Path, env: dict) -> tuple:
     """(wall seconds, the boot's 'ready in' seconds of the Master)."""
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "job", "run-local",
+    proc = subprocess.run([sys.executable, "-m", "kfvision.pipelines.cli", "job", "run-local",
                            str(manifest), "--log-dir", str(logs), "--quiet"], env=env,
                           capture_output=True, text=True)
     took = time.monotonic() - start
@@ -109,7 +112,8 @@ def main(argv=None) -> int:
     data = prepare(work)
     script_args = ["--data", str(data), "--epochs", str(args.epochs), "--tag", "Bench"]
     manifest = work / "job.yaml"
-    subprocess.run([sys.executable, "-m", "pipelines.cli", "job", "render", "--name", "bench",
+    subprocess.run([sys.executable, "-m", "kfvision.pipelines.cli", "job", "render", "--name",
+                    "bench",
                     "--image", "local", "--nodes", "2", "--nproc-per-node", "2", "--source",
                     str(SCRIPT), "--entry", "train.py", "-o", str(manifest), "--", *script_args],
                    env=env, check=True, capture_output=True)

@@ -52,14 +52,14 @@ import time
 from pathlib import Path
 
 import torch
+from kfvision.pipelines.clients.endpoints import free_port
+from kfvision.pipelines.serve.client import Server, request
+from kfvision.trainer.model.arch import build_model, write_untrained_model
+from kfvision.trainer.model.spec import WEIGHTS_FILE, read_model_spec
+from kfvision.trainer.model.trained import atomic_torch_save, write_model_files
 
 import bench
 from bench.jpegset import PHOTO, make_jpeg_set
-from pipelines.clients.endpoints import free_port
-from pipelines.serve.client import Server, request
-from trainer.model.arch import build_model, write_untrained_model
-from trainer.model.spec import WEIGHTS_FILE, read_model_spec
-from trainer.model.trained import atomic_torch_save, write_model_files
 
 BENCH = bench.BENCH / "serve"
 
@@ -272,9 +272,10 @@ def overload_table(results: dict, names: list, sizes: list, clients: list) -> st
 
 def trained_model(out: Path = BENCH / "trained") -> tuple[Path, Path, Path]:
     """(model directory, train images, check images): ResNet-18 at 224 px trained with
-    `trainer.train` on 600 generated ImageNet-size JPEGs (480 train, 120 val), 3 epochs; the
+    `kfvision.trainer.train` on 600 generated ImageNet-size JPEGs (480 train, 120 val), 3 epochs;
+    the
     check images are 500 more of the same classes (another seed), for int8's accuracy check."""
-    from trainer.data.split import split
+    from kfvision.trainer.data.split import split
 
     data = out / "data"
     model = out / "resnet18-224"
@@ -289,7 +290,7 @@ def trained_model(out: Path = BENCH / "trained") -> tuple[Path, Path, Path]:
         write_untrained_model(base, "resnet18")
     print(f"training the benchmark's ResNet-18 (3 epochs, 480 images) into {model}", flush=True)
     run = subprocess.run(
-        [sys.executable, "-m", "trainer.train", "--model", str(base), "--train",
+        [sys.executable, "-m", "kfvision.trainer.train", "--model", str(base), "--train",
          str(data / "train"), "--val", str(data / "val"), "--out", str(model), "--epochs", "3",
          "--image-size", "224", "--batch-size", "16", "--lr", "0.05", "--patience", "3",
          "--print-freq", "100000"], capture_output=True, text=True)
@@ -301,8 +302,8 @@ def trained_model(out: Path = BENCH / "trained") -> tuple[Path, Path, Path]:
 def int8_model(model: Path, train: Path, check: Path) -> tuple[Path, dict]:
     """(path, its `quantization` metadata): `kfvision export --quantize int8` of `model`,
     calibrated on `train`, its top-1 checked on `check` against fp32; made once, cached."""
-    from trainer.fastpath import int8_reduce_range
-    from trainer.use.quantize import export_int8
+    from kfvision.trainer.fastpath import int8_reduce_range
+    from kfvision.trainer.use.quantize import export_int8
 
     # one per weight width: an export for a CPU with VNNI is refused on one without
     out = BENCH / f"resnet18-224-int8-{7 if int8_reduce_range() else 8}bit.onnx"
@@ -320,7 +321,7 @@ def _sources(model: Path, runtimes: list, train: Path, check: Path) -> tuple[dic
     if "torch" in runtimes:
         sources["kfvision"] = model
     if "onnx" in runtimes:
-        from trainer.use.export import export
+        from kfvision.trainer.use.export import export
 
         onnx = BENCH / "resnet18-224.onnx"
         if not onnx.is_file():

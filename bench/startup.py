@@ -1,13 +1,13 @@
 """kfvision's programs from start to exit, with the heap frozen (trainer/heap.py) and without, in
 one run.
 
-The processes torchrun, a job and a pipeline start most: a trainer (`python -m trainer.train`,
-1 epoch of 40 digits at 32 px), `kfvision score` of its model (10 images), and a one-node
-torchrun job of 2 trainers (`python -m trainer.launch --standalone --nproc-per-node 2`). Each is
-timed from start to exit and from its last line of output to exit (the end: what freezing the
-heap shortens), rounds alternating which goes first. The baseline is the same command with
-trainer.heap's two functions made no-ops (a sitecustomize on PYTHONPATH), so that both run the
-same code otherwise.
+The processes torchrun, a job and a pipeline start most: a trainer (`python -m
+kfvision.trainer.train`, 1 epoch of 40 digits at 32 px), `kfvision score` of its model (10 images),
+and a one-node torchrun job of 2 trainers (`python -m kfvision.trainer.launch --standalone
+--nproc-per-node 2`). Each is timed from start to exit and from its last line of output to exit (the
+end: what freezing the heap shortens), rounds alternating which goes first. The baseline is the same
+command with kfvision.trainer.heap's two functions made no-ops (a sitecustomize on PYTHONPATH), so
+that both run the same code otherwise.
 
     python -m bench.startup [--rounds 5] [--work build/bench-startup]
 
@@ -25,18 +25,18 @@ from pathlib import Path
 from bench import publish
 
 REPO = Path(__file__).resolve().parent.parent
-# what the baseline runs first: trainer.heap as if it were not there
-NO_FREEZE = ("import trainer.heap as heap\n"
+# what the baseline runs first: kfvision.trainer.heap as if it were not there
+NO_FREEZE = ("import kfvision.trainer.heap as heap\n"
              "heap.freeze_imports = heap.freeze_at_exit = lambda: None\n")
 
 
 def prepare(work: Path) -> dict:
     """40 training and 10 validation digits, converted, and an untrained resnet18."""
-    from pipelines.demo import write_digits
-    from trainer.data.convert import convert
-    from trainer.data.imagedir import MANIFEST
-    from trainer.model.arch import write_untrained_model
-    from trainer.model.spec import SPEC_FILE
+    from kfvision.pipelines.flow.demo import write_digits
+    from kfvision.trainer.data.convert import convert
+    from kfvision.trainer.data.imagedir import MANIFEST
+    from kfvision.trainer.model.arch import write_untrained_model
+    from kfvision.trainer.model.spec import SPEC_FILE
 
     paths = {split: work / split for split in ("train", "val")}
     if not all((p / MANIFEST).exists() for p in paths.values()):
@@ -73,14 +73,16 @@ def commands(paths: dict, work: Path) -> dict:
              "--workers", "0"]
     py = sys.executable
     return {
-        "trainer (python -m trainer.train)": [py, "-m", "trainer.train", *train, "--out",
+        "trainer (python -m kfvision.trainer.train)": [py, "-m", "kfvision.trainer.train", *train,
+                                                       "--out",
                                               str(work / "model")],
-        "kfvision score": [py, "-m", "pipelines.cli", "score", "--model", str(work / "model"),
+        "kfvision score": [py, "-m", "kfvision.pipelines.cli", "score", "--model",
+                           str(work / "model"),
                            "--data", str(paths["val"]), "--out", str(work / "scored.csv"),
                            "--quiet"],
-        "torchrun job, 1 node x 2 (python -m trainer.launch)": [
-            py, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "2", "-m",
-            "trainer.train", *train, "--out", str(work / "model-2")],
+        "torchrun job, 1 node x 2 (python -m kfvision.trainer.launch)": [
+            py, "-m", "kfvision.trainer.launch", "--standalone", "--nproc-per-node", "2", "-m",
+            "kfvision.trainer.train", *train, "--out", str(work / "model-2")],
     }
 
 
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
     envs = {"baseline": {**env, "PYTHONPATH": str(work / "no-freeze")}, "kfvision": env}
     rows, loads = [], []
     cmds = commands(paths, work)
-    timed(cmds["trainer (python -m trainer.train)"], env)  # warm-up; score needs its model
+    timed(cmds["trainer (python -m kfvision.trainer.train)"], env)  # warm-up; score needs its model
     for name, argv_ in cmds.items():
         got = {"baseline": [], "kfvision": []}
         for i in range(args.rounds):

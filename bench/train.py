@@ -40,16 +40,16 @@ from pathlib import Path
 
 import torch
 import torchvision
+from kfvision.trainer.data.convert import convert
+from kfvision.trainer.data.split import split
+from kfvision.trainer.distributed import usable_cpus
+from kfvision.trainer.model.arch import write_untrained_model
 
 from bench import processor, publish
 from bench.jpegset import make_jpeg_set
-from trainer.data.convert import convert
-from trainer.data.split import split
-from trainer.distributed import usable_cpus
-from trainer.model.arch import write_untrained_model
 
 BENCH = Path("build/bench")
-# kfvision runs compared with the plain loop: name -> extra `trainer.train` flags
+# kfvision runs compared with the plain loop: name -> extra `kfvision.trainer.train` flags
 VARIANTS = {"default": (), "gpu-decode": ("--gpu-decode", "on"),
             "cpu-decode": ("--cache", "off", "--gpu-decode", "off"),
             # every core but the training process's decodes (`--workers auto` stops at 8)
@@ -60,7 +60,9 @@ VARIANTS = {"default": (), "gpu-decode": ("--gpu-decode", "on"),
 def prepare(args) -> tuple[Path, Path, Path]:
     """(raw class folders for the plain loop, train image dir, val image dir)."""
     if args.dataset == "digits":
-        from pipelines.demo import write_digits  # needs scikit-learn, which GPU images lack
+        from kfvision.pipelines.flow.demo import (
+            write_digits,  # needs scikit-learn, which GPU images lack
+        )
 
         out = BENCH / "digits"
         if not (out / "data" / "val").exists():
@@ -109,7 +111,8 @@ def run_kfvision(arch, args, train, val, variant="default") -> tuple[float, floa
         write_untrained_model(model, arch)
     out = BENCH / "trained" / f"{arch}-{variant}"
     shutil.rmtree(out, ignore_errors=True)  # a crashed run's checkpoints would be resumed
-    cmd = [sys.executable, "-m", "trainer.train", "--model", str(model), "--train", str(train),
+    cmd = [sys.executable, "-m", "kfvision.trainer.train", "--model", str(model), "--train",
+           str(train),
            "--val", str(val), "--out", str(out), "--augment", args.augment, "--lr", "0.05",
            "--print-freq", "100000", "--patience", str(args.epochs), "--device", args.device,
            *_common(args), *VARIANTS[variant]]

@@ -3,32 +3,35 @@ several files would otherwise each rebuild (640 px JPEG digits, a 2 x 2 CPU job,
 made once a run: under pytest-xdist (`make test` runs two workers) the workers share one copy
 (`made_once`). Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device."""
 
-import errno
 import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
+from helpers.runs import jpeg_digits, run_job, train_argv
+from helpers.s3bucket import FAST_RETRIES, S3Bucket
+from kfvision.pipelines.clients.endpoints import free_port
+from kfvision.pipelines.flow.demo import write_digits
+from kfvision.trainer.data.convert import convert
+from kfvision.trainer.model.arch import write_untrained_model
 
-from pipelines.clients.endpoints import free_port
-from pipelines.demo import write_digits
-from trainer.data.convert import convert
-from trainer.model.arch import write_untrained_model
-
-REPO = Path(__file__).resolve().parent.parent
-SHARED_REFERENCE = REPO.parent / "shared" / "reference"
-
+# kfvision has one import name: its folders are kfvision.trainer and kfvision.pipelines, from the
+# install (setup.py). The repository root is on sys.path for bench/ and tools/, which would also
+# make the folders importable as `trainer` and `pipelines`, a second copy of every module: an
+# import of either fails here instead (None in sys.modules: "import of trainer halted").
+for _bare in ("trainer", "pipelines"):
+    sys.modules[_bare] = None
 
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))  # 0: not under pytest-xdist
 
 if WORKERS:
     # Each worker runs on its own share of the cores (`make test`: 2 workers, one core each), it
     # and every process it starts: a training takes its threads from the cores it may run on
-    # (trainer.distributed.usable_cpus), and two trainings that each took the whole machine
+    # (kfvision.trainer.distributed.usable_cpus), and two trainings that each took the whole machine
     # spin their OpenMP threads against each other (an in-process training ran 6x slower).
     ALL_CORES = sorted(os.sched_getaffinity(0))
     _index = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
@@ -79,17 +82,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):  # not `in item.keywords`: that holds parameter ids too
             item.add_marker(skip)
-
-
-def reference_file(*parts) -> Path:
-    """A file of ../shared/reference (upstream CRDs, too large to keep in this repository). Skips
-    the calling test, saying why, when that folder is not beside the repository (a clone on its
-    own); CI has it, so the checks run there."""
-    path = SHARED_REFERENCE.joinpath(*parts)
-    if not path.is_file():
-        pytest.skip(f"{path} is absent: the upstream reference files live in ../shared/reference "
-                    "beside the repository (CI has them); a clone on its own skips this check")
-    return path
 
 
 # Keep tests from spreading over more threads than the 2 CI cores have.
@@ -146,17 +138,6 @@ def micro_digits(tmp_path_factory) -> dict:
     return made_once(tmp_path_factory, "micro", lambda root: _converted(root, limit=5))
 
 
-def jpeg_digits(data: dict, root: Path, size: int) -> Path:
-    """`data`'s raw validation digits as `size` px JPEGs (quality 90), converted: root/data."""
-    for f in sorted((data["raw"] / "val").glob("*/*")):
-        dest = root / "src" / f.parent.name / (f.stem + ".jpg")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        with Image.open(f) as im:
-            im.convert("RGB").resize((size, size), Image.Resampling.BICUBIC).save(dest, quality=90)
-    convert(root / "src", root / "data", progress=False)
-    return root / "data"
-
-
 @pytest.fixture(scope="session")
 def digits_640(tiny_digits, tmp_path_factory) -> Path:
     """tiny_digits' validation digits as 640 px JPEGs (quality 90), converted: large enough that
@@ -174,26 +155,10 @@ def resnet18_dir(tmp_path_factory) -> Path:
     return made_once(tmp_path_factory, "models", make)
 
 
-def fake_cpu(monkeypatch, flags, model: str = "a CPU") -> None:
-    """Make the running CPU (trainer.fastpath.cpu_info, what every speed choice reads) `model`
-    with `flags`, its kernels uncapped (no ONEDNN_MAX_CPU_ISA)."""
-    monkeypatch.setattr("trainer.fastpath.cpu_info", lambda: (model, frozenset(flags)))
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-
-
-def train_argv(model, data: dict, out, **options) -> list:
-    """Flags for trainer.train.main / `kfvision train` (options as python names)."""
-    argv = ["--model", str(model), "--train", str(data["train"]), "--val", str(data["val"]),
-            "--out", str(out)]
-    for k, v in options.items():
-        argv += ["--" + k.replace("_", "-"), str(v)]
-    return argv
-
-
 @pytest.fixture(scope="session")
 def trained_tiny(tmp_path_factory, tiny_digits, resnet18_dir) -> Path:
     """A resnet18 trained for 2 epochs on tiny_digits (a real trained model directory, fast)."""
-    from trainer.train import main
+    from kfvision.trainer.train import main
 
     def make(root):
         rc = main(train_argv(resnet18_dir, tiny_digits, root / "model", epochs=2, image_size=32,
@@ -226,47 +191,13 @@ def s3_endpoint():
     server.stop()
 
 
-def _fast_retries():
-    from pipelines.clients.s3 import RetryPolicy
-
-    return RetryPolicy(base_s=0.01, cap_s=0.2, total_s=20.0, connect_timeout_s=5.0,
-                       read_timeout_s=10.0)
-
-
-FAST_RETRIES = _fast_retries()
-
-
-class S3Bucket:
-    """A fresh bucket on the test server, and helpers to fill it."""
-
-    def __init__(self, name: str, endpoint: str):
-        from pipelines.clients import s3
-
-        self.name, self.endpoint = name, endpoint
-        self.client = s3.client()
-        self.client.create_bucket(Bucket=name)
-
-    def uri(self, key: str = "") -> str:
-        return f"s3://{self.name}/{key}"
-
-    def put(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.name, Key=key, Body=data)
-
-    def upload_folder(self, folder: Path, prefix: str) -> int:
-        """Every file under `folder` to `prefix` (paths kept); returns how many."""
-        files = [p for p in sorted(Path(folder).rglob("*")) if p.is_file()]
-        for p in files:
-            self.put(prefix + p.relative_to(folder).as_posix(), p.read_bytes())
-        return len(files)
-
-
 @pytest.fixture
 def s3_bucket(s3_endpoint, monkeypatch, tmp_path, request) -> S3Bucket:
     """The standard AWS variables pointed at the test server (dummy credentials, no config
     files), and a new bucket named after the test."""
     import re
 
-    from pipelines.clients import s3
+    from kfvision.pipelines.clients import s3
 
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_CA_BUNDLE"):
         monkeypatch.delenv(name, raising=False)
@@ -285,9 +216,6 @@ def s3_bucket(s3_endpoint, monkeypatch, tmp_path, request) -> S3Bucket:
 
 
 # --- a small filesystem that fills up ------------------------------------------------------
-
-FILLER = "filler.bin"
-
 
 @pytest.fixture
 def tmpfs(tmp_path):
@@ -312,23 +240,6 @@ def tmpfs(tmp_path):
     yield mount
     for folder in mounted:
         subprocess.run(["umount", "-l", str(folder)], capture_output=True)
-
-
-def fill(folder: Path, leave: int) -> None:
-    """Fill the volume of `folder` until `leave` bytes are free (a file `filler.bin`)."""
-    todo = max(shutil.disk_usage(folder).free - leave, 0)
-    chunk = b"\0" * (1 << 20)
-    try:
-        with open(folder / FILLER, "ab") as f:
-            while todo > 0:
-                todo -= f.write(chunk[:todo])
-    except OSError as e:  # full a little early (blocks for the file itself): full is the point
-        if e.errno != errno.ENOSPC:
-            raise
-
-
-def free_up(folder: Path) -> None:
-    (folder / FILLER).unlink()
 
 
 @pytest.fixture(scope="session")
@@ -383,7 +294,7 @@ def mlflow_server(tmp_path_factory):
 def trained_tiny_onnx(trained_tiny, tmp_path_factory) -> tuple:
     """trained_tiny exported to ONNX once a session (exporting is the slow part): (path, the
     metadata `export` wrote)."""
-    from trainer.use.export import export
+    from kfvision.trainer.use.export import export
 
     return tuple(made_once(tmp_path_factory, "onnx", lambda root: [
         root / "model.onnx", export(trained_tiny, "onnx", root / "model.onnx")]))
@@ -394,42 +305,12 @@ def served_digits(trained_tiny, tmp_path_factory):
     """`kfvision serve` of trained_tiny as model "digits" (--max-batch-size 8), one a session:
     the protocol tests (v1, v2 REST and gRPC, every client, hostile requests, /metrics) speak to
     it. A test that needs other server options starts its own."""
-    from pipelines.serve.client import Server
+    from kfvision.pipelines.serve.client import Server
 
     server = Server(["--model", trained_tiny, "--name", "digits", "--max-batch-size", "8"],
                     tmp_path_factory.mktemp("serve") / "server.log")
     yield server
     server.stop()
-
-
-# The CPU job that the distributed tests compare: 3 epochs of micro_digits (40 images) at 32 px,
-# batch 4 on each of 4 processes (3 steps an epoch), with a progress line at every step (what the
-# fault drills of test_resume_exact.py wait for), so that one unbroken run serves them all.
-JOB_FLAGS = ["--epochs", "3", "--image-size", "32", "--batch-size", "4", "--lr", "0.005",
-             "--augment", "light", "--print-freq", "1", "--seed", "5", "--workers", "0",
-             "--patience", "10"]
-
-
-def run_job(root: Path, data: dict, model, *, kind="pytorchjob", nodes=2, nproc=2) -> dict:
-    """Render a `nodes` x `nproc` CPU job of `kind` (JOB_FLAGS) with `kfvision job render`, run
-    it with `kfvision job run-local`.
-
-    Returns {"rc": run-local's exit code, "out": the model directory, "metrics": its
-    metrics.json, "logs": the log folder}.
-    """
-    from pipelines.cli import main
-
-    name = f"digits-{kind}-{nodes}x{nproc}"
-    out, manifest, logs = root / f"model-{name}", root / f"{name}.yaml", root / f"logs-{name}"
-    kind_flags = ["--kind", "trainjob", "--runtime", "kfvision-torch"] if kind == "trainjob" \
-        else []
-    assert main(["job", "render", *kind_flags, "--name", name, "--image", "local",
-                 "--nodes", str(nodes), "--procs-per-node", str(nproc), "--model", str(model),
-                 "--train", str(data["train"]), "--val", str(data["val"]), "--out", str(out),
-                 *JOB_FLAGS, "-o", str(manifest)]) == 0
-    rc = main(["job", "run-local", str(manifest), "--quiet", "--log-dir", str(logs)])
-    return {"rc": rc, "out": out, "metrics": json.loads((out / "metrics.json").read_text()),
-            "logs": logs}
 
 
 @pytest.fixture(scope="session")
@@ -442,15 +323,17 @@ def pytorchjob_2x2(tmp_path_factory, micro_digits, resnet18_dir) -> dict:
                      lambda root: run_job(root, micro_digits, resnet18_dir))
 
 
-class FakeClock:
-    """A clock that moves only when slept on: `clock()` is the time, `clock.sleep(s)` moves it.
-    Waits of any length take no real time (pass `sleep=clock.sleep, clock=clock`)."""
 
-    def __init__(self):
-        self.now = 0.0
 
-    def __call__(self):
-        return self.now
+@pytest.fixture
+def fake_registry():
+    """A FAKE Kubeflow Model Registry on a loopback port (helpers/fake_registry.py)."""
+    import yaml
+    from helpers.fake_registry import FakeModelRegistry
+    from helpers.paths import reference_file
 
-    def sleep(self, seconds):
-        self.now += seconds
+    spec = yaml.safe_load(reference_file("model-registry",
+                                         "model-registry-v1alpha3.openapi.yaml").read_text())
+    fake = FakeModelRegistry(spec)
+    yield fake
+    fake.server.shutdown()

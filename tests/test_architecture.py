@@ -8,20 +8,23 @@ import sys
 import textwrap
 
 import pytest
-from conftest import REPO
+from helpers.paths import REPO
 
 PACKAGES = ("trainer", "pipelines")
-LEAVES = ("trainer.errors", "trainer.fileio", "trainer.progress", "trainer.presets",
-          "trainer.upstream")
+LEAVES = ("kfvision.trainer.errors", "kfvision.trainer.fileio", "kfvision.trainer.progress",
+          "kfvision.trainer.presets",
+          "kfvision.trainer.upstream")
 # What a leaf may import all the same: other leaves (so no cycle can form through it).
-LEAF_IMPORTS = {"trainer.fileio": {"trainer.errors"}, "trainer.presets": {"trainer.errors"}}
+LEAF_IMPORTS = {"kfvision.trainer.fileio": {"kfvision.trainer.errors"},
+                "kfvision.trainer.presets": {"kfvision.trainer.errors"}}
 # Third-party packages only one module of ours imports (every other goes through it).
-CONFINED = {"openvino": {"trainer.use.predict"},
-            "onnxruntime.quantization": {"trainer.use.quantize"}}
+CONFINED = {"openvino": {"kfvision.trainer.use.predict"},
+            "onnxruntime.quantization": {"kfvision.trainer.use.quantize"}}
 
 
 def _module_name(path) -> str:
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    """The import name of a file of ours: its folder under `kfvision.` (setup.py)."""
+    parts = ["kfvision", *path.relative_to(REPO).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -105,7 +108,40 @@ def test_the_cycle_finder_finds_one():
 def test_the_trainer_never_imports_the_pipelines():
     graph = import_graph()
     assert {m: sorted(d) for m, d in graph.items()
-            if m.startswith("trainer") and any(x.startswith("pipelines") for x in d)} == {}
+            if m.startswith("kfvision.trainer.")
+            and any(x.startswith("kfvision.pipelines.") for x in d)} == {}
+
+
+# The wings of pipelines/, lowest first: a module imports from its own layer or a lower one,
+# never a higher. contract.py (a script's folders and their variables) is a leaf everything may
+# read; the pipeline's wing (flow/) stands beside tune/, under the command line.
+LAYERS = (("contract",), ("clients",), ("jobs", "serve"), ("script",), ("tune", "flow"), ("cli",))
+
+
+def _layer(module: str):
+    """The layer of a module under kfvision.pipelines (None for the package itself)."""
+    parts = module.split(".")
+    if parts[:2] != ["kfvision", "pipelines"] or len(parts) < 3:
+        return None
+    return next(i for i, wings in enumerate(LAYERS) if parts[2] in wings)
+
+
+def test_every_wing_of_pipelines_has_a_layer():
+    wings = {p.stem if p.is_file() else p.name for p in (REPO / "pipelines").iterdir()
+             if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())}
+    assert wings == {w for layer in LAYERS for w in layer}
+
+
+def test_no_import_points_up_the_layers_of_pipelines():
+    graph = import_graph()
+    up = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                if _layer(m) is not None and _layer(d) is not None and _layer(d) > _layer(m))
+    assert up == []
+
+
+def test_the_layer_check_finds_an_arrow_up():
+    assert _layer("kfvision.pipelines.clients.s3") < _layer("kfvision.pipelines.script.boot")
+    assert _layer("kfvision.pipelines.flow.steps.train") == _layer("kfvision.pipelines.tune.local")
 
 
 @pytest.mark.parametrize("package", CONFINED)
@@ -120,7 +156,7 @@ def test_leaf_modules_import_nothing_of_ours(leaf):
 
 _RUN = textwrap.dedent("""
     import csv, sys
-    from pipelines.cli import main
+    from kfvision.pipelines.cli import main
     command, tmp, data = sys.argv[1:]
     if command == "evaluate":
         with open(tmp + "/scored.csv", "w", newline="") as f:
@@ -189,17 +225,17 @@ def _importers(*packages: str) -> set:
 # Outside systems, one rule: each system's client libraries are imported by its one client module
 # under pipelines/clients/ (which maps its failures onto the named errors once), never elsewhere.
 # The one exception is the trainer's MLflow tracking (trainer/ cannot import pipelines/; the
-# registry client classifies MLflow's failures through trainer.tracking.failure).
-CLIENTS = "pipelines.clients."
+# registry client classifies MLflow's failures through kfvision.trainer.tracking.failure).
+CLIENTS = "kfvision.pipelines.clients."
 OUTSIDE_SYSTEMS = {  # system -> (its client libraries, the modules that may import them)
-    "Kubernetes API": (("kubernetes",), {"pipelines.clients.k8s"}),
+    "Kubernetes API": (("kubernetes",), {"kfvision.pipelines.clients.k8s"}),
     # s3get is the GET of s3's downloads: botocore's request, its failures mapped by s3
     "object storage": (("boto3", "botocore", "s3transfer", "s3fs"),
-                       {"pipelines.clients.s3", "pipelines.clients.s3get"}),
-    "MLflow": (("mlflow",), {"pipelines.clients.registry", "trainer.tracking"}),
-    "Kubeflow Model Registry": (("model_registry",), {"pipelines.clients.registry"}),
+                       {"kfvision.pipelines.clients.s3", "kfvision.pipelines.clients.s3get"}),
+    "MLflow": (("mlflow",), {"kfvision.pipelines.clients.registry", "kfvision.trainer.tracking"}),
+    "Kubeflow Model Registry": (("model_registry",), {"kfvision.pipelines.clients.registry"}),
 }
-OUTSIDE_THE_FOLDER = {"trainer.tracking"}
+OUTSIDE_THE_FOLDER = {"kfvision.trainer.tracking"}
 
 
 @pytest.mark.parametrize("system", OUTSIDE_SYSTEMS)
@@ -214,17 +250,18 @@ def test_each_outside_system_is_reached_through_its_client_module_only(system):
 # lists each with its released source). Prose (docstrings, help texts) may mention them; a string
 # that *is* one of them (starts with it) lives in its platform's module and is imported elsewhere.
 PLATFORM_NAMES = {
-    "trainer.kubeflow.org": {"pipelines.jobs.trainjob.rules", "trainer.upstream"},
-    "jobset.sigs.k8s.io/": {"pipelines.jobs.trainjob.rules"},
-    "batch.kubernetes.io/": {"pipelines.jobs.trainjob.rules"},
-    "PET_": {"pipelines.jobs.trainjob.rules", "pipelines.jobs.pytorchjob.local",
-             "pipelines.jobs.procs"},  # the operator's env (local.py), torchrun's (procs.py)
-    "training.kubeflow.org/": {"pipelines.jobs.pytorchjob.rules"},
-    "pytorchjob-port": {"pipelines.jobs.pytorchjob.rules"},
-    "katib.kubeflow.org/": {"pipelines.tune.katib_rules"},
-    "serving.kserve.io": {"pipelines.serve.deploy"},
-    "KUBEFLOW_TRAINER_": {"trainer.upstream"},
-    "nvidia.com/gpu": {"pipelines.clients.k8s"},
+    "trainer.kubeflow.org": {"kfvision.pipelines.jobs.trainjob.rules", "kfvision.trainer.upstream"},
+    "jobset.sigs.k8s.io/": {"kfvision.pipelines.jobs.trainjob.rules"},
+    "batch.kubernetes.io/": {"kfvision.pipelines.jobs.trainjob.rules"},
+    "PET_": {"kfvision.pipelines.jobs.trainjob.rules", "kfvision.pipelines.jobs.pytorchjob.local",
+             "kfvision.pipelines.jobs.procs"},
+             # the operator's env (local.py), torchrun's (procs.py)
+    "training.kubeflow.org/": {"kfvision.pipelines.jobs.pytorchjob.rules"},
+    "pytorchjob-port": {"kfvision.pipelines.jobs.pytorchjob.rules"},
+    "katib.kubeflow.org/": {"kfvision.pipelines.tune.katib_rules"},
+    "serving.kserve.io": {"kfvision.pipelines.serve.deploy"},
+    "KUBEFLOW_TRAINER_": {"kfvision.trainer.upstream"},
+    "nvidia.com/gpu": {"kfvision.pipelines.clients.k8s"},
 }
 
 
@@ -248,24 +285,25 @@ def test_each_platforms_names_are_spelled_in_one_module():
 
 # What only pipelines/jobs/render.py calls outside pipelines/jobs/: the one place that dispatches
 # on the job kind (each kind's builder and local runner)
-KIND_DISPATCH = {"pipelines.jobs.pytorchjob.build": {"build_pytorchjob", "set_command"},
-                 "pipelines.jobs.trainjob.build": {"build_trainjob", "set_command"},
-                 "pipelines.jobs.pytorchjob.local": {"run_local"},
-                 "pipelines.jobs.trainjob.local": {"run_local"}}
+KIND_DISPATCH = {"kfvision.pipelines.jobs.pytorchjob.build": {"build_pytorchjob", "set_command"},
+                 "kfvision.pipelines.jobs.trainjob.build": {"build_trainjob", "set_command"},
+                 "kfvision.pipelines.jobs.pytorchjob.local": {"run_local"},
+                 "kfvision.pipelines.jobs.trainjob.local": {"run_local"}}
 
 
 def test_only_render_dispatches_on_the_job_kind():
     found = []
     for path in (REPO / "pipelines").rglob("*.py"):
         name = _module_name(path)
-        if name.startswith("pipelines.jobs."):
+        if name.startswith("kfvision.pipelines.jobs."):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module in KIND_DISPATCH:
                 found += [f"{name}: {a.name}" for a in node.names
                           if a.name in KIND_DISPATCH[node.module]]
             elif isinstance(node, ast.ImportFrom) and node.module in (
-                    "pipelines.jobs.pytorchjob", "pipelines.jobs.trainjob"):
+                    "kfvision.pipelines.jobs.pytorchjob", "kfvision.pipelines.jobs.trainjob"):
                 found += [f"{name}: {node.module}.{a.name}" for a in node.names
                           if a.name in ("build", "local")]
-    assert found == [], "use pipelines.jobs.render (render_job, render_command_job, run_local)"
+    assert found == [], ("use kfvision.pipelines.jobs.render (render_job, render_command_job, "
+                         "run_local)")

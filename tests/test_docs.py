@@ -10,13 +10,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
-from parsers import _sample, command_parser, parse, sub_commands
+from helpers.parsers import _sample, command_parser, parse, sub_commands
+from helpers.paths import REPO
+from kfvision.pipelines.jobs.config import JobConfig
+from kfvision.trainer.config import TrainConfig
+from kfvision.trainer.options import options_of
 
-from pipelines.jobs.config import JobConfig
 from tools import docgen
-from trainer.config import TrainConfig
-from trainer.options import options_of
 
 
 def test_committed_docs_are_what_make_docs_writes():
@@ -138,7 +138,7 @@ def _words(text: str) -> list:
 def _aliases() -> frozenset:
     """The older spellings of options (`--procs-per-node`, `--learning-rate`): accepted, but
     the docs show each option's own flag."""
-    from pipelines.params import pipeline_options
+    from kfvision.pipelines.flow.params import pipeline_options
 
     return frozenset(f for o in pipeline_options().values() for f in o.pipeline_flags[1:]) | {
         f for c in (TrainConfig, JobConfig) for o in options_of(c) for f in o.flags[1:]}
@@ -186,7 +186,7 @@ def _check(argv: list, whole: bool) -> str | None:
 
 def _epilog_commands() -> list:
     """(where, text) of each `kfvision ...` line of the examples `--help` prints (epilogs)."""
-    from parsers import every_parser
+    from helpers.parsers import every_parser
 
     out = []
     for words, parser in every_parser():
@@ -197,7 +197,7 @@ def _epilog_commands() -> list:
                 while text.endswith("\\") and i + 1 < len(lines):
                     i += 1
                     text = text[:-1] + " " + lines[i].strip()
-                where = " ".join(("python -m trainer.train",) if words is None else
+                where = " ".join(("python -m kfvision.trainer.train",) if words is None else
                                  ("kfvision", *words, "--help"))
                 out.append((where, text))
     return out

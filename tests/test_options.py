@@ -7,16 +7,20 @@ import inspect
 from dataclasses import MISSING
 
 import pytest
-from parsers import every_parser
-
-from pipelines import components
-from pipelines.jobs.config import JobConfig, Toleration
-from pipelines.params import JOB_OPTIONS, TRAIN_OPTIONS, PipelineInputs, parameter_name
-from pipelines.params import pipeline_options as pipeline_table
-from pipelines.pipeline import image_classification, parameter_defaults
-from trainer.config import TrainConfig
-from trainer.errors import InvalidParameterError
-from trainer.options import options_of
+from helpers.parsers import every_parser
+from kfvision.pipelines.flow import components
+from kfvision.pipelines.flow.params import (
+    JOB_OPTIONS,
+    TRAIN_OPTIONS,
+    PipelineInputs,
+    parameter_name,
+)
+from kfvision.pipelines.flow.params import pipeline_options as pipeline_table
+from kfvision.pipelines.flow.pipeline import image_classification, parameter_defaults
+from kfvision.pipelines.jobs.config import JobConfig, Toleration
+from kfvision.trainer.config import TrainConfig
+from kfvision.trainer.errors import InvalidParameterError
+from kfvision.trainer.options import options_of
 
 PIPELINE = inspect.signature(image_classification.pipeline_func).parameters
 TABLE = pipeline_table()
@@ -112,7 +116,8 @@ def test_errors_carry_the_field_and_each_front_end_names_it(make, field, flag, p
 
 def _parsers():
     """(command, parser) of every command and sub-command of `kfvision`, and the trainer's."""
-    return [("python -m trainer.train" if words is None else " ".join(words) or "kfvision", parser)
+    return [("python -m kfvision.trainer.train" if words is None else " ".join(words) or "kfvision",
+             parser)
             for words, parser in every_parser()]
 
 
@@ -146,7 +151,7 @@ def test_no_help_repeats_a_default_or_hides_a_real_one(command, parser):
 
 
 def test_the_demos_settings_are_pipeline_parameters():
-    from pipelines.demo import DEMO_DEPLOY, DEMO_TRAIN
+    from kfvision.pipelines.flow.demo import DEMO_DEPLOY, DEMO_TRAIN
 
     assert set(DEMO_TRAIN) | set(DEMO_DEPLOY) <= set(TABLE)
 

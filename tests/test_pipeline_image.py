@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
-
-from pipelines import components
-from pipelines.jobs.config import TRAIN_COMMAND, JobConfig
-from trainer.config import TrainConfig
+from helpers.paths import REPO
+from kfvision.pipelines.flow import components
+from kfvision.pipelines.jobs.config import TRAIN_COMMAND, JobConfig
+from kfvision.trainer.config import TrainConfig
 
 DOCKERFILES = [REPO / "images" / "Dockerfile", REPO / "images" / "Dockerfile.cpu"]
 
@@ -54,8 +53,10 @@ def test_dockerfile_copies_everything_the_package_build_needs(dockerfile):
     copied = {src.rstrip("/") for a in instructions(dockerfile) if a[0] == "COPY"
               for src in a[1].split()[:-1]}  # COPY SRC... DEST
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    needed = {"pyproject.toml", "constraints.txt", project["project"]["readme"]}
-    needed |= {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    needed = {"pyproject.toml", "setup.py", "constraints.txt", project["project"]["readme"]}
+    setup = ast.parse((REPO / "setup.py").read_text())
+    needed |= next(set(ast.literal_eval(node.value)) for node in setup.body
+                   if isinstance(node, ast.Assign) and node.targets[0].id == "FOLDERS")
     assert needed <= copied, needed - copied
 
 

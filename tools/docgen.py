@@ -120,50 +120,50 @@ def flag_table(options) -> str:
 
 
 def train_options(page: str) -> str:
-    from trainer.config import TrainConfig
-    from trainer.options import options_of
+    from kfvision.trainer.config import TrainConfig
+    from kfvision.trainer.options import options_of
 
     return flag_table(options_of(TrainConfig))
 
 
 def job_options(page: str) -> str:
-    from pipelines.jobs.config import JobConfig
-    from trainer.options import options_of
+    from kfvision.pipelines.jobs.config import JobConfig
+    from kfvision.trainer.options import options_of
 
     return flag_table(options_of(JobConfig))
 
 
 def deploy_options(page: str) -> str:
-    from pipelines.serve.deploy import DeployConfig
-    from trainer.options import options_of
+    from kfvision.pipelines.serve.deploy import DeployConfig
+    from kfvision.trainer.options import options_of
 
     return flag_table(options_of(DeployConfig))
 
 
 def serve_options(page: str) -> str:
-    from pipelines.serve.server import ServeOptions
-    from trainer.options import options_of
+    from kfvision.pipelines.serve.server import ServeOptions
+    from kfvision.trainer.options import options_of
 
     return flag_table(options_of(ServeOptions))
 
 
 def search_options(page: str) -> str:
-    from pipelines.tune.experiment import Search
-    from trainer.options import options_of
+    from kfvision.pipelines.tune.experiment import Search
+    from kfvision.trainer.options import options_of
 
     return flag_table(options_of(Search))
 
 
 def storage_options(page: str) -> str:
-    from pipelines.storage import Storage
-    from trainer.options import options_of
+    from kfvision.pipelines.flow.storage import Storage
+    from kfvision.trainer.options import options_of
 
     return flag_table(options_of(Storage))
 
 
 def s3_options(page: str) -> str:
-    from pipelines.clients.s3 import S3Options
-    from trainer.options import options_of
+    from kfvision.pipelines.clients.s3 import S3Options
+    from kfvision.trainer.options import options_of
 
     return flag_table(options_of(S3Options))
 
@@ -172,8 +172,8 @@ def pipeline_parameters(page: str) -> str:
     """Every parameter of the pipeline, in its signature's order, with its flag in `kfvision
     pipeline submit | run-local` and the pipeline's default. A training or job parameter links
     to its option's row (range and meaning are there)."""
-    from pipelines.params import JOB_OPTIONS, TRAIN_OPTIONS, pipeline_options
-    from pipelines.pipeline import parameter_defaults
+    from kfvision.pipelines.flow.params import JOB_OPTIONS, TRAIN_OPTIONS, pipeline_options
+    from kfvision.pipelines.flow.pipeline import parameter_defaults
 
     options = pipeline_options()
     where = {**{o.param: ("kfvision train", TRAIN_TABLE, "training options")
@@ -198,8 +198,8 @@ def pipeline_parameters(page: str) -> str:
 
 def range_error_example(page: str) -> str:
     """What the pipeline's first step says of epochs = 0 (inline)."""
-    from pipelines.params import parameter_name, pipeline_options
-    from trainer.errors import InvalidParameterError
+    from kfvision.pipelines.flow.params import parameter_name, pipeline_options
+    from kfvision.trainer.errors import InvalidParameterError
 
     try:
         pipeline_options()["epochs"].check(0)
@@ -216,7 +216,7 @@ def _subcommand(parser, name: str):
 def kind_flags(page: str) -> str:
     """`kfvision job render`'s flags that pick the kind of job, as its parser has them (they
     are the command line's own, not a config's options)."""
-    from pipelines.cli import build_parser
+    from kfvision.pipelines.cli import build_parser
 
     render = _subcommand(_subcommand(build_parser(["job"]), "job"), "render")
     rows = [_row(["flag", "default", "choices", "meaning"]), _row(["---"] * 4)]
@@ -232,8 +232,8 @@ def kind_flags(page: str) -> str:
 def script_flags(page: str) -> str:
     """`kfvision job render`'s flags of a user's own script (docs/scripts.md), as its parser has
     them."""
-    from pipelines.cli import build_parser
-    from pipelines.cli.jobscript import SCRIPT_FLAGS
+    from kfvision.pipelines.cli import build_parser
+    from kfvision.pipelines.cli.jobscript import SCRIPT_FLAGS
 
     render = _subcommand(_subcommand(build_parser(["job"]), "job"), "render")
     rows = [_row(["flag", "default", "choices", "meaning"]), _row(["---"] * 4)]
@@ -249,8 +249,8 @@ def script_flags(page: str) -> str:
 
 def demo_settings(page: str) -> str:
     """The training settings `make demo` (`kfvision demo`) gives the pipeline (inline)."""
-    from pipelines.cli import build_parser
-    from pipelines.demo import demo_arguments
+    from kfvision.pipelines.cli import build_parser
+    from kfvision.pipelines.flow.demo import demo_arguments
 
     args = build_parser(["demo"]).parse_args(["demo"])
     given = demo_arguments(Path(args.out), args.epochs)

@@ -29,10 +29,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-
-from trainer.distributed import DistContext, broadcast_object, on_main
-from trainer.errors import CheckpointMismatchError, OutputError
-from trainer.model.trained import atomic_torch_save
+from kfvision.trainer.distributed import DistContext, broadcast_object, on_main
+from kfvision.trainer.errors import CheckpointMismatchError, OutputError
+from kfvision.trainer.model.trained import atomic_torch_save
 
 log = logging.getLogger("trainer")
 

@@ -8,8 +8,8 @@ import argparse
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from trainer.errors import InvalidParameterError, ref
-from trainer.options import (
+from kfvision.trainer.errors import InvalidParameterError, ref
+from kfvision.trainer.options import (
     ArgumentParser,
     HelpFormatter,
     add_flags,
@@ -17,7 +17,7 @@ from trainer.options import (
     option,
     options_of,
 )
-from trainer.presets import AUGMENTATIONS, CPU_BF16_MIN_IMAGE_SIZE
+from kfvision.trainer.presets import AUGMENTATIONS, CPU_BF16_MIN_IMAGE_SIZE
 
 ON_OFF = ("on", "off")
 AUTO_ON_OFF = ("auto", "on", "off")
@@ -129,9 +129,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
-    """The trainer's parser (`python -m trainer.train`); torch-free, for the command line."""
+    """The trainer's parser (`python -m kfvision.trainer.train`); torch-free, for the command
+    line."""
     parser = ArgumentParser(
-        prog="python -m trainer.train",
+        prog="python -m kfvision.trainer.train",
         description="Train a ResNet/DenseNet image classifier with PyTorch DDP.",
         add_help=add_help, formatter_class=HelpFormatter)
     return add_train_arguments(parser)

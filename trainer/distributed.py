@@ -1,10 +1,11 @@
 """Everything about "which process am I": the one place that reads the launcher's environment.
 
-Run one process with `python -m trainer.train ...`, or several with
-`torchrun --nproc-per-node 2 -m trainer.train ...`. Under a Kubeflow PyTorchJob the operator sets
-node-level `RANK`/`WORLD_SIZE` plus `PET_*` variables; the container must start us through torchrun,
-which turns `PET_*` into per-process `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`
-(see ../shared/reference/README.md). Nothing else in kfvision reads these variables.
+Run one process with `python -m kfvision.trainer.train ...`, or several with
+`torchrun --nproc-per-node 2 -m kfvision.trainer.train ...`. Under a Kubeflow PyTorchJob the
+operator sets node-level `RANK`/`WORLD_SIZE` plus `PET_*` variables; the container must start us
+through torchrun, which turns `PET_*` into per-process `RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
+`LOCAL_WORLD_SIZE` (see ../shared/reference/README.md). Nothing else in kfvision reads these
+variables.
 """
 
 import contextlib
@@ -14,9 +15,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from kfvision.trainer.errors import DeviceError, KfvisionError, check_choice
 from torch.nn.parallel import DistributedDataParallel
-
-from trainer.errors import DeviceError, KfvisionError, check_choice
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext, example: torch.Tensor,
     element in an order set by where it falls in its bucket, so with 3 or more processes the two
     layouts round the same gradients differently. A resumed run's first step is its processes'
     first, an unbroken run's is not: a resumed run ended some ulps away from one that never
-    stopped (tests/test_resume_exact.py shows it with 2 x 2 processes). So one throwaway
+    stopped (tests/jobs/test_resume_exact.py shows it with 2 x 2 processes). So one throwaway
     backward of `example` (an input like a batch's, forward under `autocast()` as in training)
     has DDP rebuild before the first real step, in a run that starts and one that resumes
     alike. It changes nothing of the model: eval mode (BatchNorm

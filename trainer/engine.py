@@ -12,11 +12,9 @@ import math
 import time
 
 import torch
-from torch import nn
-
-from trainer.config import TrainConfig
-from trainer.data.transforms import Normalizer
-from trainer.distributed import (
+from kfvision.trainer.config import TrainConfig
+from kfvision.trainer.data.transforms import Normalizer
+from kfvision.trainer.distributed import (
     DistContext,
     all_gather_object,
     all_reduce_sum,
@@ -24,10 +22,11 @@ from trainer.distributed import (
     on_main,
     wrap_model,
 )
-from trainer.errors import NonFiniteLossError
-from trainer.fastpath import FastPath
-from trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
-from trainer.rng import capture_rng, restore_rng
+from kfvision.trainer.errors import NonFiniteLossError
+from kfvision.trainer.fastpath import FastPath
+from kfvision.trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
+from kfvision.trainer.rng import capture_rng, restore_rng
+from torch import nn
 
 log = logging.getLogger("trainer")
 
@@ -96,7 +95,7 @@ class Trainer:
 
     `on_epoch(history, best_state)` is called on rank 0 after each epoch (to write metrics and the
     best weights as they come, so nothing is lost if a later epoch fails). What a restarted run
-    needs to go on is `state_dict()`; a checkpointer (trainer.checkpoint) stores it.
+    needs to go on is `state_dict()`; a checkpointer (kfvision.trainer.checkpoint) stores it.
     """
 
     def __init__(self, cfg: TrainConfig, ctx: DistContext, model: nn.Module, train_loader,
@@ -258,7 +257,8 @@ class Trainer:
     def fit(self, on_epoch=None, checkpointer=None) -> dict:
         """Train until the last epoch or early stop; returns the summary (best epoch etc.).
 
-        With a `checkpointer` (trainer.checkpoint), a run first resumes from the newest readable
+        With a `checkpointer` (kfvision.trainer.checkpoint), a run first resumes from the newest
+        readable
         checkpoint, and saves one after every epoch."""
         cfg, stopper, best_state = self.cfg, self.stopper, None
         if checkpointer is not None:  # a restarted run goes on from its last checkpoint

@@ -84,7 +84,7 @@ class NotLabeledDatasetError(InvalidDatasetError):
 class InvalidModelDirectoryError(KfvisionError):
     """A folder given as an (untrained or trained) model directory is not one, or its weights do
     not fit its architecture. Only that: a storage, parameter or evaluation problem has its own
-    error (tests/test_errors.py checks every raise)."""
+    error (tests/trainer/test_errors.py checks every raise)."""
 
 
 class StorageError(KfvisionError):

@@ -20,9 +20,9 @@ retryable (the pod is recreated, up to `runPolicy.backoffLimit` times). So:
 a deleted, evicted or preempted pod gets.)
 
 `torchrun` alone would hide all of this: any failed training process makes it exit 1. So the
-container runs `python -m trainer.launch` (torchrun's own code, see `trainer/launch.py`), which maps
-its children's exit codes and signals back with `for_failures` below. A retried pod resumes from the
-last checkpoint (`trainer/checkpoint.py`), so a retry costs at most one epoch.
+container runs `python -m kfvision.trainer.launch` (torchrun's own code, see `trainer/launch.py`),
+which maps its children's exit codes and signals back with `for_failures` below. A retried pod
+resumes from the last checkpoint (`trainer/checkpoint.py`), so a retry costs at most one epoch.
 """
 
 import signal
@@ -82,7 +82,7 @@ def error_line(exc: BaseException, text: str | None = None) -> str:
 def for_exception(exc: BaseException) -> int | None:
     """The exit code for an exception that reached the top of a training process, or None when
     it is unexpected (then Python's traceback and exit code 1 are the right answer)."""
-    from trainer.errors import KfvisionError
+    from kfvision.trainer.errors import KfvisionError
 
     if isinstance(exc, KfvisionError):
         return exc.exit_code

@@ -39,9 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-
-from trainer.distributed import DistContext, cpus_per_process
-from trainer.presets import CPU_BF16_MIN_IMAGE_SIZE
+from kfvision.trainer.distributed import DistContext, cpus_per_process
+from kfvision.trainer.presets import CPU_BF16_MIN_IMAGE_SIZE
 
 
 @dataclass(frozen=True)

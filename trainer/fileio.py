@@ -3,8 +3,9 @@ And one mapping of a full disk onto a named error, for every write kfvision make
 
 Every output kfvision writes (manifests, packs, weights, metrics, checkpoints, reports) goes
 through here; writes that stream elsewhere (convert's copies, score's table, an export, a fetch)
-wrap themselves in `disk_errors`. Nearly a leaf: no torch, nothing of ours but trainer.errors
-(itself a leaf), so torch-free commands (evaluate, split, convert) can use it.
+wrap themselves in `disk_errors`. Nearly a leaf: no torch, nothing of ours but
+kfvision.trainer.errors (itself a leaf), so torch-free commands (evaluate, split, convert) can use
+it.
 """
 
 import contextlib
@@ -15,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from trainer.errors import OutputError
+from kfvision.trainer.errors import OutputError
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
 # torch's zip writer (PytorchStreamWriter) reports a failed write without its errno

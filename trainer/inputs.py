@@ -8,9 +8,9 @@ would import it only to fail the same way. The trainer reads its inputs through 
 
 from typing import NamedTuple
 
-from trainer.data.imagedir import ImageDirectory, check_same_classes, read_image_directory
-from trainer.errors import InvalidDatasetError
-from trainer.model.spec import ModelSpec, read_model_spec
+from kfvision.trainer.data.imagedir import ImageDirectory, check_same_classes, read_image_directory
+from kfvision.trainer.errors import InvalidDatasetError
+from kfvision.trainer.model.spec import ModelSpec, read_model_spec
 
 
 class Inputs(NamedTuple):

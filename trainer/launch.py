@@ -1,6 +1,6 @@
 """`torchrun` that keeps its training processes' exit codes: the container entrypoint.
 
-    python -m trainer.launch [torchrun flags] -m trainer.train [training flags]
+    python -m kfvision.trainer.launch [torchrun flags] -m kfvision.trainer.train [training flags]
 
 Same flags, same `PET_*` environment and same behaviour as `torchrun` (this *is* torchrun's code:
 `torch.distributed.run.parse_args` and `run`), except how it exits. torchrun ends with exit code 1
@@ -22,7 +22,7 @@ See docs/faults.md for the whole picture.
 import sys
 import time
 
-from trainer import exitcodes
+from kfvision.trainer import exitcodes
 
 PREFIX = "[kfvision launch]"
 
@@ -83,9 +83,8 @@ def _peer_lost(e: BaseException) -> int:
 
 
 if __name__ == "__main__":
+    from kfvision.trainer.heap import freeze_imports
     from torch.distributed import run  # noqa: F401  (main's imports, made before the freeze)
-
-    from trainer.heap import freeze_imports
 
     freeze_imports()
     sys.exit(main())

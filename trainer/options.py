@@ -10,7 +10,7 @@ rest (help, choices, range, the pipeline's name for it) in its metadata.
 
 From that one declaration come the command-line flags (add_flags), the range and choice checks
 of `validate()` (check_options) and, in pipelines/, the pipeline's parameters and their help.
-Torch-free and a leaf: it imports nothing of ours but trainer.errors.
+Torch-free and a leaf: it imports nothing of ours but kfvision.trainer.errors.
 """
 
 import argparse
@@ -18,7 +18,7 @@ import functools
 import types
 from dataclasses import MISSING, dataclass, field, fields
 
-from trainer.errors import InvalidParameterError, check_choice, check_range, flag_name, ref
+from kfvision.trainer.errors import InvalidParameterError, check_choice, check_range, flag_name, ref
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Option:
 
     @property
     def ref(self) -> str:
-        """How an error message names this option (see trainer.errors.ref)."""
+        """How an error message names this option (see kfvision.trainer.errors.ref)."""
         return ref(self.name, self.flag)
 
     @property
@@ -148,7 +148,8 @@ def options_of(config_class) -> tuple:
 
 
 def ref_of(config_class, name: str) -> str:
-    """How an error message names option `name` of a config dataclass (see trainer.errors.ref)."""
+    """How an error message names option `name` of a config dataclass (see
+    kfvision.trainer.errors.ref)."""
     return next(o.ref for o in options_of(config_class) if o.name == name)
 
 

@@ -6,7 +6,7 @@ recipe (what the Azure module uses); "light" keeps orientation (digits, text, me
 "none" only resizes, for data already framed like the test images.
 """
 
-from trainer.errors import check_choice
+from kfvision.trainer.errors import check_choice
 
 AUGMENTATIONS = ("standard", "light", "none")
 

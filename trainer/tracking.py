@@ -4,7 +4,7 @@ client,
 classifies MLflow's failures through `failure` here).
 
     kfvision train ... --tracking-uri http://127.0.0.1:5000 [--experiment NAME]
-    MLFLOW_TRACKING_URI=http://mlflow:5000 torchrun ... -m trainer.train ...   # the same
+    MLFLOW_TRACKING_URI=http://mlflow:5000 torchrun ... -m kfvision.trainer.train ...   # the same
 
 What is logged: the resolved configuration as parameters; every epoch's history record (train and
 validation loss, top-1, validation top-5, learning rate, images/s) as metrics with step = epoch;
@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer import upstream
+from kfvision.trainer import upstream
 
 log = logging.getLogger("trainer")
 

@@ -1,7 +1,7 @@
 """Train an image classifier; the torchrun entrypoint of kfvision.
 
-One process:       python -m trainer.train --model M --train T --val V --out O
-N processes:       torchrun --nproc-per-node N -m trainer.train --model M ...
+One process:       python -m kfvision.trainer.train --model M --train T --val V --out O
+N processes:       torchrun --nproc-per-node N -m kfvision.trainer.train --model M ...
 Kubeflow PyTorchJob: the same torchrun command; torchrun reads the operator's PET_* variables.
 `kfvision train ...` takes the same flags.
 """
@@ -12,32 +12,38 @@ import sys
 from pathlib import Path
 
 import torch
-
-from trainer import distributed, exitcodes
-from trainer.checkpoint import FOLDER, KEEP, MUST_MATCH, Checkpointer, check_writable, output_error
-from trainer.config import TrainConfig, config_from_args, get_args_parser
-from trainer.data.datasets import EvalShard, ImageDataset, cache_bytes, make_loader
-from trainer.data.decode import JPEG_SUFFIXES
-from trainer.data.devicedata import EncodedImages, make_device_loader
-from trainer.data.transforms import (
+from kfvision.trainer import distributed, exitcodes
+from kfvision.trainer.checkpoint import (
+    FOLDER,
+    KEEP,
+    MUST_MATCH,
+    Checkpointer,
+    check_writable,
+    output_error,
+)
+from kfvision.trainer.config import TrainConfig, config_from_args, get_args_parser
+from kfvision.trainer.data.datasets import EvalShard, ImageDataset, cache_bytes, make_loader
+from kfvision.trainer.data.decode import JPEG_SUFFIXES
+from kfvision.trainer.data.devicedata import EncodedImages, make_device_loader
+from kfvision.trainer.data.transforms import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     Normalizer,
     eval_transform,
     train_transform,
 )
-from trainer.engine import Trainer
-from trainer.errors import KfvisionError
-from trainer.fastpath import describe, resolve_fast_path
-from trainer.fileio import atomic_write_json
-from trainer.inputs import read_inputs
-from trainer.model.arch import build_model
-from trainer.model.spec import WEIGHTS_FILE
-from trainer.model.trained import atomic_torch_save, write_model_files
-from trainer.reporting import EpochReporter
-from trainer.rng import seed_everything
-from trainer.tracking import RUN_ID_KEY, Tracker
-from trainer.trainjob_status import StatusReporter
+from kfvision.trainer.engine import Trainer
+from kfvision.trainer.errors import KfvisionError
+from kfvision.trainer.fastpath import describe, resolve_fast_path
+from kfvision.trainer.fileio import atomic_write_json
+from kfvision.trainer.inputs import read_inputs
+from kfvision.trainer.model.arch import build_model
+from kfvision.trainer.model.spec import WEIGHTS_FILE
+from kfvision.trainer.model.trained import atomic_torch_save, write_model_files
+from kfvision.trainer.reporting import EpochReporter
+from kfvision.trainer.rng import seed_everything
+from kfvision.trainer.tracking import RUN_ID_KEY, Tracker
+from kfvision.trainer.trainjob_status import StatusReporter
 
 log = logging.getLogger("trainer")
 
@@ -255,7 +261,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from trainer.heap import freeze_imports
+    from kfvision.trainer.heap import freeze_imports
 
     freeze_imports()
     sys.exit(main())

@@ -32,7 +32,7 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-from trainer.upstream import (
+from kfvision.trainer.upstream import (
     KUBERNETES_SERVICE_HOST,
     TRAINER_SERVER_CA_CERT,
     TRAINER_SERVER_TOKEN,

@@ -10,12 +10,12 @@ import argparse
 import importlib
 import sys
 
-from pipelines.cli import data, model, use
-from pipelines.cli.pipeline import register_demo
-from trainer.errors import KfvisionError
-from trainer.exitcodes import error_line
-from trainer.heap import freeze_at_exit
-from trainer.options import ArgumentParser
+from kfvision.pipelines.cli import data, model, use
+from kfvision.pipelines.cli.pipeline import register_demo
+from kfvision.trainer.errors import KfvisionError
+from kfvision.trainer.exitcodes import error_line
+from kfvision.trainer.heap import freeze_at_exit
+from kfvision.trainer.options import ArgumentParser
 
 EPILOG = """\
 typical run (no cluster needed):
@@ -61,7 +61,7 @@ def build_parser(argv: list | None = None) -> argparse.ArgumentParser:
         if named != name:
             sub.add_parser(name, help=help)
         else:
-            importlib.import_module(f"pipelines.cli.{name}").register(sub, help)
+            importlib.import_module(f"kfvision.pipelines.cli.{name}").register(sub, help)
     return p
 
 

@@ -1,7 +1,7 @@
-"""`python -m pipelines.cli` = `kfvision`."""
+"""`python -m kfvision.pipelines.cli` = `kfvision`."""
 
 import sys
 
-from pipelines.cli import main
+from kfvision.pipelines.cli import main
 
 sys.exit(main())

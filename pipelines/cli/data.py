@@ -1,17 +1,17 @@
 """`kfvision convert | pack | split`: making and preparing image directories."""
 
-from pipelines.clients.s3 import S3Options, is_s3
-from trainer.options import HelpFormatter, add_flags, options_of
+from kfvision.pipelines.clients.s3 import S3Options, is_s3
+from kfvision.trainer.options import HelpFormatter, add_flags, options_of
 
 
 def _convert(args) -> int:
-    from trainer.data.convert import convert
+    from kfvision.trainer.data.convert import convert
 
     progress = False if args.quiet else None
     src, labels, in_place, extract_to, origin = (args.src, args.labels, args.in_place,
                                                  args.extract_to, None)
     if is_s3(args.src) or is_s3(args.labels):  # fetched once into the data place, kept there
-        from pipelines.clients.datasource import default_place, fetch_source
+        from kfvision.pipelines.clients.datasource import default_place, fetch_source
 
         _check_out(args.out, args.overwrite)  # before a rerun re-extracts a fetched archive
         place = (args.extract_to if is_s3(args.src) else None) or default_place(args.out)
@@ -27,7 +27,7 @@ def _convert(args) -> int:
                      extract_to=extract_to, origin=origin)
     print(report.summary())
     if args.pack:  # the image directory is complete and valid already; the pack is an addition
-        from trainer.data.pack import write_pack
+        from kfvision.trainer.data.pack import write_pack
 
         print(write_pack(args.out, progress=progress).summary())
     return 0
@@ -36,21 +36,21 @@ def _convert(args) -> int:
 def _check_out(out, overwrite: bool) -> None:
     from pathlib import Path
 
-    from trainer.errors import InvalidDatasetError
+    from kfvision.trainer.errors import InvalidDatasetError
 
     if Path(out).exists() and not overwrite:
         raise InvalidDatasetError(f"{out} already exists; choose a new path or pass --overwrite.")
 
 
 def _pack(args) -> int:
-    from trainer.data.pack import write_pack
+    from kfvision.trainer.data.pack import write_pack
 
     print(write_pack(args.dir, force=args.force, progress=False if args.quiet else None).summary())
     return 0
 
 
 def _split(args) -> int:
-    from trainer.data.split import split
+    from kfvision.trainer.data.split import split
 
     counts = split(args.src, args.train_out, args.val_out, fraction=args.fraction,
                    seed=args.seed, overwrite=args.overwrite, in_place=args.in_place)

@@ -4,8 +4,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipelines.serve.deploy import DeployConfig
-from trainer.options import HelpFormatter, add_flags, options_of
+from kfvision.pipelines.serve.deploy import DeployConfig
+from kfvision.trainer.options import HelpFormatter, add_flags, options_of
 
 EPILOG = """\
 render, then apply (docs/serving.md):
@@ -21,8 +21,8 @@ def _check_kubeflow(uri: str) -> None:
     answers; otherwise say, in one line, that it goes to KServe unchecked."""
     import os
 
-    from pipelines.clients.endpoints import EndpointUnreachableError
-    from pipelines.clients.registry import REGISTRY_TOKEN, REGISTRY_URL, check_kubeflow_uri
+    from kfvision.pipelines.clients.endpoints import EndpointUnreachableError
+    from kfvision.pipelines.clients.registry import REGISTRY_TOKEN, REGISTRY_URL, check_kubeflow_uri
 
     url = os.environ.get(REGISTRY_URL)
     if not url:
@@ -40,11 +40,11 @@ def _check_kubeflow(uri: str) -> None:
 
 
 def _render(args) -> int:
-    from pipelines.clients.k8s import to_yaml
-    from pipelines.serve.deploy import build_inference_service
+    from kfvision.pipelines.clients.k8s import to_yaml
+    from kfvision.pipelines.serve.deploy import build_inference_service
 
     if args.model.startswith("models:/"):  # MLflow's registry: the version's storage URI
-        from pipelines.clients.registry import storage_uri
+        from kfvision.pipelines.clients.registry import storage_uri
 
         args.model = storage_uri(args.model)
     elif args.model.startswith("model-registry://"):  # KServe resolves it: checked when we can
@@ -54,7 +54,7 @@ def _render(args) -> int:
     if args.output in (None, "-"):
         sys.stdout.write(text)
     else:
-        from trainer.fileio import atomic_write_bytes
+        from kfvision.trainer.fileio import atomic_write_bytes
 
         atomic_write_bytes(args.output, text.encode())
         print(f"wrote InferenceService {args.name} to {args.output}", file=sys.stderr)
@@ -63,13 +63,12 @@ def _render(args) -> int:
 
 def _submit(args) -> int:
     import yaml
-
-    from pipelines.serve import cluster
+    from kfvision.pipelines.serve import cluster
 
     text = sys.stdin.read() if args.manifest == "-" else Path(args.manifest).read_text()
     isvc = yaml.safe_load(text)
     if not isinstance(isvc, dict) or isvc.get("kind") != cluster.KIND:
-        from trainer.errors import InvalidParameterError
+        from kfvision.trainer.errors import InvalidParameterError
 
         raise InvalidParameterError(f"{args.manifest} is not an InferenceService manifest; "
                                     "write one with `kfvision deploy render`.")
@@ -82,7 +81,7 @@ def _submit(args) -> int:
 
 
 def _delete(args) -> int:
-    from pipelines.serve import cluster
+    from kfvision.pipelines.serve import cluster
 
     client = cluster.connect(args.namespace)
     client.delete(args.name)

@@ -7,14 +7,14 @@ import signal
 import sys
 from pathlib import Path
 
-from pipelines.clients.k8s import to_yaml
-from pipelines.jobs.config import JobConfig
-from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.faults import Fault
-from pipelines.jobs.kinds import KINDS as JOB_KINDS
-from pipelines.jobs.signals import STOP
-from pipelines.jobs.trainjob.rules import RUNTIME_KINDS
-from trainer.options import HelpFormatter, add_flags, options_of
+from kfvision.pipelines.clients.k8s import to_yaml
+from kfvision.pipelines.jobs.config import JobConfig
+from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.faults import Fault
+from kfvision.pipelines.jobs.kinds import KINDS as JOB_KINDS
+from kfvision.pipelines.jobs.signals import STOP
+from kfvision.pipelines.jobs.trainjob.rules import RUNTIME_KINDS
+from kfvision.trainer.options import HelpFormatter, add_flags, options_of
 
 EPILOG = """\
 the same job, three ways:
@@ -32,8 +32,8 @@ JOB_OPTIONS = options_of(JobConfig)
 
 def job_config_from_args(args) -> JobConfig:
     """The JobConfig of `kfvision job render`'s (and `tune render`'s) flags; the pipeline's is
-    pipelines.steps.train.job_config."""
-    from trainer.config import config_from_args
+    kfvision.pipelines.flow.steps.train.job_config."""
+    from kfvision.trainer.config import config_from_args
 
     given = {o.name: getattr(args, o.name) for o in JOB_OPTIONS}
     given.update({o.name: tuple(given[o.name]) for o in JOB_OPTIONS if o.many})
@@ -42,7 +42,7 @@ def job_config_from_args(args) -> JobConfig:
 
 def render_argv(cfg: JobConfig) -> list:
     """The canonical `kfvision job render` arguments that give `cfg` (for the YAML's header)."""
-    from pipelines.jobs.config import train_flags
+    from kfvision.pipelines.jobs.config import train_flags
 
     argv = ["--name", cfg.name, "--image", cfg.image]
     for opt in JOB_OPTIONS:
@@ -57,7 +57,7 @@ def render_argv(cfg: JobConfig) -> list:
 
 
 def _render(args) -> int:
-    from pipelines.cli import jobscript
+    from kfvision.pipelines.cli import jobscript
 
     if jobscript.check_mode(args):
         return _render_script(args)
@@ -86,8 +86,8 @@ KINDS = tuple(sorted(k.lower() for k in JOB_KINDS))
 
 def build_job(args, cfg: JobConfig) -> tuple:
     """(job dict, the kind flags for the header) of `--kind`."""
-    from pipelines.jobs.kinds import PYTORCHJOB, named
-    from pipelines.jobs.render import render_job
+    from kfvision.pipelines.jobs.kinds import PYTORCHJOB, named
+    from kfvision.pipelines.jobs.render import render_job
 
     kind = named(args.kind)
     if kind is PYTORCHJOB:
@@ -95,7 +95,7 @@ def build_job(args, cfg: JobConfig) -> tuple:
             raise InvalidJobError("--runtime and --runtime-kind are for --kind trainjob; a "
                                   "PyTorchJob has no runtime. Drop them or add --kind trainjob.")
         return render_job(cfg, kind), []
-    from pipelines.jobs.trainjob.build import RuntimeRef
+    from kfvision.pipelines.jobs.trainjob.build import RuntimeRef
 
     runtime = RuntimeRef.from_flags(args.runtime, args.runtime_kind)
     argv = ["--kind", "trainjob", "--runtime", runtime.name]
@@ -113,22 +113,22 @@ def _add_kind_flags(g) -> None:
 
 
 def add_render(sub) -> None:
-    from trainer.config import get_args_parser
+    from kfvision.trainer.config import get_args_parser
 
     r = sub.add_parser(
         "render", parents=[get_args_parser(add_help=False)],
         help="write the PyTorchJob (or TrainJob) YAML of a training run",
         description="Write a kubeflow.org/v1 PyTorchJob: Master (+ Workers when --nodes > 1), "
         "or with --kind trainjob a Kubeflow Trainer v2 TrainJob of --nodes nodes, each running "
-        "`torchrun -m trainer.train` with the training flags below. Paths are as the pods see "
-        "them (e.g. under a --pvc mount).",
+        "`torchrun -m kfvision.trainer.train` with the training flags below. Paths are as the "
+        "pods see them (e.g. under a --pvc mount).",
         formatter_class=HelpFormatter)
     g = r.add_argument_group("job")
     add_flags(g, JOB_OPTIONS)
     _add_kind_flags(g)
     g.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
     # --- a user's own script: pipelines/cli/jobscript.py ---
-    from pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
+    from kfvision.pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
 
     add_script_flags(r)
     relax_trainer_paths(r)
@@ -136,7 +136,7 @@ def add_render(sub) -> None:
 
 
 def _render_script(args) -> int:
-    from pipelines.cli.jobscript import render_script, write_rendered
+    from kfvision.pipelines.cli.jobscript import render_script, write_rendered
 
     text, job, said = render_script(args, build_job)
     write_rendered(text, args.output)
@@ -157,8 +157,8 @@ def _fault(text: str) -> Fault:
 
 @STOP  # SIGINT and SIGTERM heard from here on, whatever this process inherited (signals.py)
 def _run_local(args) -> int:
-    from pipelines.jobs.kinds import read_manifest
-    from pipelines.jobs.render import run_local
+    from kfvision.pipelines.jobs.kinds import read_manifest
+    from kfvision.pipelines.jobs.render import run_local
 
     job, config_maps = read_manifest(args.manifest)  # ConfigMaps: a user's script's source
     name = job["metadata"]["name"]
@@ -205,8 +205,8 @@ def _namespace(args, job: dict | None = None) -> str | None:
 
 
 def _submit(args) -> int:
-    from pipelines.jobs.cluster import connect, submit
-    from pipelines.jobs.kinds import kind_of, read_manifest
+    from kfvision.pipelines.jobs.cluster import connect, submit
+    from kfvision.pipelines.jobs.kinds import kind_of, read_manifest
 
     job, config_maps = read_manifest(args.manifest)
     client = connect(_namespace(args, job), kind=kind_of(job))
@@ -225,8 +225,8 @@ def _submit(args) -> int:
 
 
 def _logs(args) -> int:
-    from pipelines.jobs import podlogs
-    from pipelines.jobs.cluster import attach, connect
+    from kfvision.pipelines.jobs import podlogs
+    from kfvision.pipelines.jobs.cluster import attach, connect
 
     if args.all and args.replica:
         raise InvalidJobError("--all shows every replica; drop --replica (or --all).")
@@ -254,7 +254,7 @@ def _logs(args) -> int:
 
 
 def _delete(args) -> int:
-    from pipelines.jobs.cluster import attach, connect
+    from kfvision.pipelines.jobs.cluster import attach, connect
 
     client = attach(connect(_namespace(args)), args.name)
     client.delete(args.name)
@@ -318,14 +318,14 @@ def register(subparsers, help: str) -> None:
     d.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
     d.set_defaults(func=_delete)
     # --- a user's own script in one step: pipelines/cli/jobscript.py ---
-    from pipelines.cli.jobscript import add_download, add_run
+    from kfvision.pipelines.cli.jobscript import add_download, add_run
 
     add_run(sub, JOB_OPTIONS, _add_kind_flags, _run_script)
     add_download(sub, _namespace)
 
 
 def _run_script(args) -> int:
-    from pipelines.cli.jobscript import check_mode, run_args
+    from kfvision.pipelines.cli.jobscript import check_mode, run_args
 
     if args.source is not None:
         check_mode(args)

@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.errors import InvalidJobError
 
 # the built-in trainer's flags a script job takes too: its MLflow run (pipelines/script/track.py)
 TRACKING = ("tracking_uri", "experiment")
@@ -32,7 +32,7 @@ def _pair(flag: str):
 
 def add_script_flags(parser, *, positional: bool = True) -> None:
     """The flags of a user's script (one group), and the script's arguments after `--`."""
-    from pipelines.script.job import LAUNCHERS
+    from kfvision.pipelines.script.job import LAUNCHERS
 
     g = parser.add_argument_group("your own script (instead of the built-in trainer; "
                                   "docs/scripts.md)")
@@ -76,7 +76,7 @@ def check_mode(args) -> bool:
     """True for a script job; raises InvalidJobError for a mix of the two modes."""
     from dataclasses import fields
 
-    from trainer.config import TrainConfig
+    from kfvision.trainer.config import TrainConfig
 
     trainer = [f.name for f in fields(TrainConfig) if getattr(args, f.name, None) is not None
                and (args.source is None or f.name not in TRACKING)]
@@ -100,8 +100,8 @@ def check_mode(args) -> bool:
 
 
 def _script_config(args, snap):
-    from pipelines.script.entry import resolve
-    from pipelines.script.job import ScriptConfig
+    from kfvision.pipelines.script.entry import resolve
+    from kfvision.pipelines.script.job import ScriptConfig
 
     start = resolve(snap.files, source=args.source, entry=args.entry, module=args.module,
                     requirements=args.requirements, workdir=args.workdir)
@@ -114,13 +114,14 @@ def _script_config(args, snap):
 def tracking_env(args, given: set) -> tuple:
     """((name, value), ...) that turn the script's MLflow run on in its pods: --tracking-uri
     (else MLFLOW_TRACKING_URI here) and --experiment, forwarded as the train step forwards them
-    (pipelines.steps.train.tracking_env: no credentials in the file), with the job's kind and
+    (kfvision.pipelines.flow.steps.train.tracking_env: no credentials in the file), with the job's
+    kind and
     name as tags; none that --env sets itself."""
     import os
 
-    from pipelines.jobs.kinds import named
-    from pipelines.steps.train import tracking_env as forwarded
-    from trainer import upstream
+    from kfvision.pipelines.flow.steps.train import tracking_env as forwarded
+    from kfvision.pipelines.jobs.kinds import named
+    from kfvision.trainer import upstream
 
     environ = dict(os.environ)
     if getattr(args, "tracking_uri", None):
@@ -140,7 +141,7 @@ def ship(snap, transport, output: str | None) -> str:
     if transport.how == "s3":
         import tempfile
 
-        from pipelines.clients import s3
+        from kfvision.pipelines.clients import s3
 
         if s3.head(transport.where) is not None:
             return f"at {transport.where} (already there)"
@@ -164,8 +165,8 @@ def ship(snap, transport, output: str | None) -> str:
 def script_parts(args) -> tuple:
     """(snapshot, ScriptConfig, Transport) of the script flags: the source packed and checked;
     nothing shipped yet."""
-    from pipelines.script.job import choose_transport
-    from pipelines.script.pack import pack
+    from kfvision.pipelines.script.job import choose_transport
+    from kfvision.pipelines.script.pack import pack
 
     snap = pack(args.source, include=args.include_secret)
     script = _script_config(args, snap)
@@ -176,14 +177,14 @@ def script_job(args, build_kind, then: str = "the job") -> tuple:
     """(docs: [ConfigMap (if any), job], lines to tell the user, the YAML header's text) of
     `job render --source`; the snapshot shipped where its transport says. `then`: what the
     header says the file creates after the ConfigMap."""
-    from pipelines.jobs.config import JobConfig
-    from pipelines.script.job import (
+    from kfvision.pipelines.jobs.config import JobConfig
+    from kfvision.pipelines.script.job import (
         NO_TRAINER,
         build_script_job,
         encoded_size,
         fits_client_side_apply,
     )
-    from trainer.options import options_of
+    from kfvision.trainer.options import options_of
 
     JOB_OPTIONS = options_of(JobConfig)  # noqa: N806 (as pipelines/cli/job.py names them)
     given = {o.name: getattr(args, o.name) for o in JOB_OPTIONS}
@@ -192,8 +193,8 @@ def script_job(args, build_kind, then: str = "the job") -> tuple:
     if args.kind == "pytorchjob" and (args.runtime or args.runtime_kind):
         build_kind(args, cfg)  # the built-in path's refusal, worded once
     snap, script, transport = script_parts(args)
-    from pipelines.jobs.kinds import named
-    from pipelines.jobs.trainjob.build import RuntimeRef
+    from kfvision.pipelines.jobs.kinds import named
+    from kfvision.pipelines.jobs.trainjob.build import RuntimeRef
 
     docs = build_script_job(cfg, script, snap, transport, kind=named(args.kind),
                             runtime=RuntimeRef.from_flags(args.runtime, args.runtime_kind))
@@ -224,7 +225,7 @@ def script_job(args, build_kind, then: str = "the job") -> tuple:
 
 def yaml_text(docs: list, header: str) -> str:
     """The documents as one YAML file, `header` as its first comment."""
-    from pipelines.clients.k8s import to_yaml
+    from kfvision.pipelines.clients.k8s import to_yaml
 
     return to_yaml(docs[0], header) + "".join("---\n" + to_yaml(d) for d in docs[1:])
 
@@ -246,7 +247,7 @@ def write_rendered(text: str, output: str | None) -> None:
 def add_run(sub, job_options, add_kind_flags, func) -> None:
     """`kfvision job run --source ...`: render, say where the YAML went, then run it here or
     submit it."""
-    from trainer.options import HelpFormatter, add_flags
+    from kfvision.trainer.options import HelpFormatter, add_flags
 
     r = sub.add_parser("run", formatter_class=HelpFormatter, allow_abbrev=False,
                        help="your own script in one step: render, then run-local (or submit)",
@@ -258,8 +259,8 @@ def add_run(sub, job_options, add_kind_flags, func) -> None:
     add_kind_flags(g)
     g.add_argument("-o", "--output", help="YAML file to write (default: build/jobs/NAME.yaml)")
     add_script_flags(r)
-    from trainer.config import TrainConfig
-    from trainer.options import options_of
+    from kfvision.trainer.config import TrainConfig
+    from kfvision.trainer.options import options_of
 
     t = r.add_argument_group("the script's MLflow run (as `job render --source` takes them)")
     add_flags(t, [o for o in options_of(TrainConfig) if o.name in TRACKING])
@@ -288,7 +289,7 @@ def add_download(sub, namespace_of) -> None:
     """`kfvision job download NAME PATH`: a file or folder of a script job's outputs
     (pipelines/script/outputs.py); `namespace_of(args)`: the namespace, as the job commands
     choose it."""
-    from trainer.options import HelpFormatter
+    from kfvision.trainer.options import HelpFormatter
 
     dl = sub.add_parser("download", formatter_class=HelpFormatter, help="fetch a file or "
                         "folder of a finished script job's outputs (model/..., outputs/...)",
@@ -305,9 +306,9 @@ def add_download(sub, namespace_of) -> None:
 
 
 def _download(args, namespace_of) -> int:
-    from pipelines.clients.k8s import KubernetesError
-    from pipelines.jobs.errors import JobOutputsError
-    from pipelines.script import outputs
+    from kfvision.pipelines.clients.k8s import KubernetesError
+    from kfvision.pipelines.jobs.errors import JobOutputsError
+    from kfvision.pipelines.script import outputs
 
     path = outputs.check_path(args.path)
     log_dir = Path(args.log_dir or Path("build") / "jobs" / args.name)
@@ -316,8 +317,8 @@ def _download(args, namespace_of) -> int:
         got = outputs.from_local(work, path, Path(args.out))
         print(f"downloaded {path} of job {args.name} from its local run in {log_dir} to {got}")
         return 0
-    from pipelines.jobs.cluster import attach, connect
-    from pipelines.jobs.podstatus import job_state
+    from kfvision.pipelines.jobs.cluster import attach, connect
+    from kfvision.pipelines.jobs.podstatus import job_state
 
     try:
         client = attach(connect(namespace_of(args)), args.name)

@@ -1,13 +1,13 @@
 """`kfvision model resnet|densenet`: untrained model directories; `kfvision push`: a model
 directory up to object storage."""
 
-from pipelines.clients.s3 import S3Options
-from trainer.options import HelpFormatter, add_flags, options_of
-from trainer.presets import ARCHITECTURES
+from kfvision.pipelines.clients.s3 import S3Options
+from kfvision.trainer.options import HelpFormatter, add_flags, options_of
+from kfvision.trainer.presets import ARCHITECTURES
 
 
 def _model(args) -> int:
-    from trainer.model.arch import write_untrained_model
+    from kfvision.trainer.model.arch import write_untrained_model
 
     spec = write_untrained_model(
         args.out, args.name, pretrained=args.pretrained, weights=args.weights,
@@ -22,9 +22,9 @@ def _model(args) -> int:
 def _push(args) -> int:
     from pathlib import Path
 
-    from pipelines.clients.s3sync import push
-    from trainer.errors import InvalidModelDirectoryError
-    from trainer.model.scripted import has_script_model, read_script_model
+    from kfvision.pipelines.clients.s3sync import push
+    from kfvision.trainer.errors import InvalidModelDirectoryError
+    from kfvision.trainer.model.scripted import has_script_model, read_script_model
 
     model = Path(args.dir)
     last = "model.json"

@@ -9,7 +9,7 @@ arguments as the KFP UI's run form and `kfp run create ... key=value`.
 import argparse
 from pathlib import Path
 
-from trainer.options import HelpFormatter, add_flags
+from kfvision.trainer.options import HelpFormatter, add_flags
 
 EPILOG = """\
 examples:
@@ -23,9 +23,10 @@ See docs/pipeline.md.
 
 
 def add_parameter_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per pipeline parameter (pipelines.params), with the pipeline's default."""
-    from pipelines.params import pipeline_options
-    from pipelines.pipeline import parameter_defaults
+    """One flag per pipeline parameter (kfvision.pipelines.flow.params), with the pipeline's
+    default."""
+    from kfvision.pipelines.flow.params import pipeline_options
+    from kfvision.pipelines.flow.pipeline import parameter_defaults
 
     options = pipeline_options()
     defaults = parameter_defaults()
@@ -35,15 +36,15 @@ def add_parameter_flags(parser: argparse.ArgumentParser) -> None:
 
 def pipeline_arguments(args) -> dict:
     """The pipeline's arguments from parsed flags (only those given or with a default)."""
-    from pipelines.pipeline import parameter_defaults
+    from kfvision.pipelines.flow.pipeline import parameter_defaults
 
     return {n: getattr(args, n) for n in parameter_defaults() if getattr(args, n) is not None}
 
 
 def add_storage_flags(parser: argparse.ArgumentParser) -> None:
-    """The compile-time storage flags (pipelines.storage.Storage)."""
-    from pipelines.storage import Storage
-    from trainer.options import options_of
+    """The compile-time storage flags (kfvision.pipelines.flow.storage.Storage)."""
+    from kfvision.pipelines.flow.storage import Storage
+    from kfvision.trainer.options import options_of
 
     add_flags(parser.add_argument_group(
         "storage (compiled in: where a run's data lives on the cluster; docs/pipeline.md, "
@@ -51,14 +52,14 @@ def add_storage_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def storage_of(args):
-    from pipelines.storage import Storage
-    from trainer.options import options_of
+    from kfvision.pipelines.flow.storage import Storage
+    from kfvision.trainer.options import options_of
 
     return Storage(**{o.name: getattr(args, o.name) for o in options_of(Storage)})
 
 
 def _compile(args) -> int:
-    from pipelines.pipeline import compile_pipeline
+    from kfvision.pipelines.flow.pipeline import compile_pipeline
 
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     compile_pipeline(args.output, image=args.image, storage=storage_of(args))
@@ -70,8 +71,8 @@ def _compile(args) -> int:
 def validate_for_cluster(arguments: dict) -> None:
     """Check a cluster run's arguments here before submitting (sources are not checked: they
     are paths on the cluster's PVC or URLs, not files of this machine)."""
-    from pipelines.pipeline import parameter_defaults
-    from pipelines.steps.check import check_parameters
+    from kfvision.pipelines.flow.pipeline import parameter_defaults
+    from kfvision.pipelines.flow.steps.check import check_parameters
 
     params = {**parameter_defaults(), **arguments}
     if params["execution_mode"] == "auto":
@@ -89,9 +90,9 @@ def local_script_source(arguments: dict, store: str | None):
         InvalidParameterError: such a folder without `store`; `store` with no such folder; an
             entry or requirements file that is not in the folder.
     """
-    from pipelines.clients.s3 import is_s3
-    from pipelines.storage import DATA_MOUNT
-    from trainer.errors import InvalidParameterError, ref
+    from kfvision.pipelines.clients.s3 import is_s3
+    from kfvision.pipelines.flow.storage import DATA_MOUNT
+    from kfvision.trainer.errors import InvalidParameterError, ref
 
     source = arguments.get("script_source") or ""
     on_pvc = source == DATA_MOUNT or source.startswith(DATA_MOUNT + "/")
@@ -108,8 +109,8 @@ def local_script_source(arguments: dict, store: str | None):
                                     f"this machine, and {what}: leave --source-store out.")
     if not local:
         return None
-    from pipelines.pipeline import parameter_defaults
-    from pipelines.steps.check import check_script
+    from kfvision.pipelines.flow.pipeline import parameter_defaults
+    from kfvision.pipelines.flow.steps.check import check_script
 
     return check_script({**parameter_defaults(), **arguments}, exists=True)
 
@@ -118,8 +119,8 @@ def upload_script_source(arguments: dict, snap, store: str) -> str:
     """Upload the snapshot `snap` of script_source's folder to `store` as PREFIX/<sha256>.tar.gz
     (unless that object is there); script_source becomes its URI. Returns the line that says
     so."""
-    from pipelines.cli.jobscript import ship
-    from pipelines.script.job import choose_transport
+    from kfvision.pipelines.cli.jobscript import ship
+    from kfvision.pipelines.script.job import choose_transport
 
     transport = choose_transport(snap, store, None)
     done = ship(snap, transport, None)
@@ -139,7 +140,7 @@ CHECK_AUTH = ("a multi-user Kubeflow needs a token: --token, --token-file (e.g. 
 def _read_token(path: str | None) -> str | None:
     if not path:
         return None
-    from trainer.errors import InvalidParameterError
+    from kfvision.trainer.errors import InvalidParameterError
 
     try:
         return Path(path).read_text(encoding="utf-8").strip()
@@ -152,9 +153,8 @@ def _submit(args) -> int:
     import warnings
 
     import kfp
-
-    from pipelines.clients.endpoints import probe, talking_to
-    from pipelines.pipeline import compile_pipeline
+    from kfvision.pipelines.clients.endpoints import probe, talking_to
+    from kfvision.pipelines.flow.pipeline import compile_pipeline
 
     arguments = pipeline_arguments(args)
     validate_for_cluster(arguments)
@@ -188,7 +188,7 @@ def _submit(args) -> int:
 
 
 def _run_local(args) -> int:
-    from pipelines.localrun import run_local_pipeline, summary
+    from kfvision.pipelines.flow.localrun import run_local_pipeline, summary
 
     run = run_local_pipeline(pipeline_arguments(args), args.out)
     print(summary(run))
@@ -196,7 +196,7 @@ def _run_local(args) -> int:
 
 
 def _demo(args) -> int:
-    from pipelines.demo import run_demo
+    from kfvision.pipelines.flow.demo import run_demo
 
     return run_demo(args.out, epochs=args.epochs)
 
@@ -213,7 +213,7 @@ def register_demo(subparsers) -> None:
 
 def register(subparsers, help: str) -> None:
     """Add `kfvision pipeline ...` to the `kfvision` command line's subparsers."""
-    from pipelines.components import DEFAULT_IMAGE
+    from kfvision.pipelines.flow.components import DEFAULT_IMAGE
 
     p = subparsers.add_parser(
         "pipeline", help=help,

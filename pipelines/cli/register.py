@@ -3,17 +3,17 @@ Kubeflow's Model Registry (pipelines/clients/registry.py; docs/tracking.md)."""
 
 import os
 
-from pipelines.clients import registry
-from trainer.options import HelpFormatter
+from kfvision.pipelines.clients import registry
+from kfvision.trainer.options import HelpFormatter
 
 
 def _register(args) -> int:
-    from pipelines.clients.models import resolve_model
+    from kfvision.pipelines.clients.models import resolve_model
 
     registry.check_name(args.name)
     kind = registry.check_registry(args.registry)
     if kind == "kubeflow" and not args.registry_url:
-        from trainer.errors import InvalidParameterError
+        from kfvision.trainer.errors import InvalidParameterError
 
         raise InvalidParameterError("--registry kubeflow needs --registry-url "
                                     "(https://HOST[:PORT] of the Model Registry).")

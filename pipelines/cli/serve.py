@@ -2,9 +2,9 @@
 
 import argparse
 
-from pipelines.clients.s3 import S3Options, is_s3
-from pipelines.serve.server import ServeOptions
-from trainer.options import add_flags, check_options, options_of
+from kfvision.pipelines.clients.s3 import S3Options, is_s3
+from kfvision.pipelines.serve.server import ServeOptions
+from kfvision.trainer.options import add_flags, check_options, options_of
 
 EPILOG = """\
 serve, then query (docs/serving.md):
@@ -16,8 +16,8 @@ serve, then query (docs/serving.md):
 
 
 def _serve(args) -> int:
-    from pipelines.cli.use import local_model
-    from pipelines.serve.server import default_name, serve
+    from kfvision.pipelines.cli.use import local_model
+    from kfvision.pipelines.serve.server import default_name, serve
 
     check_options(ServeOptions(**{o.name: getattr(args, o.name)
                                   for o in options_of(ServeOptions)}))  # before any download

@@ -6,11 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipelines.cli.train import NPROC_FLAG
-from pipelines.tune.experiment import Search
-from pipelines.tune.space import check_space
-from trainer.errors import InvalidParameterError
-from trainer.options import ArgumentParser, HelpFormatter, add_flags, options_of
+from kfvision.pipelines.cli.train import NPROC_FLAG
+from kfvision.pipelines.tune.experiment import Search
+from kfvision.pipelines.tune.space import check_space
+from kfvision.trainer.errors import InvalidParameterError
+from kfvision.trainer.options import ArgumentParser, HelpFormatter, add_flags, options_of
 
 EPILOG = """\
 the same search, two ways:
@@ -29,8 +29,8 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
 def _search(args, base=None) -> Search:
     """The search of the flags: over the built-in trainer's flags (`base`: its fixed values), or
     with base None over a user's script's placeholders (pipelines/tune/script.py)."""
-    from pipelines.tune.local import check_search
-    from pipelines.tune.script import check_placeholders
+    from kfvision.pipelines.tune.local import check_search
+    from kfvision.pipelines.tune.script import check_placeholders
 
     # more failures allowed than trials means "never give up": Katib wants it said as <= trials
     max_failed = min(args.max_failed, args.trials)
@@ -46,7 +46,7 @@ def _search(args, base=None) -> Search:
 def _script_mode(args) -> bool:
     """True for a user's script (--source); `tune run`'s --out is the search's folder then, not
     a flag of the built-in trainer."""
-    from pipelines.cli.jobscript import check_mode
+    from kfvision.pipelines.cli.jobscript import check_mode
 
     out = args.out
     if args.source is not None and args.func is _run:
@@ -58,9 +58,9 @@ def _script_mode(args) -> bool:
 
 
 def _run(args) -> int:
-    from pipelines.tune.local import TrainerTrial, run_search
-    from trainer.config import config_from_args
-    from trainer.train import setup_logging
+    from kfvision.pipelines.tune.local import TrainerTrial, run_search
+    from kfvision.trainer.config import config_from_args
+    from kfvision.trainer.train import setup_logging
 
     if _script_mode(args):
         return _run_script(args)
@@ -88,12 +88,12 @@ def _said(summary: dict, search: Search, out, kept: str) -> int:
 
 def _run_script(args) -> int:
     """`tune run --source`: each trial a local run of the script job (pipelines/tune/script.py)."""
-    from pipelines.cli.jobscript import script_parts, ship
-    from pipelines.jobs.config import JobConfig
-    from pipelines.script.job import NO_TRAINER
-    from pipelines.tune.local import run_search
-    from pipelines.tune.script import ScriptTrial
-    from trainer.train import setup_logging
+    from kfvision.pipelines.cli.jobscript import script_parts, ship
+    from kfvision.pipelines.jobs.config import JobConfig
+    from kfvision.pipelines.script.job import NO_TRAINER
+    from kfvision.pipelines.tune.local import run_search
+    from kfvision.pipelines.tune.script import ScriptTrial
+    from kfvision.trainer.train import setup_logging
 
     if args.out is None:
         raise InvalidParameterError("tune run --source needs --out DIR: the search's folder "
@@ -117,9 +117,9 @@ def _run_script(args) -> int:
 def _render(args) -> int:
     import dataclasses
 
-    from pipelines.cli.job import build_job, job_config_from_args
-    from pipelines.clients.k8s import to_yaml
-    from pipelines.tune.experiment import TRIAL_KINDS, TRIAL_SUFFIX, build_experiment
+    from kfvision.pipelines.cli.job import build_job, job_config_from_args
+    from kfvision.pipelines.clients.k8s import to_yaml
+    from kfvision.pipelines.tune.experiment import TRIAL_KINDS, TRIAL_SUFFIX, build_experiment
 
     if _script_mode(args):
         return _render_script(args)
@@ -136,7 +136,7 @@ def _render(args) -> int:
 
 
 def _write(text: str, output: str | None, what: str) -> None:
-    from pipelines.cli.jobscript import write_rendered
+    from kfvision.pipelines.cli.jobscript import write_rendered
 
     write_rendered(text, output)
     if output not in (None, "-"):
@@ -146,10 +146,10 @@ def _write(text: str, output: str | None, what: str) -> None:
 def _render_script(args) -> int:
     """`tune render --source`: the script's job (as `job render --source` makes it) as the
     trial template, its source ConfigMap (if any) before the Experiment in the same file."""
-    from pipelines.cli.job import build_job
-    from pipelines.cli.jobscript import script_job, yaml_text
-    from pipelines.tune.experiment import TRIAL_KINDS, TRIAL_SUFFIX, build_experiment
-    from pipelines.tune.script import SCRIPT
+    from kfvision.pipelines.cli.job import build_job
+    from kfvision.pipelines.cli.jobscript import script_job, yaml_text
+    from kfvision.pipelines.tune.experiment import TRIAL_KINDS, TRIAL_SUFFIX, build_experiment
+    from kfvision.pipelines.tune.script import SCRIPT
 
     search = _search(args)
     name = args.name
@@ -170,9 +170,8 @@ def _read_experiment(path: str) -> tuple:
     """(the Experiment, [ConfigMap, ...]) of a file `tune render` wrote (a script's source
     ConfigMap comes before its Experiment)."""
     import yaml
-
-    from pipelines.jobs.errors import InvalidJobError
-    from pipelines.tune.katib_rules import validate_experiment
+    from kfvision.pipelines.jobs.errors import InvalidJobError
+    from kfvision.pipelines.tune.katib_rules import validate_experiment
 
     source = "standard input" if path == "-" else path
     try:
@@ -190,8 +189,8 @@ def _read_experiment(path: str) -> tuple:
 
 
 def _client(args, experiment: dict | None = None):
-    from pipelines.jobs.errors import InvalidJobError
-    from pipelines.tune import cluster
+    from kfvision.pipelines.jobs.errors import InvalidJobError
+    from kfvision.pipelines.tune import cluster
 
     given = (experiment or {}).get("metadata", {}).get("namespace")
     if args.namespace and given and args.namespace != given:
@@ -201,7 +200,7 @@ def _client(args, experiment: dict | None = None):
 
 
 def _submit(args) -> int:
-    from pipelines.tune.cluster import submit
+    from kfvision.pipelines.tune.cluster import submit
 
     experiment, config_maps = _read_experiment(args.experiment)
     api = _client(args, experiment)
@@ -259,7 +258,7 @@ def _cluster_verbs(verbs) -> None:
 
 def _job_render_parser() -> argparse.ArgumentParser:
     """`kfvision job render`'s parser: the job and training flags, declared there once."""
-    from pipelines.cli import job
+    from kfvision.pipelines.cli import job
 
     sub = ArgumentParser(add_help=False).add_subparsers()
     job.add_render(sub)
@@ -267,7 +266,7 @@ def _job_render_parser() -> argparse.ArgumentParser:
 
 
 def register(subparsers, help: str) -> None:
-    from trainer.config import get_args_parser
+    from kfvision.trainer.config import get_args_parser
 
     t = subparsers.add_parser("tune", help=help, epilog=EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -279,8 +278,8 @@ def register(subparsers, help: str) -> None:
     run.add_argument(NPROC_FLAG, type=int, default=1,
                      help="training processes per trial (torchrun when > 1)")
     # --- a user's own script: its flags and `job render`'s --nodes, declared there once ---
-    from pipelines.cli.job import JOB_OPTIONS
-    from pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
+    from kfvision.pipelines.cli.job import JOB_OPTIONS
+    from kfvision.pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
 
     add_flags(run.add_argument_group("your own script's trials"),
               [o for o in JOB_OPTIONS if o.name == "nodes"])

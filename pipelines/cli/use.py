@@ -1,7 +1,7 @@
 """`kfvision score | evaluate | export`: using a trained model."""
 
-from pipelines.clients.s3 import S3Options
-from trainer.options import HelpFormatter, add_flags, options_of
+from kfvision.pipelines.clients.s3 import S3Options
+from kfvision.trainer.options import HelpFormatter, add_flags, options_of
 
 MODEL_HELP = "trained model directory, s3://BUCKET/PREFIX/ or models:/NAME/VERSION (docs/data.md)"
 
@@ -10,8 +10,8 @@ def local_model(args, *, onnx_file: bool = False):
     """The local path of `--model` (fetched where it is a URI), its files checked before torch is
     imported: a wrong path is said at once, in the loader's words (trainer/model/layout.py), not
     after seconds of imports. `onnx_file`: a file is taken as an ONNX export (serve's)."""
-    from pipelines.clients.models import resolve_model
-    from trainer.model.layout import model_kind
+    from kfvision.pipelines.clients.models import resolve_model
+    from kfvision.trainer.model.layout import model_kind
 
     model = resolve_model(args.model, max_connections=args.max_connections)
     if not (onnx_file and model.is_file()):
@@ -22,7 +22,7 @@ def local_model(args, *, onnx_file: bool = False):
 def _image_dirs(*dirs) -> None:
     """Read each given image directory's manifest (no look at each file: the reader later does
     that), so that a wrong path is said before torch is imported too."""
-    from trainer.data.imagedir import read_image_directory
+    from kfvision.trainer.data.imagedir import read_image_directory
 
     for d in dirs:
         if d:
@@ -32,7 +32,7 @@ def _image_dirs(*dirs) -> None:
 def _score(args) -> int:
     model = local_model(args)
     _image_dirs(args.data)
-    from trainer.use.score import score
+    from kfvision.trainer.use.score import score
 
     result = score(model, args.data, args.out, batch_size=args.batch_size,
                    device=args.device, progress=False if args.quiet else None,
@@ -43,13 +43,15 @@ def _score(args) -> int:
 
 
 def _evaluate(args) -> int:
-    from trainer.use.evaluate import evaluate
+    from kfvision.trainer.use.evaluate import evaluate
 
     m = evaluate(args.scored, args.out)
     print(f"evaluated {m['rows']} images: accuracy {m['accuracy']:.4f}, top-{m['top_k']} "
           f"{m['top5_accuracy']:.4f}, macro F1 {m['macro_avg']['f1']:.4f}")
     print(f"wrote metrics.json, report.md and confusion_matrix.png to {args.out}")
-    from trainer.tracking import log_evaluation  # mlflow itself only when a server is given
+    from kfvision.trainer.tracking import (
+        log_evaluation,  # mlflow itself only when a server is given
+    )
 
     run = log_evaluation(args.out, m, tracking_uri=args.tracking_uri, run_id=args.run_id,
                          experiment=args.experiment)
@@ -59,7 +61,7 @@ def _evaluate(args) -> int:
 
 
 def _export_int8(args, model) -> int:
-    from trainer.use.quantize import export_int8
+    from kfvision.trainer.use.quantize import export_int8
 
     meta = export_int8(model, args.out, args.calibrate, args.check,
                        calibration=args.calibration_images, check_limit=args.check_limit)
@@ -72,7 +74,7 @@ def _export_int8(args, model) -> int:
 
 
 def _export(args) -> int:
-    from trainer.errors import ExportError, InvalidParameterError
+    from kfvision.trainer.errors import ExportError, InvalidParameterError
 
     if args.quantize == "int8":
         missing = [f for f, v in (("--calibrate", args.calibrate), ("--check", args.check))
@@ -86,7 +88,7 @@ def _export(args) -> int:
     _image_dirs(args.check, args.calibrate)
     if args.quantize == "int8":
         return _export_int8(args, model)
-    from trainer.use.export import TOLERANCE, check_export, export
+    from kfvision.trainer.use.export import TOLERANCE, check_export, export
 
     meta = export(model, args.format, args.out)
     size = meta["image_size"]
@@ -143,8 +145,8 @@ def register(sub) -> None:
                    "PyTorch on (int8: labelled)")
     x.add_argument("--check-limit", type=int, help="images of DATA to compare (default: 256; "
                    "with --quantize int8, all; fewer: a random sample)")
-    # trainer.use.quantize's QUANTIZE and CALIBRATION_IMAGES, written out: importing it would
-    # load torch for every command (tests/test_export_int8.py checks they agree)
+    # kfvision.trainer.use.quantize's QUANTIZE and CALIBRATION_IMAGES, written out: importing it
+    # would load torch for every command (tests/trainer/test_export_int8.py checks they agree)
     x.add_argument("--quantize", choices=("none", "int8"), default="none",
                    help="int8: quantized ONNX for CPUs (needs --calibrate and --check; "
                    "docs/serving.md)")

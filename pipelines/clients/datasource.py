@@ -9,15 +9,15 @@ source URI and each object's ETag).
 
 PLACE keeps what was fetched: running again over an unchanged source downloads nothing (an
 archive is extracted again from the local copy); an object changed since is a
-ChangedDatasetError (pipelines.clients.s3sync).
+ChangedDatasetError (kfvision.pipelines.clients.s3sync).
 """
 
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.clients import s3, s3sync
-from trainer.errors import InvalidDatasetError
+from kfvision.pipelines.clients import s3, s3sync
+from kfvision.trainer.errors import InvalidDatasetError
 
 LABELS_FOLDER = ".kfvision-labels"  # hidden: convert never takes it for images
 EXTRACTED = "images"
@@ -25,7 +25,7 @@ EXTRACTED = "images"
 
 @dataclass(frozen=True)
 class LocalSource:
-    """What `trainer.data.convert.convert` gets for a source."""
+    """What `kfvision.trainer.data.convert.convert` gets for a source."""
 
     src: Path  # the fetched folder, or archive
     labels: str | None
@@ -47,9 +47,9 @@ def fetch_source(source: str, place, *, labels: str | None = None,
 
     Raises:
         InvalidDatasetError: an s3:// object that is not an archive kfvision reads. The errors of
-            pipelines.clients.s3sync.fetch.
+            kfvision.pipelines.clients.s3sync.fetch.
     """
-    from trainer.data.archive import archive_kind
+    from kfvision.trainer.data.archive import archive_kind
 
     place = Path(place)
     summaries: list = []

@@ -14,8 +14,8 @@ import contextlib
 import socket
 import ssl
 
-from trainer.errors import KfvisionError
-from trainer.exitcodes import EXIT_AUTH, EXIT_TLS, EXIT_UNAVAILABLE
+from kfvision.trainer.errors import KfvisionError
+from kfvision.trainer.exitcodes import EXIT_AUTH, EXIT_TLS, EXIT_UNAVAILABLE
 
 
 def free_ports(n: int) -> list[int]:

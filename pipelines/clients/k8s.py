@@ -33,9 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-
-from pipelines.clients.endpoints import EndpointAuthError, EndpointError, endpoint_error
-from trainer.errors import KfvisionError
+from kfvision.pipelines.clients.endpoints import EndpointAuthError, EndpointError, endpoint_error
+from kfvision.trainer.errors import KfvisionError
 
 # NVIDIA's device plugin resource (github.com/NVIDIA/k8s-device-plugin, `nvidia.com/gpu`)
 GPU_RESOURCE = "nvidia.com/gpu"

@@ -5,7 +5,7 @@ local path. Score, export, serve, register and the deploy step's local check all
     s3://bucket/models/r18/          fetched once into the cache, keyed by its ETags (s3sync)
     models:/digits/3, models:/digits@champion
                                      a version in MLflow's registry (MLFLOW_TRACKING_URI), fetched
-                                     once into the cache (pipelines.clients.registry)
+                                     once into the cache (kfvision.pipelines.clients.registry)
     model-registry://[HOST/]digits/sha256-0123456789abcdef
                                      a version in Kubeflow's Model Registry (KFVISION_REGISTRY_URL):
                                      the storage URI it recorded, read as above when that is
@@ -22,9 +22,14 @@ import re
 import sys
 from pathlib import Path
 
-from pipelines.clients import s3
-from pipelines.clients.registry import KUBEFLOW_SCHEME, MLFLOW_SCHEME, REGISTRY_TOKEN, REGISTRY_URL
-from trainer.errors import InvalidParameterError
+from kfvision.pipelines.clients import s3
+from kfvision.pipelines.clients.registry import (
+    KUBEFLOW_SCHEME,
+    MLFLOW_SCHEME,
+    REGISTRY_TOKEN,
+    REGISTRY_URL,
+)
+from kfvision.trainer.errors import InvalidParameterError
 
 SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*):/")
 INSTEAD = ("give a local model directory, an s3:// copy (`kfvision push DIR s3://...`), "
@@ -66,14 +71,14 @@ def resolve_model(uri, *, environ=None, max_connections: int = s3.DEFAULT_CONNEC
     if scheme is None:
         return Path(text)
     if text.startswith(MLFLOW_SCHEME):  # only then is the registry client's mlflow imported
-        from pipelines.clients import registry
+        from kfvision.pipelines.clients import registry
 
         return registry.fetch_mlflow_version(text, tracking_uri=env.get("MLFLOW_TRACKING_URI"),
                                              cache=cache_root(env) / "models")
     if text.startswith(KUBEFLOW_SCHEME):
         return _from_kubeflow(text, env, max_connections, out)
     if s3.is_s3(text):
-        from pipelines.clients import s3sync
+        from kfvision.pipelines.clients import s3sync
 
         cache = cache_root(env) / "s3"
         print(f"model {text}: its local copy in {cache} (fetched once)", file=out, flush=True)
@@ -88,7 +93,7 @@ def resolve_model(uri, *, environ=None, max_connections: int = s3.DEFAULT_CONNEC
 
 def _from_kubeflow(uri: str, env, max_connections: int, out) -> Path:
     """A Kubeflow Model Registry version: where its artifact is stored, read from there."""
-    from pipelines.clients import registry
+    from kfvision.pipelines.clients import registry
 
     url = env.get(REGISTRY_URL)
     if not url:

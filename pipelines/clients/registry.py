@@ -1,8 +1,8 @@
 """Model registries: MLflow's and Kubeflow's Model Registry ("Kubeflow Hub"). The one module of
 pipelines/ that talks to them (mlflow and model_registry are imported here only, and lazily); it
-maps their failures onto the named errors of pipelines.clients.endpoints once, classifying MLflow's
-through
-trainer.tracking.failure (the trainer's tracking client).
+maps their failures onto the named errors of kfvision.pipelines.clients.endpoints once, classifying
+MLflow's through
+kfvision.trainer.tracking.failure (the trainer's tracking client).
 
     kfvision register --model models/digits --name digits                  # MLflow
     kfvision register --model models/digits --name digits --registry kubeflow \\
@@ -21,14 +21,14 @@ import re
 import shutil
 from pathlib import Path
 
-from pipelines.clients.endpoints import (
+from kfvision.pipelines.clients.endpoints import (
     EndpointAuthError,
     EndpointTLSError,
     EndpointUnreachableError,
 )
-from pipelines.script.contract import read_provenance
-from trainer.errors import InvalidModelDirectoryError, InvalidParameterError, KfvisionError
-from trainer.model.layout import is_trained_model, read_trained_model
+from kfvision.pipelines.contract import read_provenance
+from kfvision.trainer.errors import InvalidModelDirectoryError, InvalidParameterError, KfvisionError
+from kfvision.trainer.model.layout import is_trained_model, read_trained_model
 
 REGISTRIES = ("mlflow", "kubeflow")
 REGISTRY_URL = "KFVISION_REGISTRY_URL"  # ours: the Kubeflow Model Registry, https://HOST[:PORT]
@@ -99,7 +99,7 @@ def describe_model(model_dir) -> dict:
 def _describe_script_model(model_dir: Path) -> dict:
     """A script's model directory, loaded once so that only one kfvision serves is registered
     (torch is imported for it only); its metrics.json is optional."""
-    from trainer.model.trained import load_model
+    from kfvision.trainer.model.trained import load_model
 
     _, info = load_model(model_dir)
     try:
@@ -113,7 +113,7 @@ def _describe_script_model(model_dir: Path) -> dict:
 
 
 def _endpoint_error(exc: Exception, endpoint: str, what: str) -> KfvisionError:
-    from trainer.tracking import WHAT_TO_CHECK, failure
+    from kfvision.trainer.tracking import WHAT_TO_CHECK, failure
 
     kind = failure(exc)
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
@@ -163,7 +163,7 @@ def register_mlflow(model_dir, name: str, *, description: str = "",
         try:
             client.get_registered_model(name)
         except Exception as e:  # noqa: BLE001 - classified: only "missing" means create it
-            from trainer.tracking import failure
+            from kfvision.trainer.tracking import failure
 
             if failure(e) != "missing":
                 raise
@@ -287,9 +287,10 @@ def check_kubeflow_uri(uri: str, *, url: str, token: str | None = None) -> str:
 
 def fetch_mlflow_version(uri: str, *, tracking_uri: str | None, cache: Path) -> Path:
     """The local copy of the MLflow version `models:/NAME/VERSION` (or `models:/NAME@ALIAS`):
-    fetched once into `cache`/NAME/VERSION and reused (pipelines.clients.models.resolve_model is
-    what commands call). Raises InvalidParameterError for a malformed URI, RegistryError for an
-    unknown model or version, Endpoint*Error when the server cannot be used."""
+    fetched once into `cache`/NAME/VERSION and reused
+    (kfvision.pipelines.clients.models.resolve_model is what commands call). Raises
+    InvalidParameterError for a malformed URI, RegistryError for an unknown model or version,
+    Endpoint*Error when the server cannot be used."""
     text = str(uri)
     m = MODELS_URI.fullmatch(text)
     if not m:

@@ -44,14 +44,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.clients.endpoints import (
+from kfvision.pipelines.clients.endpoints import (
     EndpointAuthError,
     EndpointTLSError,
     EndpointUnreachableError,
 )
-from trainer.errors import ChangedDatasetError, InvalidParameterError, KfvisionError
-from trainer.fileio import disk_errors
-from trainer.options import option
+from kfvision.trainer.errors import ChangedDatasetError, InvalidParameterError, KfvisionError
+from kfvision.trainer.fileio import disk_errors
+from kfvision.trainer.options import option
 
 SCHEME = "s3://"
 PART = ".kfvision-part-"
@@ -211,7 +211,7 @@ def _getter(bucket: str, max_connections: int):
     s3get.py), made once per client and bucket (its first call asks botocore for a template)."""
     with _clients_lock:
         if (max_connections, bucket) not in _getters:
-            from pipelines.clients.s3get import Getter
+            from kfvision.pipelines.clients.s3get import Getter
 
             _getters[max_connections, bucket] = Getter(client(max_connections), bucket,
                                                        _credentials[max_connections])

@@ -10,9 +10,9 @@ botocore built (its URL, headers and the signing scope of its Authorization) bec
 Each object's request is then that template with its key and If-Match, signed with SigV4 by
 `SigV4` below (the headers botocore's `S3SigV4Auth` writes, at a tenth of its CPU: botocore's
 signer rebuilds its header dictionaries and derives its key per request; the client's
-credentials, refreshed as botocore refreshes them; tests/test_s3get.py compares the two) and sent
-through the client's own HTTP session (its pool, timeouts, proxies and CA bundle; its mapping of
-urllib3's failures onto botocore's exceptions). The answer comes back as `get_object`'s would for
+credentials, refreshed as botocore refreshes them; tests/clients/test_s3get.py compares the two) and
+sent through the client's own HTTP session (its pool, timeouts, proxies and CA bundle; its mapping
+of urllib3's failures onto botocore's exceptions). The answer comes back as `get_object`'s would for
 what `download` reads (ETag, encryption, the body as a StreamingBody whose flexible checksum is
 checked as botocore checks it), and a refusal as the ClientError botocore would raise, so the
 layer maps it as before.
@@ -148,7 +148,7 @@ _UNSIGNED = set(SIGNED_HEADERS_BLACKLIST)  # as botocore leaves them out of the 
 
 class SigV4:
     """AWS Signature Version 4 of a request with no body, the headers as botocore's S3SigV4Auth
-    writes them (tests/test_s3get.py compares the two), at a tenth of its CPU: no header
+    writes them (tests/clients/test_s3get.py compares the two), at a tenth of its CPU: no header
     dictionaries built and searched, and the signing key derived once a day rather than per
     request (AWS's "Signature Version 4 signing process": the key depends on the date, region,
     service and secret only)."""

@@ -34,9 +34,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from pipelines.clients import s3
-from trainer.errors import ChangedDatasetError, InvalidParameterError
-from trainer.fileio import atomic_write_bytes, disk_errors
+from kfvision.pipelines.clients import s3
+from kfvision.trainer.errors import ChangedDatasetError, InvalidParameterError
+from kfvision.trainer.fileio import atomic_write_bytes, disk_errors
 
 JOURNAL = ".kfvision-s3.jsonl"
 SCHEME = s3.SCHEME
@@ -149,9 +149,9 @@ def fetch(uri: str, dest, *, max_connections: int = s3.DEFAULT_CONNECTIONS,
     Raises:
         NoSuchBucketError, NoSuchObjectError (nothing there), ChangedDatasetError (an object
         changed since `dest` got it), EndpointUnreachableError, EndpointTLSError,
-        EndpointAuthError, ObjectStoreError (pipelines.clients.s3).
+        EndpointAuthError, ObjectStoreError (kfvision.pipelines.clients.s3).
     """
-    from trainer.options import options_of
+    from kfvision.trainer.options import options_of
 
     options_of(s3.S3Options)[0].check(max_connections)
     bucket, key = s3.split_uri(uri)
@@ -188,7 +188,7 @@ def fetch(uri: str, dest, *, max_connections: int = s3.DEFAULT_CONNECTIONS,
 def _download_all(objects, bucket: str, prefix: str, dest: Path, journal: _Journal,
                   result: Fetched, max_connections: int, progress) -> None:
     """Download what `journal` does not hold yet, `max_connections` at a time."""
-    from trainer.progress import progress_bar
+    from kfvision.trainer.progress import progress_bar
 
     bar = progress_bar(None, "fetch", "B", progress)
     update = getattr(bar, "update", None)
@@ -309,8 +309,8 @@ def push(folder, uri: str, *, max_connections: int = s3.DEFAULT_CONNECTIONS, ski
 def fetch_model(uri: str, *, cache: Path,
                 max_connections: int = s3.DEFAULT_CONNECTIONS) -> Path:
     """The local copy of the model at `uri`: a prefix (a model directory) or one object (an
-    ONNX export). Fetched once into `cache` (under pipelines.clients.models.cache_root), in a
-    folder keyed by its objects' keys and ETags: the same model again costs one request, a
+    ONNX export). Fetched once into `cache` (under kfvision.pipelines.clients.models.cache_root), in
+    a folder keyed by its objects' keys and ETags: the same model again costs one request, a
     changed one gets a new folder. A fetch that stops (retry budget spent, full disk) resumes on
     the next call."""
     bucket, key = s3.split_uri(uri)

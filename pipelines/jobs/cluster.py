@@ -12,11 +12,11 @@ The launcher is idempotent: submitting a job that already exists re-attaches to 
 
 import threading
 
-from pipelines.clients.k8s import Api, EndpointError, KubernetesError, Resource
-from pipelines.clients.k8s import connect as connect_api
-from pipelines.jobs.errors import JobFailedError, JobTimeoutError
-from pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB, JobKind
-from pipelines.jobs.podstatus import (
+from kfvision.pipelines.clients.k8s import Api, EndpointError, KubernetesError, Resource
+from kfvision.pipelines.clients.k8s import connect as connect_api
+from kfvision.pipelines.jobs.errors import JobFailedError, JobTimeoutError
+from kfvision.pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB, JobKind
+from kfvision.pipelines.jobs.podstatus import (
     container_status,
     job_state,
     pod_problems,
@@ -37,7 +37,7 @@ def connect(namespace: str | None = None, out=None, kind: JobKind = PYTORCHJOB) 
 
 
 class JobClient:
-    """Jobs of one kind in one namespace, through `api` (a pipelines.clients.k8s.Api)."""
+    """Jobs of one kind in one namespace, through `api` (a kfvision.pipelines.clients.k8s.Api)."""
 
     def __init__(self, api: Api, kind: JobKind = PYTORCHJOB):
         self.api, self.kind = api, kind

@@ -6,11 +6,12 @@ parsers and checks of those options, and the pod both kinds run (`pod_spec`).
     build_pytorchjob(cfg)   # pipelines/jobs/pytorchjob/build.py
     build_trainjob(cfg)     # pipelines/jobs/trainjob/build.py
 
-The container runs `python -m trainer.launch -m trainer.train <training flags>`: torchrun (its own
-code, see trainer/launch.py) with exit codes that keep their meaning, so that a retry policy on
-exit codes (the PyTorchJob's `restartPolicy: ExitCode`, kfvision's TrainJob runtime) retries a lost
-peer or a killed process (128-255; the run resumes from its last checkpoint) and fails bad input at
-once (1-127): see docs/faults.md. torchrun takes --nnodes, --nproc-per-node, --node-rank,
+The container runs `python -m kfvision.trainer.launch -m kfvision.trainer.train <training flags>`:
+torchrun (its own code, see trainer/launch.py) with exit codes that keep their meaning, so that a
+retry policy on exit codes (the PyTorchJob's `restartPolicy: ExitCode`, kfvision's TrainJob runtime)
+retries a lost peer or a killed process (128-255; the run resumes from its last checkpoint) and
+fails bad input at once (1-127): see docs/faults.md. torchrun takes --nnodes, --nproc-per-node,
+--node-rank,
 --master-addr and --master-port from the `PET_*` variables both platforms inject, and sets
 per-process RANK/LOCAL_RANK/WORLD_SIZE itself (see ../shared/reference/README.md). So no
 `--standalone` and no rendezvous flags here.
@@ -24,15 +25,15 @@ import re
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
-from pipelines.clients.k8s import GPU_RESOURCE, dns1035_problem, dns1123_problem
-from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.pytorchjob.rules import RESTART_POLICIES
-from trainer.config import TrainConfig
-from trainer.errors import InvalidParameterError, ref
-from trainer.options import check_options, option, ref_of
+from kfvision.pipelines.clients.k8s import GPU_RESOURCE, dns1035_problem, dns1123_problem
+from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.pytorchjob.rules import RESTART_POLICIES
+from kfvision.trainer.config import TrainConfig
+from kfvision.trainer.errors import InvalidParameterError, ref
+from kfvision.trainer.options import check_options, option, ref_of
 
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-TRAIN_COMMAND = ("python", "-m", "trainer.launch", "-m", "trainer.train")
+TRAIN_COMMAND = ("python", "-m", "kfvision.trainer.launch", "-m", "kfvision.trainer.train")
 TMP_MOUNT = "/tmp"  # writable scratch on a read-only root filesystem (torchrun's log folder)
 LABELS = {"app.kubernetes.io/name": "kfvision", "app.kubernetes.io/component": "train"}
 # The regex Kubernetes (and the CRD schema) uses for resource quantities such as 500m or 16Gi.

@@ -5,8 +5,8 @@ Exit codes stay in 1-127 so that a PyTorchJob with `restartPolicy: ExitCode` tre
 permanent failures (see ../shared/reference/README.md), like the trainer's own errors.
 """
 
-from pipelines.clients.k8s import WaitTimeoutError
-from trainer.errors import InvalidParameterError, KfvisionError
+from kfvision.pipelines.clients.k8s import WaitTimeoutError
+from kfvision.trainer.errors import InvalidParameterError, KfvisionError
 
 
 class InvalidJobError(InvalidParameterError):

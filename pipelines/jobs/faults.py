@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.procs import descendants, proc_table
+from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.procs import descendants, proc_table
 
 _TARGET = re.compile(r"(?P<replica>(master|worker)-\d+|node-0-\d+)(/(?P<rank>\d+))?")
 

@@ -9,10 +9,10 @@ them from here instead of asking "which kind?" everywhere.
 
 from dataclasses import dataclass
 
-from pipelines.clients.k8s import Resource
-from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.pytorchjob import rules as pytorchjob_rules
-from pipelines.jobs.trainjob import rules as trainjob_rules
+from kfvision.pipelines.clients.k8s import Resource
+from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.pytorchjob import rules as pytorchjob_rules
+from kfvision.pipelines.jobs.trainjob import rules as trainjob_rules
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def served_kinds(api) -> list:
     """The JobKinds whose CRD the API server serves, TrainJob first (API discovery).
 
     Args:
-        api: a pipelines.clients.k8s.Api.
+        api: a kfvision.pipelines.clients.k8s.Api.
     Raises:
         KubernetesError, EndpointError: discovery itself failed.
     """

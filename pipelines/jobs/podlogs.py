@@ -10,10 +10,10 @@ and streams each pod's container as it starts (and again after a restart) until 
 
 import threading
 
-from pipelines.clients.k8s import EndpointError, KubernetesError
-from pipelines.jobs import ranktag
-from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.podstatus import container_status, job_state
+from kfvision.pipelines.clients.k8s import EndpointError, KubernetesError
+from kfvision.pipelines.jobs import ranktag
+from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.podstatus import container_status, job_state
 
 
 def time_key(stamp: str) -> tuple:

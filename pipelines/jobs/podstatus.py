@@ -1,7 +1,7 @@
 """What a job's status and its pods say, read from the API's plain dicts (no I/O): the job's
 state from its conditions, why pods are not running, a log stream's lines."""
 
-from pipelines.jobs.kinds import JobKind
+from kfvision.pipelines.jobs.kinds import JobKind
 
 
 def job_state(job: dict) -> tuple:

@@ -25,10 +25,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines.clients.k8s import GPU_RESOURCE
-from pipelines.jobs import ranktag
-from pipelines.jobs.errors import InvalidJobError, JobFailedError
-from pipelines.jobs.signals import STOP
+from kfvision.pipelines.clients.k8s import GPU_RESOURCE
+from kfvision.pipelines.jobs import ranktag
+from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
+from kfvision.pipelines.jobs.signals import STOP
 
 # Launcher variables a parent process may have set; a pod starts without them.
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",

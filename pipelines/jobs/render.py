@@ -4,20 +4,20 @@ this machine by its kind's local runner. What else differs between the kinds is 
 `JobKind` (pipelines/jobs/kinds.py)."""
 
 
-from pipelines.jobs.config import JobConfig
+from kfvision.pipelines.jobs.config import JobConfig
 
 
 def render_job(cfg: JobConfig, kind, runtime=None) -> dict:
     """The job of `kind` (a JobKind) for `cfg`; a TrainJob references `runtime` (a RuntimeRef,
     or the name of a ClusterTrainingRuntime; None: kfvision's)."""
-    from pipelines.jobs.kinds import TRAINJOB
+    from kfvision.pipelines.jobs.kinds import TRAINJOB
 
     if kind is TRAINJOB:
-        from pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
+        from kfvision.pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
 
         ref = runtime if isinstance(runtime, RuntimeRef) else RuntimeRef(runtime or RuntimeRef.name)
         return build_trainjob(cfg, ref.validate())
-    from pipelines.jobs.pytorchjob.build import build_pytorchjob
+    from kfvision.pipelines.jobs.pytorchjob.build import build_pytorchjob
 
     return build_pytorchjob(cfg)
 
@@ -31,15 +31,15 @@ def render_command_job(cfg: JobConfig, kind, runtime, command, args, *, volumes=
     Raises:
         InvalidJobError: the job breaks a rule of its kind.
     """
-    from pipelines.jobs.kinds import TRAINJOB
+    from kfvision.pipelines.jobs.kinds import TRAINJOB
 
     job = render_job(cfg, kind, runtime)
     if kind is TRAINJOB:
-        from pipelines.jobs.trainjob.build import set_command
-        from pipelines.jobs.trainjob.rules import validate_trainjob as validate
+        from kfvision.pipelines.jobs.trainjob.build import set_command
+        from kfvision.pipelines.jobs.trainjob.rules import validate_trainjob as validate
     else:
-        from pipelines.jobs.pytorchjob.build import set_command
-        from pipelines.jobs.pytorchjob.rules import validate_pytorchjob as validate
+        from kfvision.pipelines.jobs.pytorchjob.build import set_command
+        from kfvision.pipelines.jobs.pytorchjob.rules import validate_pytorchjob as validate
     job = set_command(job, command, args, volumes, mounts)
     if annotations:
         job["metadata"]["annotations"] = dict(annotations)
@@ -51,12 +51,12 @@ def run_local(job: dict, log_dir, *, grace_s: float | None = None, **options):
     pytorchjob/local.py or trainjob/local.py), `options` as both take them; `grace_s` (how long
     Workers may finish once the Master succeeded) is a PyTorchJob's: a TrainJob ends when every
     node has succeeded. Returns the runner's LocalResult."""
-    from pipelines.jobs.kinds import TRAINJOB, kind_of
+    from kfvision.pipelines.jobs.kinds import TRAINJOB, kind_of
 
     if kind_of(job) is TRAINJOB:
-        from pipelines.jobs.trainjob.local import run_local as runner
+        from kfvision.pipelines.jobs.trainjob.local import run_local as runner
     else:
-        from pipelines.jobs.pytorchjob.local import run_local as runner
+        from kfvision.pipelines.jobs.pytorchjob.local import run_local as runner
 
         if grace_s is not None:
             options["grace_s"] = grace_s

@@ -19,7 +19,7 @@ then stop them all. Two things made that fail (docs/faults.md, "Stopping a local
   it (at most 0.1 s later, between two steps) and raise there.
 
 A signal that comes while the processes are being stopped means "now": SIGKILL at once rather
-than the grace period (`pipelines.jobs.procs.stop_all`).
+than the grace period (`kfvision.pipelines.jobs.procs.stop_all`).
 
 SIGHUP (the terminal or the SSH session closed) stops the job as SIGTERM does: its default would
 end `run-local` alone and leave the replicas, each in a session of its own, training on with no

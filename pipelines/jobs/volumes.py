@@ -15,15 +15,15 @@ import base64
 import shutil
 from pathlib import Path
 
-from pipelines.jobs.errors import InvalidJobError
-from pipelines.script.contract import POD_ROOT
+from kfvision.pipelines.contract import POD_ROOT
+from kfvision.pipelines.jobs.errors import InvalidJobError
 
 HOST_MOUNTS = ("/dev/shm", "/tmp")  # the machine's own, shared as the built-in trainer does
 
 
 def trainjob_pod(job: dict) -> tuple:
     """(pod volumes, the `node` container's volumeMounts) of a TrainJob's runtime patches."""
-    from pipelines.jobs.trainjob.rules import NODE
+    from kfvision.pipelines.jobs.trainjob.rules import NODE
 
     volumes, mounts = [], []
     for patch in job["spec"].get("runtimePatches") or []:

@@ -1,7 +1,8 @@
 """The container command of a user's-script job: unpack the source, install its requirements,
 lay out the contract's folders, then run the script unchanged.
 
-    python -m pipelines.script.boot --sha256 SHA --snapshot /kfvision/source/source.tar.gz \\
+    python -m kfvision.pipelines.script.boot --sha256 SHA --snapshot /kfvision/source/source.tar.gz
+    \\
         --entry train.py [--launcher torchrun|python] [--requirements requirements.txt] \\
         [--input NAME=URI ...] [--output-uri URI] -- SCRIPT ARGS
 
@@ -12,9 +13,9 @@ type it. Steps, once per pod:
 2. install the requirements into a cached environment that keeps the image's torch
    (pipelines/script/env.py);
 3. fetch `s3://` input channels once into WORK/input/NAME (a path is passed as it is);
-4. run the script with the contract's variables (pipelines/script/contract.py): through
-   `python -m trainer.launch` (torchrun that keeps exit codes) by default, or one `python` per
-   pod with the Training Operator's classic variables (`--launcher python`; on a TrainJob they
+4. run the script with the contract's variables (pipelines/contract.py): through
+   `python -m kfvision.trainer.launch` (torchrun that keeps exit codes) by default, or one `python`
+   per pod with the Training Operator's classic variables (`--launcher python`; on a TrainJob they
    are made from the torch plugin's `PET_*`);
 5. after success, node 0 writes contract.PROVENANCE into the model folder and copies the model
    and outputs folders to `--output-uri`.
@@ -44,12 +45,13 @@ import threading
 import time
 from pathlib import Path
 
-from pipelines.jobs import ranktag
-from pipelines.jobs.trainjob.rules import PET_NAMES
-from pipelines.script import contract, track
-from pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
-from trainer import exitcodes
-from trainer.errors import KfvisionError
+from kfvision.pipelines import contract
+from kfvision.pipelines.jobs import ranktag
+from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
+from kfvision.pipelines.script import track
+from kfvision.pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
+from kfvision.trainer import exitcodes
+from kfvision.trainer.errors import KfvisionError
 
 PREFIX = "[kfvision script]"
 LAUNCHERS = ("torchrun", "python")
@@ -85,7 +87,7 @@ def read_snapshot(where: str, sha256: str) -> bytes:
     if where.startswith("s3://"):
         import tempfile
 
-        from pipelines.clients import s3
+        from kfvision.pipelines.clients import s3
 
         bucket, key = s3.split_uri(where)
         obj = s3.head(where)
@@ -118,7 +120,7 @@ def fetch_inputs(inputs: list, work: Path) -> dict:
     out = {}
     for name, uri in inputs:
         if uri.startswith("s3://"):
-            from pipelines.clients import s3sync
+            from kfvision.pipelines.clients import s3sync
 
             fetched = s3sync.fetch(uri, work / "input" / name, progress=False)
             say(f"input {name}: {fetched.summary()}")
@@ -141,7 +143,7 @@ def save_outputs(uri: str, folders: dict) -> None:
             continue
         target = f"{uri.rstrip('/')}/{name}"
         if uri.startswith("s3://"):
-            from pipelines.clients import s3sync
+            from kfvision.pipelines.clients import s3sync
 
             keys = s3sync.push(folder, target + "/", overwrite=True)
             say(f"{name}: {len(keys)} file(s) to {target}/")
@@ -205,7 +207,7 @@ def command(args, python: Path, node: str, work: Path, src: Path | None = None) 
     if args.launcher == "torchrun":
         tee = ["--tee", "3", "--log-line-prefix-template", ranktag.torchrun_template(node),
                "--log-dir", str(work / "logs")]
-        return [str(python), "-m", "trainer.launch", *tee, *target, *args.script_args]
+        return [str(python), "-m", "kfvision.trainer.launch", *tee, *target, *args.script_args]
     return [str(python), *target, *args.script_args]
 
 
@@ -261,7 +263,7 @@ def boot(args) -> int:
     requirements = _requirements(args, src)
     python = Path(sys.executable)
     if requirements is not None:
-        from pipelines.script.env import ensure_env
+        from kfvision.pipelines.script.env import ensure_env
 
         python = ensure_env(requirements, _env_cache(work), say=say)
     state = pod_path(args.state) if args.state else work / "state"
@@ -324,7 +326,7 @@ def write_provenance(model_dir: Path, args, tracker) -> None:
 
 
 def get_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipelines.script.boot", allow_abbrev=False,
+    p = argparse.ArgumentParser(prog="python -m kfvision.pipelines.script.boot", allow_abbrev=False,
                                 description="Run a user's script in a kfvision job's pod.")
     p.add_argument("--sha256", required=True, help="the snapshot's sha256")
     p.add_argument("--snapshot", required=True, help="the snapshot: a file path or s3:// URI")

@@ -1,7 +1,7 @@
 """Where a script job starts, checked against its snapshot before anything runs: the entry (or
 module), the requirements file and the working folder must be in the packed source. `kfvision
 job render --source` (pipelines/cli/jobscript.py) and the pipeline's train step
-(pipelines/steps/trainscript.py) both resolve them here; `name` says how each front end names
+(pipelines/flow/steps/trainscript.py) both resolve them here; `name` says how each front end names
 its settings in an error (`--entry` on the command line, `script_entry` in the pipeline).
 
     start = resolve(snap.files, source="proj", entry="./train.py")
@@ -11,7 +11,7 @@ its settings in an error (`--entry` on the command line, `script_entry` in the p
 
 from pathlib import Path
 
-from pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.errors import InvalidJobError
 
 FLAGS = {"source": "--source", "entry": "--entry", "module": "--module",
          "requirements": "--requirements", "workdir": "--workdir"}

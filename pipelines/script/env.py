@@ -28,7 +28,7 @@ import venv
 from importlib import metadata
 from pathlib import Path
 
-from trainer.errors import KfvisionError
+from kfvision.trainer.errors import KfvisionError
 
 PINNED = ("torch", "torchvision")  # never replaced by a requirements file
 DONE = ".complete"

@@ -1,7 +1,7 @@
 """The job of a user's own script: the same PyTorchJob or TrainJob as the built-in trainer's (same
 pods, hardening, devices, volumes, retry contract), whose container runs
-`python -m pipelines.script.boot ... -- SCRIPT ARGS` (pipelines/script/boot.py) instead, plus the
-source snapshot's transport:
+`python -m kfvision.pipelines.script.boot ... -- SCRIPT ARGS` (pipelines/script/boot.py) instead,
+plus the source snapshot's transport:
 
 - a small snapshot (its base64 within the ConfigMap limit) travels in the rendered file itself, as
   an immutable ConfigMap named by its sha256, written before the job and mounted read-only into
@@ -21,13 +21,13 @@ import base64
 import re
 from dataclasses import dataclass, replace
 
-from pipelines.jobs.config import LABELS, JobConfig
-from pipelines.jobs.errors import InvalidJobError
-from pipelines.script.pack import ARCHIVE_NAME, Snapshot
-from trainer.config import TrainConfig
-from trainer.options import ref_of
+from kfvision.pipelines.jobs.config import LABELS, JobConfig
+from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.script.pack import ARCHIVE_NAME, Snapshot
+from kfvision.trainer.config import TrainConfig
+from kfvision.trainer.options import ref_of
 
-BOOT_COMMAND = ("python", "-m", "pipelines.script.boot")
+BOOT_COMMAND = ("python", "-m", "kfvision.pipelines.script.boot")
 LAUNCHERS = ("torchrun", "python")
 SOURCE_VOLUME, SOURCE_MOUNT = "kfvision-source", "/kfvision/source"
 WORK_VOLUME, WORK_MOUNT = "kfvision-work", "/kfvision/work"
@@ -170,7 +170,7 @@ def check_script(cfg: JobConfig, script: ScriptConfig, kind) -> None:
         procs = ref_of(JobConfig, "procs_per_node")
         raise InvalidJobError(f"--launcher python runs one process per pod, not {procs} "
                               f"{cfg.procs_per_node}; use --launcher torchrun for several.")
-    from pipelines.jobs.trainjob.rules import PET_PREFIX
+    from kfvision.pipelines.jobs.trainjob.rules import PET_PREFIX
 
     for name, _ in script.env:
         if not _ENV_NAME.fullmatch(name):
@@ -223,7 +223,7 @@ def build_script_job(cfg: JobConfig, script: ScriptConfig, snap: Snapshot, trans
     Raises:
         InvalidJobError: a rule of the cluster or of the script settings is broken.
     """
-    from pipelines.jobs.render import render_command_job
+    from kfvision.pipelines.jobs.render import render_command_job
 
     check_script(cfg, script, kind)
     if script.launcher == "python":

@@ -4,7 +4,7 @@ success, `model/...` or `outputs/...` (the names they have under --output-uri).
 Where NAME's outputs are:
 - a local run (`job run-local`, `job run`): node 0's pod folder under the run's log folder
   (`build/jobs/NAME/pods/master-0` or `node-0-0`), whose boot left them there, and a mark that
-  it succeeded (pipelines/script/contract.py RESULTS, SUCCEEDED);
+  it succeeded (pipelines/contract.py RESULTS, SUCCEEDED);
 - a job on the cluster: the URI in its annotation `kfvision.dev/output-uri` (render writes it
   from --output-uri), an s3:// prefix fetched through pipelines/clients/s3sync.py. A PVC or pod
   path is not reachable from here: the error says where the files are.
@@ -15,9 +15,9 @@ import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from pipelines.jobs.errors import JobOutputsError
-from pipelines.script import contract
-from pipelines.script.job import OUTPUT_ANNOTATION, WORK_MOUNT
+from kfvision.pipelines import contract
+from kfvision.pipelines.jobs.errors import JobOutputsError
+from kfvision.pipelines.script.job import OUTPUT_ANNOTATION, WORK_MOUNT
 
 SHOWN = 20  # files named when PATH is not there
 
@@ -45,7 +45,7 @@ def local_run(name: str, log_dir: Path) -> Path | None:
     Raises:
         JobOutputsError: the run did not succeed (or runs still).
     """
-    from pipelines.jobs.kinds import KINDS
+    from kfvision.pipelines.jobs.kinds import KINDS
 
     pods = Path(log_dir) / "pods"
     for kind in KINDS.values():
@@ -114,7 +114,7 @@ def from_uri(uri: str, path: str, out: Path) -> Path:
         raise JobOutputsError(f"the outputs are at {uri}, on a volume of the cluster, not in "
                               "object storage: copy them from a pod that mounts it (`kubectl "
                               "cp POD:PATH .`), or render with --output-uri s3://....")
-    from pipelines.clients import s3, s3sync
+    from kfvision.pipelines.clients import s3, s3sync
 
     root = uri.rstrip("/") + "/"
     _, prefix = s3.split_uri(root)

@@ -29,7 +29,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.errors import KfvisionError
+from kfvision.trainer.errors import KfvisionError
 
 ARCHIVE_NAME = "source.tar.gz"  # the key in the ConfigMap, the file name everywhere else
 ALWAYS_SKIPPED = (".git", "__pycache__")  # folders never packed

@@ -25,7 +25,7 @@ import logging
 import shlex
 from pathlib import Path
 
-from trainer import tracking, upstream
+from kfvision.trainer import tracking, upstream
 
 RUN_ID_FILE = "mlflow_run_id"  # in the state folder: a restarted pod continues the run
 LOCAL_STORE = "mlruns"  # under the outputs folder, when the server does not answer

@@ -3,15 +3,15 @@
 Locally the step starts `kfvision serve` on a free port, sends the validation images through the
 v1 and v2 protocols, checks the served labels equal the scored ones, and stops the server
 (`serve_and_check`). Whether to deploy at all is the gate the register step shares
-(pipelines.steps.common.accuracy_gate).
+(kfvision.pipelines.flow.steps.common.accuracy_gate).
 """
 
 import csv
 import time
 from pathlib import Path
 
-from pipelines.serve.client import Server, request, v1_body, v2_body
-from trainer.errors import KfvisionError
+from kfvision.pipelines.serve.client import Server, request, v1_body, v2_body
+from kfvision.trainer.errors import KfvisionError
 
 CHUNK = 16  # images per request (under the server's per-request limit)
 
@@ -38,7 +38,7 @@ def serve_and_check(model_dir, data_dir, scored_csv, log, name: str = "model") -
         ServedLabelsDifferError: a served label differs from the scored one, or a request failed.
         ChangedDatasetError: an image changed since the directory was made.
     """
-    from trainer.data.imagedir import read_image_directory
+    from kfvision.trainer.data.imagedir import read_image_directory
 
     with Path(scored_csv).open(newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from pipelines.clients.endpoints import free_ports
+from kfvision.pipelines.clients.endpoints import free_ports
 
 
 def request(url: str, body: bytes | None = None, content_type: str = "application/json",
@@ -41,8 +41,8 @@ def v2_body(files: list[bytes]) -> bytes:
 
 
 class Server:
-    """`python -m pipelines.cli serve ARGS` on free ports until `stop()`: REST at `url`, gRPC at
-    `grpc_target`, once ready."""
+    """`python -m kfvision.pipelines.cli serve ARGS` on free ports until `stop()`: REST at `url`,
+    gRPC at `grpc_target`, once ready."""
 
     def __init__(self, args: list, log: Path, timeout: float = 120):
         self.port, self.grpc_port = free_ports(2)
@@ -52,7 +52,7 @@ class Server:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipelines.cli", "serve", *map(str, args),
+                [sys.executable, "-m", "kfvision.pipelines.cli", "serve", *map(str, args),
                  "--http-port", str(self.port), "--grpc-port", str(self.grpc_port)], env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT)

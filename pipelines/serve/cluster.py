@@ -5,9 +5,9 @@ which manifests/rbac-deploy.yaml grants:
     inferenceservices: create, patch (it exists already: update it), get (wait), delete
 """
 
-from pipelines.clients.k8s import Api, Resource, WaitTimeoutError
-from pipelines.clients.k8s import connect as connect_api
-from pipelines.serve.deploy import API_VERSION, KIND, MODEL_LOADED, READY_CONDITION
+from kfvision.pipelines.clients.k8s import Api, Resource, WaitTimeoutError
+from kfvision.pipelines.clients.k8s import connect as connect_api
+from kfvision.pipelines.serve.deploy import API_VERSION, KIND, MODEL_LOADED, READY_CONDITION
 
 GROUP, VERSION = API_VERSION.split("/")
 INFERENCE_SERVICE = Resource(
@@ -37,7 +37,7 @@ def ready_state(isvc: dict) -> tuple[bool, str]:
 
 
 class DeployClient:
-    """InferenceServices of one namespace, through `api` (a pipelines.clients.k8s.Api)."""
+    """InferenceServices of one namespace, through `api` (a kfvision.pipelines.clients.k8s.Api)."""
 
     def __init__(self, api: Api):
         self.api, self.namespace = api, api.namespace

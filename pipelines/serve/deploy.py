@@ -10,10 +10,10 @@ scrapes its /metrics.
 import re
 from dataclasses import dataclass
 
-from pipelines.clients.k8s import GPU_RESOURCE, dns1123_problem, quantity
-from pipelines.serve.server import ServeOptions
-from trainer.errors import InvalidParameterError
-from trainer.options import check_options, option, ref_of
+from kfvision.pipelines.clients.k8s import GPU_RESOURCE, dns1123_problem, quantity
+from kfvision.pipelines.serve.server import ServeOptions
+from kfvision.trainer.errors import InvalidParameterError
+from kfvision.trainer.options import check_options, option, ref_of
 
 API_VERSION = "serving.kserve.io/v1beta1"
 KIND = "InferenceService"

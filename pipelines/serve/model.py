@@ -25,13 +25,12 @@ import uuid
 
 import torch
 from grpc_interceptor.exceptions import ResourceExhausted
+from kfvision.pipelines.serve.batcher import Batcher, QueueFull
+from kfvision.pipelines.serve.metrics import ABANDONED, REFUSED, timed_decode
+from kfvision.trainer.use.predict import InvalidImageError, Predictor
 from kserve import Model
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
-
-from pipelines.serve.batcher import Batcher, QueueFull
-from pipelines.serve.metrics import ABANDONED, REFUSED, timed_decode
-from trainer.use.predict import InvalidImageError, Predictor
 
 MAX_INSTANCES = 64  # images in one request at most (docs/serving.md)
 V1_EXAMPLE = '{"instances": [{"image": {"b64": "<base64 of an image file>"}}]}'
@@ -41,7 +40,7 @@ BASE64 = re.compile(rb"[A-Za-z0-9+/]*={0,2}")
 class Overloaded(ResourceExhausted):
     """A `QueueFull` refusal as KServe's servers send it: over gRPC, KServe's exception
     interceptor aborts with a GrpcException's own code (RESOURCE_EXHAUSTED) and details, without
-    logging it; over REST, `pipelines.serve.server` answers it with 503 and Retry-After."""
+    logging it; over REST, `kfvision.pipelines.serve.server` answers it with 503 and Retry-After."""
 
     def __init__(self, full: QueueFull):
         super().__init__(str(full))

@@ -13,9 +13,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.options import check_options, option
+from kfvision.trainer.options import check_options, option
 
-# trainer.use.predict.RUNTIMES, written out: importing it would load torch for `kfvision --help`
+# kfvision.trainer.use.predict.RUNTIMES, written out: importing it would load torch for `kfvision
+# --help`
 RUNTIMES = ("torch", "onnx", "openvino")
 # The queueing delay the default --max-queue allows an accepted request: images for this long
 # of forward passes wait at most (at least half a batch)
@@ -137,11 +138,11 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
                 max_queue: int | None = None):
     """The loaded `ImageClassifier` for a trained model directory or an ONNX export."""
     _import_kserve()
-    from pipelines.serve.batcher import Batcher
-    from pipelines.serve.metrics import FAST_PATH, MAX_QUEUE, timed_forward
-    from pipelines.serve.model import ImageClassifier
-    from trainer.distributed import usable_cpus
-    from trainer.use.predict import Predictor
+    from kfvision.pipelines.serve.batcher import Batcher
+    from kfvision.pipelines.serve.metrics import FAST_PATH, MAX_QUEUE, timed_forward
+    from kfvision.pipelines.serve.model import ImageClassifier
+    from kfvision.trainer.distributed import usable_cpus
+    from kfvision.trainer.use.predict import Predictor
 
     check_options(ServeOptions(
         str(model), name=name, runtime=runtime, device=device, workers=workers,
@@ -177,12 +178,11 @@ def serve(model, *, http_port: int = ServeOptions.http_port,
     check_options(ServeOptions(str(model), http_port=http_port, grpc_port=grpc_port))
     classifier = build_model(model, **options)
     from fastapi.exceptions import RequestValidationError
+    from kfvision.pipelines.serve.admission import RefuseWhenFull
+    from kfvision.pipelines.serve.disconnects import CancelOnDisconnect
+    from kfvision.pipelines.serve.model import Overloaded
+    from kfvision.pipelines.serve.protocol import V2DataPlane
     from kserve.model_server import app
-
-    from pipelines.serve.admission import RefuseWhenFull
-    from pipelines.serve.disconnects import CancelOnDisconnect
-    from pipelines.serve.model import Overloaded
-    from pipelines.serve.protocol import V2DataPlane
 
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(Overloaded, _overloaded)

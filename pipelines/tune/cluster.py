@@ -5,13 +5,13 @@ manifests/rbac.yaml grants exactly these verbs:
     experiments: create, get, delete    trials: list, get (the best trial's model folder)
 """
 
-from pipelines.clients.k8s import Api, Resource, WaitTimeoutError
-from pipelines.clients.k8s import connect as connect_api
-from pipelines.jobs.errors import JobFailedError
-from pipelines.script.job import OUTPUT_ANNOTATION, SHA_ANNOTATION
-from pipelines.tune.experiment import TRIAL_KINDS
-from pipelines.tune.katib_rules import EXPERIMENT_LABEL, GROUP, KIND, VERSION
-from pipelines.tune.katib_rules import TRIAL_KIND as TRIAL
+from kfvision.pipelines.clients.k8s import Api, Resource, WaitTimeoutError
+from kfvision.pipelines.clients.k8s import connect as connect_api
+from kfvision.pipelines.jobs.errors import JobFailedError
+from kfvision.pipelines.script.job import OUTPUT_ANNOTATION, SHA_ANNOTATION
+from kfvision.pipelines.tune.experiment import TRIAL_KINDS
+from kfvision.pipelines.tune.katib_rules import EXPERIMENT_LABEL, GROUP, KIND, VERSION
+from kfvision.pipelines.tune.katib_rules import TRIAL_KIND as TRIAL
 
 KATIB_INSTALL = ("install Katib v0.19 (kubectl apply -k \"github.com/kubeflow/katib.git/manifests/"
                  "v1beta1/installs/katib-standalone?ref=v0.19.0\")")

@@ -17,14 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from pipelines.jobs.pytorchjob import rules as pytorchjob_rules
-from pipelines.jobs.pytorchjob.rules import CONTAINER_NAME, validate_pytorchjob
-from pipelines.jobs.trainjob import rules as trainjob_rules
-from pipelines.jobs.trainjob.rules import NODE, validate_trainjob
-from pipelines.tune.katib_rules import API_VERSION, KIND, validate_experiment
-from pipelines.tune.space import parse_param
-from trainer.options import option
-from trainer.reporting import METRICS, OBJECTIVES
+from kfvision.pipelines.jobs.pytorchjob import rules as pytorchjob_rules
+from kfvision.pipelines.jobs.pytorchjob.rules import CONTAINER_NAME, validate_pytorchjob
+from kfvision.pipelines.jobs.trainjob import rules as trainjob_rules
+from kfvision.pipelines.jobs.trainjob.rules import NODE, validate_trainjob
+from kfvision.pipelines.tune.katib_rules import API_VERSION, KIND, validate_experiment
+from kfvision.pipelines.tune.space import parse_param
+from kfvision.trainer.options import option
+from kfvision.trainer.reporting import METRICS, OBJECTIVES
 
 TRIAL_NAME = "trialName"
 # what a job is rendered under for a trial template: as long as a trial's name (Katib's

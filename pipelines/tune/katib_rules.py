@@ -7,7 +7,7 @@ as the webhook would name it, so `kubectl apply` never is the first to say so.
 import json
 import re
 
-from pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.errors import InvalidJobError
 
 # Katib's names, from kubeflow/katib tag v0.19.0 (docs/upstream.md lists them with their files):
 # pkg/apis/controller/experiments/v1beta1/ (group, version, kinds), pkg/controller.v1beta1/consts/

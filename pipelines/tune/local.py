@@ -1,6 +1,6 @@
 """The search on this machine: an Optuna study whose trials are ordinary training runs.
 
-Each trial runs `python -m trainer.train` (or torchrun through trainer.launch with
+Each trial runs `python -m kfvision.trainer.train` (or torchrun through kfvision.trainer.launch with
 `--nproc-per-node`) in its own process and output folder, and Optuna reads the very metric line
 Katib reads (trainer/reporting.py) from its log: the per-epoch objective drives median pruning,
 the finished run's metrics.json gives the trial's value (the kept epoch's, as the model directory
@@ -17,15 +17,15 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines.jobs.config import train_flags
-from pipelines.tune.experiment import Search, direction
-from pipelines.tune.katib_rules import DEFAULT_FILTER
-from pipelines.tune.report import write_outputs
-from pipelines.tune.space import apply
-from trainer.config import TrainConfig
-from trainer.errors import InvalidParameterError
-from trainer.options import options_of
-from trainer.reporting import METRICS, OBJECTIVES
+from kfvision.pipelines.jobs.config import train_flags
+from kfvision.pipelines.tune.experiment import Search, direction
+from kfvision.pipelines.tune.katib_rules import DEFAULT_FILTER
+from kfvision.pipelines.tune.report import write_outputs
+from kfvision.pipelines.tune.space import apply
+from kfvision.trainer.config import TrainConfig
+from kfvision.trainer.errors import InvalidParameterError
+from kfvision.trainer.options import options_of
+from kfvision.trainer.reporting import METRICS, OBJECTIVES
 
 log = logging.getLogger("kfvision.tune")
 STUDY = "kfvision"
@@ -105,9 +105,9 @@ class TrainerTrial:
 
     def command(self, cfg: TrainConfig) -> list:
         if self.nproc == 1:
-            return [sys.executable, "-m", "trainer.train", *train_flags(cfg)]
-        return [sys.executable, "-m", "trainer.launch", "--standalone",
-                f"--nproc-per-node={self.nproc}", "-m", "trainer.train", *train_flags(cfg)]
+            return [sys.executable, "-m", "kfvision.trainer.train", *train_flags(cfg)]
+        return [sys.executable, "-m", "kfvision.trainer.launch", "--standalone",
+                f"--nproc-per-node={self.nproc}", "-m", "kfvision.trainer.train", *train_flags(cfg)]
 
     def __call__(self, trial) -> float:
         import optuna

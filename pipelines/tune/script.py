@@ -24,13 +24,20 @@ import shutil
 import time
 from pathlib import Path
 
-from pipelines.jobs.errors import JobFailedError
-from pipelines.jobs.kinds import PYTORCHJOB
-from pipelines.script.job import OUTPUT_ANNOTATION, build_script_job
-from pipelines.tune.experiment import TRIAL_NAME, Search, Template, TrialKind, direction, param_ref
-from pipelines.tune.local import failed, parse_metrics
-from pipelines.tune.space import NAME
-from trainer.errors import InvalidParameterError
+from kfvision.pipelines.jobs.errors import JobFailedError
+from kfvision.pipelines.jobs.kinds import PYTORCHJOB
+from kfvision.pipelines.script.job import OUTPUT_ANNOTATION, build_script_job
+from kfvision.pipelines.tune.experiment import (
+    TRIAL_NAME,
+    Search,
+    Template,
+    TrialKind,
+    direction,
+    param_ref,
+)
+from kfvision.pipelines.tune.local import failed, parse_metrics
+from kfvision.pipelines.tune.space import NAME
+from kfvision.trainer.errors import InvalidParameterError
 
 PLACEHOLDER = re.compile(r"\{(" + NAME.pattern + r")\}")
 
@@ -131,7 +138,7 @@ class ScriptTrial:
                                 self.transport, PYTORCHJOB)
 
     def __call__(self, trial) -> float:
-        from pipelines.jobs.render import run_local
+        from kfvision.pipelines.jobs.render import run_local
 
         values = {p.name: p.suggest(trial) for p in self.search.params}
         folder = self.folder(trial.number).absolute()  # the pods' paths: the script runs elsewhere
@@ -157,7 +164,7 @@ class ScriptTrial:
     def keep(self, number: int, best: Path) -> None:
         """Copy trial `number`'s model and outputs folders (node 0's) to best/model, best/outputs,
         as `kfvision job download` names them."""
-        from pipelines.script.outputs import local_run, result_folders
+        from kfvision.pipelines.script.outputs import local_run, result_folders
 
         work = local_run(self.folder(number).name, self.folder(number))
         shutil.rmtree(best, ignore_errors=True)

@@ -13,8 +13,8 @@ import dataclasses
 import re
 from typing import NamedTuple
 
-from trainer.config import TrainConfig
-from trainer.errors import InvalidParameterError
+from kfvision.trainer.config import TrainConfig
+from kfvision.trainer.errors import InvalidParameterError
 
 TYPES = ("double", "int", "categorical")
 # The training flags a search may set (paths, devices and runtime switches are not searched).

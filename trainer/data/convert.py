@@ -15,7 +15,7 @@ beside OUT and renamed into place at the end: on any failure nothing is left at 
     kfvision convert /data/photos data/all --in-place     # OUT holds the manifest only
 
 `in_place` copies nothing: OUT's manifest references the images where they are (a referenced
-image directory, see trainer.data.imagedir). An archive is then extracted once, into
+image directory, see kfvision.trainer.data.imagedir). An archive is then extracted once, into
 `extract_to`, and referenced there. The source may change while it is read: every file's size
 and modification time are taken before it is read and again at the end, and the source is
 listed again, so a file changed, added or removed meanwhile fails the conversion (a
@@ -37,15 +37,14 @@ from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
+from kfvision.trainer.data.archive import archive_kind, extract_archive
+from kfvision.trainer.data.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
+from kfvision.trainer.data.rgb import pil_rgb
+from kfvision.trainer.data.sources import plan_source, relative_path
+from kfvision.trainer.errors import ChangedDatasetError, DecompressionBombError, InvalidDatasetError
+from kfvision.trainer.fileio import disk_errors, full_disk_error
+from kfvision.trainer.progress import progress_bar
 from PIL import Image
-
-from trainer.data.archive import archive_kind, extract_archive
-from trainer.data.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
-from trainer.data.rgb import pil_rgb
-from trainer.data.sources import plan_source, relative_path
-from trainer.errors import ChangedDatasetError, DecompressionBombError, InvalidDatasetError
-from trainer.fileio import disk_errors, full_disk_error
-from trainer.progress import progress_bar
 
 UNLABELLED_NOTE = "no class folders and no labels: an UNLABELLED image directory (scoring only)"
 

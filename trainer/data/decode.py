@@ -15,12 +15,11 @@ import warnings
 
 import numpy as np
 import torch
+from kfvision.trainer.data.rgb import pil_rgb
+from kfvision.trainer.errors import InvalidDatasetError
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms.v2 import functional as F
-
-from trainer.data.rgb import pil_rgb
-from trainer.errors import InvalidDatasetError
 
 # torchvision 0.29 marks its image decoders deprecated in favour of TorchCodec; they remain the
 # fastest JPEG path that works on every torchvision we support (0.19+, incl. the GPU images' 0.26).
@@ -117,7 +116,7 @@ def load_rgb_crop(path, data: torch.Tensor, box, size: int) -> torch.Tensor:
     When the crop is at least 2, 4 or 8 times `size` on both sides, the JPEG is decoded at that
     scale (`dct_factor`, `_draft_decode`) and Pillow resizes the crop's box, antialiased as
     torchvision does; otherwise `load_rgb` and torchvision's crop. Same result up to resampling
-    (tests/test_fastpath.py bounds the difference).
+    (tests/trainer/test_fastpath.py bounds the difference).
     """
     factor = dct_factor(box, size)
     reduced = _draft_decode(data, factor) if factor > 1 else None

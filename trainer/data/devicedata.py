@@ -24,15 +24,14 @@ import logging
 import math
 
 import torch
+from kfvision.trainer.data.datasets import ImageDataset, make_loader
+from kfvision.trainer.data.decode import jpeg_frame
+from kfvision.trainer.data.imagedir import ImageDirectory
+from kfvision.trainer.data.transforms import CROP_PRESETS
+from kfvision.trainer.errors import check_choice
+from kfvision.trainer.presets import AUGMENTATIONS
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as F
-
-from trainer.data.datasets import ImageDataset, make_loader
-from trainer.data.decode import jpeg_frame
-from trainer.data.imagedir import ImageDirectory
-from trainer.data.transforms import CROP_PRESETS
-from trainer.errors import check_choice
-from trainer.presets import AUGMENTATIONS
 
 log = logging.getLogger("trainer")
 
@@ -97,7 +96,7 @@ class DeviceDecodeLoader:
 
     Args:
         loader: a DataLoader with `collate_encoded` (see `make_device_loader`).
-        augment: a trainer.presets augmentation name (standard, light, none).
+        augment: a kfvision.trainer.presets augmentation name (standard, light, none).
         size: side of the square output images.
         device: where to decode and augment.
     """

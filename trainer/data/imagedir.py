@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path, PurePath
 
-from trainer.errors import ChangedDatasetError, InvalidDatasetError, NotLabeledDatasetError
+from kfvision.trainer.errors import ChangedDatasetError, InvalidDatasetError, NotLabeledDatasetError
 
 MANIFEST = "kfvision-imagedir.json"
 FORMAT = "kfvision.image-directory"
@@ -242,7 +242,8 @@ def check_same_classes(train: ImageDirectory, val: ImageDirectory) -> None:
         )
 
 
-# --- writing (the converter itself lives in trainer.data.convert) -----------------------------
+# --- writing (the converter itself lives in kfvision.trainer.data.convert)
+# -----------------------------
 
 
 def write_manifest(root: Path, classes, images, images_root=None, source=None) -> None:

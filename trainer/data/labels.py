@@ -12,7 +12,7 @@ import csv
 import posixpath
 from pathlib import Path
 
-from trainer.errors import InvalidDatasetError
+from kfvision.trainer.errors import InvalidDatasetError
 
 PATH_COLUMNS = ("path", "image", "file", "filename", "file_name", "image_path", "filepath")
 LABEL_COLUMNS = ("label", "class", "category", "class_name")

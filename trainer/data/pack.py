@@ -9,7 +9,7 @@ the limit: libjpeg-turbo's entropy decoding is most of what a training crop cost
 
     kfvision-pack.rgb    uint8 RGB pixels of every manifest image, each height x width x 3
                          (row-major, channels last), concatenated in manifest order; exactly what
-                         `trainer.data.decode.load_rgb` returns
+                         `kfvision.trainer.data.decode.load_rgb` returns
     kfvision-pack.json   {"format": "kfvision.image-pack", "version": 1,
                           "images_sha256": "...",   # of the manifest's (path, sha256) list
                           "pixels": "kfvision-pack.rgb", "bytes": 677000000,
@@ -32,12 +32,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from trainer.data.decode import decode_file
-from trainer.data.imagedir import ImageDirectory, read_image_directory
-from trainer.errors import InvalidDatasetError, OutputError
-from trainer.fileio import atomic_write, atomic_write_bytes
-from trainer.progress import progress_bar
+from kfvision.trainer.data.decode import decode_file
+from kfvision.trainer.data.imagedir import ImageDirectory, read_image_directory
+from kfvision.trainer.errors import InvalidDatasetError, OutputError
+from kfvision.trainer.fileio import atomic_write, atomic_write_bytes
+from kfvision.trainer.progress import progress_bar
 
 PIXELS = "kfvision-pack.rgb"
 INDEX = "kfvision-pack.json"

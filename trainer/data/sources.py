@@ -2,7 +2,7 @@
 
     class folders   SRC/cat/*.jpg, SRC/dog/*.jpg (images may sit in sub-folders of a class)
     wrapped         SRC/photos/cat/*.jpg ... (one wrapping folder, common in archives)
-    labels CSV      SRC/**/*.jpg + a path,label CSV (see trainer.data.labels)
+    labels CSV      SRC/**/*.jpg + a path,label CSV (see kfvision.trainer.data.labels)
     unlabelled      SRC/*.jpg with no class folders and no CSV (for scoring only)
 
 Hidden files and folders (names starting with '.'), macOS `__MACOSX` folders and Windows
@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.data.labels import read_labels_csv
-from trainer.errors import InvalidDatasetError
+from kfvision.trainer.data.labels import read_labels_csv
+from kfvision.trainer.errors import InvalidDatasetError
 
 IGNORED = {"__MACOSX", "Thumbs.db", "desktop.ini"}
 

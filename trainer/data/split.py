@@ -10,7 +10,7 @@ least one image on each side, so both outputs have the same class list (what tra
 Unlabelled directories are split the same way, as one group.
 
 `in_place` (what the pipeline does) writes two manifests over the input's files instead of two
-copies of them (see trainer.data.imagedir: referenced image directories): nothing but the
+copies of them (see kfvision.trainer.data.imagedir: referenced image directories): nothing but the
 manifests is written, whatever the size of the dataset.
 """
 
@@ -21,9 +21,9 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from trainer.data.imagedir import ImageDirectory, read_image_directory, write_manifest
-from trainer.errors import InvalidDatasetError, InvalidParameterError
-from trainer.fileio import disk_errors
+from kfvision.trainer.data.imagedir import ImageDirectory, read_image_directory, write_manifest
+from kfvision.trainer.errors import InvalidDatasetError, InvalidParameterError
+from kfvision.trainer.fileio import disk_errors
 
 
 def _order_key(seed: int, path: str) -> str:

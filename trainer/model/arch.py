@@ -10,12 +10,11 @@ from pathlib import Path
 
 import torch
 import torchvision
+from kfvision.trainer.errors import InvalidModelDirectoryError, InvalidParameterError
+from kfvision.trainer.fileio import atomic_write, atomic_write_bytes
+from kfvision.trainer.model.spec import SPEC_FILE, WEIGHTS_FILE, ModelSpec
+from kfvision.trainer.presets import family_of
 from torch import nn
-
-from trainer.errors import InvalidModelDirectoryError, InvalidParameterError
-from trainer.fileio import atomic_write, atomic_write_bytes
-from trainer.model.spec import SPEC_FILE, WEIGHTS_FILE, ModelSpec
-from trainer.presets import family_of
 
 
 def _head_prefix(family: str) -> str:

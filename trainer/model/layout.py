@@ -9,9 +9,9 @@ wrote (trainer/model/trained.py) or one a user's training script wrote (trainer/
 import json
 from pathlib import Path
 
-from trainer.errors import InvalidModelDirectoryError
-from trainer.model.scripted import has_script_model, no_model, read_script_model
-from trainer.model.spec import WEIGHTS_FILE, ModelSpec, read_model_spec
+from kfvision.trainer.errors import InvalidModelDirectoryError
+from kfvision.trainer.model.scripted import has_script_model, no_model, read_script_model
+from kfvision.trainer.model.spec import WEIGHTS_FILE, ModelSpec, read_model_spec
 
 MODEL_FILE = "model.json"
 MODEL_FORMAT = "kfvision.trained-model"

@@ -25,8 +25,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.errors import InvalidModelDirectoryError
-from trainer.presets import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
+from kfvision.trainer.errors import InvalidModelDirectoryError
+from kfvision.trainer.presets import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
 
 # file name -> format; also the precedence where a directory holds several
 MODEL_FILES = {"model.pt2": "torch-export", "model.pt": "torchscript", "model.onnx": "onnx"}

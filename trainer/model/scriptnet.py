@@ -11,10 +11,8 @@ import zipfile
 from pathlib import Path
 
 import torch
-from torch import nn
-
-from trainer.errors import DeviceError
-from trainer.model.scripted import (
+from kfvision.trainer.errors import DeviceError
+from kfvision.trainer.model.scripted import (
     CLASSES_FILE,
     DEFAULT_IMAGE_SIZE,
     META_FILE,
@@ -23,6 +21,7 @@ from trainer.model.scripted import (
     bad,
     read_script_model,
 )
+from torch import nn
 
 
 def _zip_names(path: Path) -> list[str]:

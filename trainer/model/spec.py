@@ -8,8 +8,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainer.errors import InvalidModelDirectoryError
-from trainer.presets import ARCHITECTURES
+from kfvision.trainer.errors import InvalidModelDirectoryError
+from kfvision.trainer.presets import ARCHITECTURES
 
 SPEC_FILE = "spec.json"
 WEIGHTS_FILE = "weights.pt"

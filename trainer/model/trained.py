@@ -18,14 +18,18 @@ import json
 from pathlib import Path
 
 import torch
-
-from trainer.errors import InvalidModelDirectoryError
-from trainer.fileio import atomic_write, atomic_write_bytes, atomic_write_json
-from trainer.model.arch import build_model
-from trainer.model.layout import MODEL_FILE, MODEL_FORMAT, is_trained_model, read_trained_model
-from trainer.model.scripted import has_script_model
-from trainer.model.scriptnet import load_script_model
-from trainer.model.spec import SPEC_FILE, WEIGHTS_FILE, ModelSpec
+from kfvision.trainer.errors import InvalidModelDirectoryError
+from kfvision.trainer.fileio import atomic_write, atomic_write_bytes, atomic_write_json
+from kfvision.trainer.model.arch import build_model
+from kfvision.trainer.model.layout import (
+    MODEL_FILE,
+    MODEL_FORMAT,
+    is_trained_model,
+    read_trained_model,
+)
+from kfvision.trainer.model.scripted import has_script_model
+from kfvision.trainer.model.scriptnet import load_script_model
+from kfvision.trainer.model.spec import SPEC_FILE, WEIGHTS_FILE, ModelSpec
 
 
 def atomic_torch_save(obj, path) -> None:

@@ -17,10 +17,9 @@ import csv
 from pathlib import Path
 
 import numpy as np
-
-from trainer.errors import InvalidScoredTableError, NotLabeledDatasetError
-from trainer.fileio import atomic_write_bytes, atomic_write_json
-from trainer.use.plot import confusion_matrix_png
+from kfvision.trainer.errors import InvalidScoredTableError, NotLabeledDatasetError
+from kfvision.trainer.fileio import atomic_write_bytes, atomic_write_json
+from kfvision.trainer.use.plot import confusion_matrix_png
 
 PROB_PREFIX = "scored_probability_"
 TOP_K = 5

@@ -24,11 +24,10 @@ import warnings
 from pathlib import Path
 
 import torch
+from kfvision.trainer.errors import ExportError, ExportNotSupportedError, check_choice
+from kfvision.trainer.fileio import disk_errors
+from kfvision.trainer.model.trained import load_model
 from torch import nn
-
-from trainer.errors import ExportError, ExportNotSupportedError, check_choice
-from trainer.fileio import disk_errors
-from trainer.model.trained import load_model
 
 FORMATS = ("onnx", "torchscript", "torch-export")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".pt", "torch-export": ".pt2"}
@@ -233,9 +232,9 @@ def check_export(model_dir, path, fmt: str, data_dir, *, limit: int = 256,
     """Compare an export with the PyTorch model on (up to `limit`) images of an image directory,
     preprocessed from the export's own metadata. Returns compare()'s figures over all of them.
     """
-    from trainer.data.datasets import ImageDataset
-    from trainer.data.imagedir import read_image_directory
-    from trainer.data.transforms import eval_transform
+    from kfvision.trainer.data.datasets import ImageDataset
+    from kfvision.trainer.data.imagedir import read_image_directory
+    from kfvision.trainer.data.transforms import eval_transform
 
     model, info = _load(model_dir)
     reference = ServingModel(model, info["mean"], info["std"]).eval()

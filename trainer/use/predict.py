@@ -20,11 +20,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from kfvision.trainer.data.decode import load_rgb
+from kfvision.trainer.data.transforms import Normalizer, eval_transform
+from kfvision.trainer.errors import (
+    Int8CpuMismatchError,
+    InvalidParameterError,
+    KfvisionError,
+    check_choice,
+)
 from PIL import Image
-
-from trainer.data.decode import load_rgb
-from trainer.data.transforms import Normalizer, eval_transform
-from trainer.errors import Int8CpuMismatchError, InvalidParameterError, KfvisionError, check_choice
 
 RUNTIMES = ("torch", "onnx", "openvino")
 
@@ -92,8 +96,7 @@ def _decode_jpeg(im: Image.Image, factor: int) -> torch.Tensor:
 def onnx_metadata(path) -> dict:
     """The kfvision metadata of an ONNX export (without loading a runtime)."""
     import onnx
-
-    from trainer.use.export import META_KEY
+    from kfvision.trainer.use.export import META_KEY
 
     try:
         proto = onnx.load(str(path), load_external_data=False)
@@ -118,8 +121,8 @@ def default_runtime(model) -> str:
 
 def _script_format(model_dir) -> str | None:
     """The model format of a script's model directory (None: not one, or not readable)."""
-    from trainer.model.layout import is_trained_model
-    from trainer.model.scripted import read_script_model
+    from kfvision.trainer.model.layout import is_trained_model
+    from kfvision.trainer.model.scripted import read_script_model
 
     if is_trained_model(model_dir):
         return None
@@ -134,8 +137,7 @@ def onnx_session(path, threads: int):
     provider. Its threads do not spin while idle: a server decodes images on the same cores.
     `InferenceSession.run` is thread-safe: concurrent callers each run their own forward."""
     import onnxruntime as ort
-
-    from trainer.use.export import META_KEY
+    from kfvision.trainer.use.export import META_KEY
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
@@ -176,8 +178,7 @@ def openvino_model(path, threads: int):
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
-
-    from trainer.distributed import usable_cpus
+    from kfvision.trainer.distributed import usable_cpus
 
     streams = max(1, usable_cpus() // threads)  # a container's CPU limit, not the node's cores
     # the property names from openvino's own constants (NUM_STREAMS, INFERENCE_NUM_THREADS,
@@ -214,7 +215,7 @@ def check_int8_cpu(meta: dict, path, cpu=None) -> None:
     Raises:
         Int8CpuMismatchError: full-range int8 weights on a CPU without VNNI.
     """
-    from trainer.fastpath import cpu_features, describe_cpu
+    from kfvision.trainer.fastpath import cpu_features, describe_cpu
 
     q = meta.get("quantization")
     if not q or q.get("reduce_range", False):
@@ -253,7 +254,7 @@ class Predictor:
         check_choice("runtime", runtime, RUNTIMES)
         self.runtime, self.source = runtime, model
         if runtime == "torch" or not model.is_file():  # a directory: kfvision's, or a script's
-            from trainer.model.trained import load_model
+            from kfvision.trainer.model.trained import load_model
 
             net, info = load_model(model, device=device, threads=threads)
             wanted = "onnx" if info.get("model_format") == "onnx" else "torch"
@@ -299,7 +300,7 @@ class Predictor:
     def fast_path(self) -> dict:
         """The CPU speed choices this model is served with and the CPU they were taken for, as
         strings (for the serving `/metrics`' kfvision_fast_path info)."""
-        from trainer.fastpath import cpu_features
+        from kfvision.trainer.fastpath import cpu_features
 
         cpu = cpu_features()
         choices = {"runtime": self.runtime, "cpu_model": cpu.model, "cpu_kind": cpu.kind,

@@ -5,8 +5,8 @@
 
 onnxruntime's static quantization writes QDQ int8 (per-channel s8 weights, u8 activations
 whose ranges come from a sample of the training images, preprocessed as serving preprocesses
-them); OpenVINO runs it (`trainer.use.predict.openvino_model`), its int8 kernels being several
-times onnxruntime's on a CPU (bench/int8.py; docs/serving.md has the figures and why this
+them); OpenVINO runs it (`kfvision.trainer.use.predict.openvino_model`), its int8 kernels being
+several times onnxruntime's on a CPU (bench/int8.py; docs/serving.md has the figures and why this
 pairing). The result is one ONNX file with the same input, output and metadata as the fp32
 export, plus `quantization`: the runtime and the top-1 accuracies of both on the check data,
 measured on the runtime that serves it, on this CPU's kernels. An int8 model that falls more
@@ -14,9 +14,9 @@ than MAX_TOP1_DROP below fp32 is not written.
 
 The weights are 7-bit (`reduce_range`) on a CPU without VNNI, whose int8 kernels add pairs of
 u8 x s8 products in 16 bits that full 8-bit weights saturate, and 8-bit where VNNI or AMX
-accumulates in 32 bits (`trainer.fastpath.int8_reduce_range`). The choice and the CPU are
+accumulates in 32 bits (`kfvision.trainer.fastpath.int8_reduce_range`). The choice and the CPU are
 recorded in `quantization`; a server on a CPU without VNNI refuses an 8-bit export
-(`trainer.use.predict.check_int8_cpu`).
+(`kfvision.trainer.use.predict.check_int8_cpu`).
 """
 
 import json
@@ -27,10 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from trainer.errors import InvalidDatasetError, QuantizationError, check_range
-from trainer.fileio import disk_errors
-from trainer.progress import progress_bar
+from kfvision.trainer.errors import InvalidDatasetError, QuantizationError, check_range
+from kfvision.trainer.fileio import disk_errors
+from kfvision.trainer.progress import progress_bar
 
 QUANTIZE = ("none", "int8")  # --quantize
 CALIBRATION_IMAGES = 300
@@ -40,9 +39,9 @@ RUNTIME = "openvino"
 
 def _dataset(data_dir, meta: dict):
     """The images of `data_dir` as served: the export's eval transform, JPEGs DCT-scaled."""
-    from trainer.data.datasets import ImageDataset
-    from trainer.data.imagedir import read_image_directory
-    from trainer.data.transforms import eval_transform
+    from kfvision.trainer.data.datasets import ImageDataset
+    from kfvision.trainer.data.imagedir import read_image_directory
+    from kfvision.trainer.data.transforms import eval_transform
 
     imdir = read_image_directory(data_dir)
     transform = eval_transform(meta["eval_preset"], meta["image_size"])
@@ -128,8 +127,7 @@ def top1(runners: dict, data_dir, meta: dict, *, limit: int | None = None,
 
 def _set_metadata(path: Path, meta: dict) -> None:
     import onnx
-
-    from trainer.use.export import META_KEY
+    from kfvision.trainer.use.export import META_KEY
 
     proto = onnx.load(str(path))
     entry = next(p for p in proto.metadata_props if p.key == META_KEY)
@@ -150,10 +148,10 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
         InvalidDatasetError: `calibrate` has no images; `check` is unlabelled or has other
             classes. ExportError, InvalidModelDirectoryError: as `export`.
     """
-    from trainer.distributed import usable_cpus
-    from trainer.fastpath import cpu_features, int8_reduce_range
-    from trainer.use.export import export
-    from trainer.use.predict import LOADERS
+    from kfvision.trainer.distributed import usable_cpus
+    from kfvision.trainer.fastpath import cpu_features, int8_reduce_range
+    from kfvision.trainer.use.export import export
+    from kfvision.trainer.use.predict import LOADERS
 
     check_range("calibration-images", calibration, 1, 100_000)
     out = Path(out)

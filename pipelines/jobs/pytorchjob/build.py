@@ -10,8 +10,8 @@ pod; the operator injects the `PET_*` variables torchrun reads (pipelines/jobs/p
 has the operator's names).
 """
 
-from pipelines.jobs.config import LABELS, JobConfig, pod_spec
-from pipelines.jobs.pytorchjob.rules import (
+from kfvision.pipelines.jobs.config import LABELS, JobConfig, pod_spec
+from kfvision.pipelines.jobs.pytorchjob.rules import (
     API_VERSION,
     CONTAINER_NAME,
     DEFAULT_PORT,

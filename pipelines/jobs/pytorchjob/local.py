@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.clients.endpoints import free_port
-from pipelines.jobs.errors import InvalidJobError, JobFailedError
-from pipelines.jobs.faults import FaultInjector
-from pipelines.jobs.procs import (
+from kfvision.pipelines.clients.endpoints import free_port
+from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
+from kfvision.pipelines.jobs.faults import FaultInjector
+from kfvision.pipelines.jobs.procs import (
     STOP,
     LocalResult,
     Printer,
@@ -33,13 +33,13 @@ from pipelines.jobs.procs import (
     proc_table,
     supervised,
 )
-from pipelines.jobs.pytorchjob.rules import (
+from kfvision.pipelines.jobs.pytorchjob.rules import (
     CONTAINER_NAME,
     DEFAULT_PORT,
     PORT_NAME,
     validate_pytorchjob,
 )
-from pipelines.jobs.volumes import materialize
+from kfvision.pipelines.jobs.volumes import materialize
 
 LOCAL_BACKOFF_LIMIT = 6  # when the manifest sets none: what a Kubernetes Job uses, so we end
 
@@ -117,7 +117,8 @@ def plan_replicas(job: dict, source: str = "the manifest") -> list:
         if not container.get("command"):
             raise InvalidJobError(f"{source}: {rtype}'s container {CONTAINER_NAME!r} has no "
                                   "command; run-local cannot know the image's entrypoint. "
-                                  "Write the command (e.g. [torchrun, -m, trainer.train]).")
+                                  "Write the command (e.g. [torchrun, -m, "
+                                  "kfvision.trainer.train]).")
         for i in range(_replica_count(rspec)):
             # The operator's default restart policy (see the reference's "Defaults").
             plans.append(ReplicaPlan(rtype, i, rspec.get("restartPolicy") or "OnFailure",

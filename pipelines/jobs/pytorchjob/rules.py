@@ -7,8 +7,8 @@ v1.9.4 (`pkg/webhooks/pytorch/pytorchjob_webhook.go`; rules as listed in
 cluster accepts.
 """
 
-from pipelines.clients.k8s import dns1035_problem
-from pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.clients.k8s import dns1035_problem
+from kfvision.pipelines.jobs.errors import InvalidJobError
 
 # The Training Operator's names, all from kubeflow/trainer tag v1.9.4 (docs/upstream.md lists
 # them with their files): pkg/apis/kubeflow.org/v1/{groupversion_info,pytorch_types,common_types}.go

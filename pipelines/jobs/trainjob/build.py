@@ -5,11 +5,12 @@
 
 The same JobConfig as the PyTorchJob (pipelines/jobs/pytorchjob/build.py), the same container
 command
-(`python -m trainer.launch -m trainer.train ...`: torchrun, which reads the torch plugin's `PET_*`
-variables) and the same pod hardening, written as a TrainJob (`trainer.kubeflow.org/v1alpha1`):
-`trainer` holds image, command, args, nodes, processes and resources; what the pods also need
-(the data PVC, `/dev/shm`, `/tmp`, node selector, tolerations, the non-root security context) goes
-into one `runtimePatches` entry owned by the manager `kfvision.dev/render`.
+(`python -m kfvision.trainer.launch -m kfvision.trainer.train ...`: torchrun, which reads the torch
+plugin's `PET_*` variables) and the same pod hardening, written as a TrainJob
+(`trainer.kubeflow.org/v1alpha1`): `trainer` holds image, command, args, nodes, processes and
+resources; what the pods also need (the data PVC, `/dev/shm`, `/tmp`, node selector, tolerations,
+the non-root security context) goes into one `runtimePatches` entry owned by the manager
+`kfvision.dev/render`.
 
 What is retried is the runtime's business, not the TrainJob's: `build_runtime` writes kfvision's
 (Cluster)TrainingRuntime, whose JobSet `failurePolicy` and Job `podFailurePolicy` give the
@@ -20,8 +21,8 @@ has neither (see docs/jobs.md).
 
 from dataclasses import dataclass
 
-from pipelines.clients.k8s import dns1123_problem
-from pipelines.jobs.config import (
+from kfvision.pipelines.clients.k8s import dns1123_problem
+from kfvision.pipelines.jobs.config import (
     LABELS,
     TRAIN_COMMAND,
     JobConfig,
@@ -30,8 +31,8 @@ from pipelines.jobs.config import (
     resources,
     train_flags,
 )
-from pipelines.jobs.errors import InvalidJobError
-from pipelines.jobs.trainjob.rules import (
+from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.trainjob.rules import (
     ANCESTOR_LABEL,
     ANCESTOR_TRAINER,
     API_GROUP,
@@ -147,7 +148,7 @@ def build_trainjob(cfg: JobConfig, runtime: RuntimeRef = RuntimeRef()) -> dict:
 def set_command(job: dict, command, args, volumes=(), mounts=()) -> dict:
     """`job` with its trainer running `command` `args` instead of kfvision's trainer, `volumes`
     added to the nodes' pods and `mounts` to their container (through our runtimePatches entry);
-    as pipelines.jobs.pytorchjob.build.set_command."""
+    as kfvision.pipelines.jobs.pytorchjob.build.set_command."""
     job["spec"]["trainer"].update(command=list(command), args=list(args))
     patch = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
     pod = patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]

@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.clients.endpoints import free_port
-from pipelines.clients.k8s import quantity
-from pipelines.jobs.errors import InvalidJobError, JobFailedError
-from pipelines.jobs.faults import FaultInjector
-from pipelines.jobs.procs import (
+from kfvision.pipelines.clients.endpoints import free_port
+from kfvision.pipelines.clients.k8s import quantity
+from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
+from kfvision.pipelines.jobs.faults import FaultInjector
+from kfvision.pipelines.jobs.procs import (
     STOP,
     LocalResult,
     Printer,
@@ -39,8 +39,8 @@ from pipelines.jobs.procs import (
     stop_all,
     supervised,
 )
-from pipelines.jobs.trainjob.build import KFVISION_RUNTIME, build_runtime
-from pipelines.jobs.trainjob.rules import (
+from kfvision.pipelines.jobs.trainjob.build import KFVISION_RUNTIME, build_runtime
+from kfvision.pipelines.jobs.trainjob.rules import (
     ANCESTOR_LABEL,
     ANCESTOR_TRAINER,
     API_VERSION,
@@ -53,8 +53,8 @@ from pipelines.jobs.trainjob.rules import (
     runtime_jobs,
     validate_trainjob,
 )
-from pipelines.jobs.volumes import materialize, trainjob_pod
-from trainer.upstream import (
+from kfvision.pipelines.jobs.volumes import materialize, trainjob_pod
+from kfvision.trainer.upstream import (
     TRAINER_CA_CERT_FILE,
     TRAINER_SERVER_CA_CERT,
     TRAINER_SERVER_TOKEN,
@@ -319,10 +319,10 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
               config_maps: dict | None = None) -> LocalResult:
     """Run the TrainJob `job` (a dict) on this machine, as Kubeflow Trainer and its runtime would.
 
-    Args and result as pipelines.jobs.pytorchjob.local.run_local (logs in LOG_DIR/node-0-<i>.log);
-    `status`: the status server the nodes report progress to, as with Kubeflow Trainer's
-    TrainJobStatus feature gate on (None: the gate off, nothing is injected); `config_maps`:
-    {name: ConfigMap} of the same file, for the pods' ConfigMap volumes
+    Args and result as kfvision.pipelines.jobs.pytorchjob.local.run_local (logs in
+    LOG_DIR/node-0-<i>.log); `status`: the status server the nodes report progress to, as with
+    Kubeflow Trainer's TrainJobStatus feature gate on (None: the gate off, nothing is injected);
+    `config_maps`: {name: ConfigMap} of the same file, for the pods' ConfigMap volumes
     (pipelines/jobs/volumes.py).
     Raises:
         InvalidJobError: the manifest breaks a rule, names an unknown runtime, or cannot run here.

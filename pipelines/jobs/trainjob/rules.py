@@ -9,8 +9,8 @@ trainjob` checks its own output here, and `run-local` / `submit` check the manif
 
 import re
 
-from pipelines.clients.k8s import dns1123_problem
-from pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.clients.k8s import dns1123_problem
+from kfvision.pipelines.jobs.errors import InvalidJobError
 
 # Kubeflow Trainer's names, all from kubeflow/trainer tag v2.3.0 (docs/upstream.md lists them
 # with their files): pkg/apis/trainer/v1alpha1/ (group, version, kinds, conditions),

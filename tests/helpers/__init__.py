@@ -1,0 +1,1 @@
+"""What several test files share that is not a fixture: paths, fakes, data writers."""

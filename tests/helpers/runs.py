@@ -1,0 +1,57 @@
+"""Runs of the trainer and of jobs that several test files start the same way."""
+
+import json
+from pathlib import Path
+
+from kfvision.trainer.data.convert import convert
+from PIL import Image
+
+
+def train_argv(model, data: dict, out, **options) -> list:
+    """Flags for kfvision.trainer.train.main / `kfvision train` (options as python names)."""
+    argv = ["--model", str(model), "--train", str(data["train"]), "--val", str(data["val"]),
+            "--out", str(out)]
+    for k, v in options.items():
+        argv += ["--" + k.replace("_", "-"), str(v)]
+    return argv
+
+
+def jpeg_digits(data: dict, root: Path, size: int) -> Path:
+    """`data`'s raw validation digits as `size` px JPEGs (quality 90), converted: root/data."""
+    for f in sorted((data["raw"] / "val").glob("*/*")):
+        dest = root / "src" / f.parent.name / (f.stem + ".jpg")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with Image.open(f) as im:
+            im.convert("RGB").resize((size, size), Image.Resampling.BICUBIC).save(dest, quality=90)
+    convert(root / "src", root / "data", progress=False)
+    return root / "data"
+
+
+# The CPU job that the distributed tests compare: 3 epochs of micro_digits (40 images) at 32 px,
+# batch 4 on each of 4 processes (3 steps an epoch), with a progress line at every step (what the
+# fault drills of test_resume_exact.py wait for), so that one unbroken run serves them all.
+JOB_FLAGS = ["--epochs", "3", "--image-size", "32", "--batch-size", "4", "--lr", "0.005",
+             "--augment", "light", "--print-freq", "1", "--seed", "5", "--workers", "0",
+             "--patience", "10"]
+
+
+def run_job(root: Path, data: dict, model, *, kind="pytorchjob", nodes=2, nproc=2) -> dict:
+    """Render a `nodes` x `nproc` CPU job of `kind` (JOB_FLAGS) with `kfvision job render`, run
+    it with `kfvision job run-local`.
+
+    Returns {"rc": run-local's exit code, "out": the model directory, "metrics": its
+    metrics.json, "logs": the log folder}.
+    """
+    from kfvision.pipelines.cli import main
+
+    name = f"digits-{kind}-{nodes}x{nproc}"
+    out, manifest, logs = root / f"model-{name}", root / f"{name}.yaml", root / f"logs-{name}"
+    kind_flags = ["--kind", "trainjob", "--runtime", "kfvision-torch"] if kind == "trainjob" \
+        else []
+    assert main(["job", "render", *kind_flags, "--name", name, "--image", "local",
+                 "--nodes", str(nodes), "--procs-per-node", str(nproc), "--model", str(model),
+                 "--train", str(data["train"]), "--val", str(data["val"]), "--out", str(out),
+                 *JOB_FLAGS, "-o", str(manifest)]) == 0
+    rc = main(["job", "run-local", str(manifest), "--quiet", "--log-dir", str(logs)])
+    return {"rc": rc, "out": out, "metrics": json.loads((out / "metrics.json").read_text()),
+            "logs": logs}
