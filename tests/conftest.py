@@ -337,3 +337,28 @@ def fake_registry():
     fake = FakeModelRegistry(spec)
     yield fake
     fake.server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def kfvision_wheel(tmp_path_factory) -> Path:
+    """kfvision's wheel, built once a run from a copy of the repository's tracked files (what a
+    fresh clone and the image's build context hold: no stale build/ folder can slip files in)."""
+    from helpers.paths import REPO
+
+    def make(root):
+        listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+        files = ([REPO / f for f in listed.stdout.decode().split("\0") if f]
+                 if listed.returncode == 0 else
+                 [p for p in REPO.rglob("*") if p.is_file() and ".git" not in p.parts
+                  and ".venv" not in p.parts and "__pycache__" not in p.parts])
+        for f in files:
+            if f.is_file():
+                dest = root / "src" / f.relative_to(REPO)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, dest)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                        "--no-build-isolation", "-w", str(root / "dist"), str(root / "src")],
+                       check=True, capture_output=True)
+        return next((root / "dist").glob("kfvision-*.whl"))
+
+    return made_once(tmp_path_factory, "wheel", make)
