@@ -244,3 +244,94 @@ def test_every_documented_command_line_parses(where, argv, whole):
 def test_the_documented_command_check_finds_what_is_wrong(argv, whole, problem):
     found = _check(argv, whole)
     assert found == problem if problem is None else problem in found
+
+
+# --- every link between the pages, and every heading of a page a source file names, resolves ---
+_CODE_SPAN = re.compile(r"`[^`\n]*`")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+_CITED = re.compile(r"\bdocs/([\w-]+\.md)#([\w-]+)")
+_HEADING = re.compile(r"#{1,6}\s+(.*?)\s*#*\s*$")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces made hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.replace("`", "").lower())
+    return text.replace(" ", "-")
+
+
+def prose_lines(path) -> list:
+    """(line number, text) of a Markdown page outside its fenced code blocks."""
+    out, block = [], False
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if _FENCE.match(line):
+            block = not block
+        elif not block:
+            out.append((n, line))
+    return out
+
+
+@functools.cache
+def anchors(path) -> frozenset:
+    """The anchors of a page's headings (a repeated heading gets -1, -2, as on GitHub)."""
+    seen, out = {}, set()
+    for _, line in prose_lines(path):
+        if (match := _HEADING.fullmatch(line)):
+            base = slug(match[1])
+            out.add(base if base not in seen else f"{base}-{seen[base]}")
+            seen[base] = seen.get(base, 0) + 1
+    return frozenset(out)
+
+
+def broken(target: str, page) -> str | None:
+    """What is wrong with a relative link from `page` (None: it reaches a file and heading)."""
+    if re.match(r"[a-z]+:", target):
+        return None  # https:, mailto: ...
+    path, _, anchor = target.partition("#")
+    dest = (page.parent / path).resolve() if path else page
+    if not dest.exists():
+        return f"no file {path}"
+    if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+        return f"no heading #{anchor} in {dest.relative_to(REPO).as_posix()}"
+    return None
+
+
+@pytest.mark.parametrize("heading, anchor", [
+    ("The manifest path at 200,000 images", "the-manifest-path-at-200000-images"),
+    ("Fetching an `s3://` dataset: kfvision, s5cmd, `aws s3 sync`",
+     "fetching-an-s3-dataset-kfvision-s5cmd-aws-s3-sync"),
+    ("Start and exit of kfvision's programs", "start-and-exit-of-kfvisions-programs"),
+    ("The search space: `--param NAME=TYPE:SPEC`", "the-search-space---param-nametypespec"),
+])
+def test_slug_is_githubs(heading, anchor):
+    assert slug(heading) == anchor
+
+
+@pytest.mark.parametrize("target, problem", [
+    ("benchmarks.md#gpu", None), ("#how-the-figures-are-taken", None),
+    ("../README.md#training-options", None), ("https://example.com/x#y", None),
+    ("benchmarks.md#history", "no heading #history in docs/benchmarks.md"),
+    ("#test-suite-time", "no heading #test-suite-time in docs/benchmarks.md"),
+    ("nowhere.md", "no file nowhere.md"),
+])
+def test_the_link_check_finds_what_is_wrong(target, problem):
+    assert broken(target, REPO / "docs" / "benchmarks.md") == problem
+
+
+def test_every_link_between_the_pages_resolves():
+    found = [f"{page.relative_to(REPO).as_posix()}:{n}: ({target}) {problem}"
+             for page in docgen.pages() for n, line in prose_lines(page)
+             for target in _LINK.findall(_CODE_SPAN.sub("", line))
+             if (problem := broken(target, page))]
+    assert len([1 for page in docgen.pages() for _, line in prose_lines(page)
+                for _ in _LINK.findall(line)]) > 100  # the walk sees them
+    assert found == []
+
+
+def test_every_docs_anchor_a_source_file_names_resolves():
+    found = [f"{path.relative_to(REPO)}: docs/{page}#{anchor}"
+             for folder in ("trainer", "pipelines", "bench", "tools", "tests")
+             for path in sorted((REPO / folder).rglob("*.py"))
+             for page, anchor in _CITED.findall(path.read_text(encoding="utf-8"))
+             if not (REPO / "docs" / page).exists()
+             or anchor not in anchors(REPO / "docs" / page)]
+    assert found == []

@@ -52,8 +52,9 @@ def make_sgd(model: nn.Module, lr: float, momentum: float, weight_decay: float):
     """SGD with its fused kernel: one pass over each parameter, its gradient and its momentum.
 
     The multi-tensor ("foreach") step reads and writes every parameter-sized tensor three times
-    (weight decay, momentum, update); on CPU that was a fifth of a 32 px resnet18 step, the fused
-    kernel a third of that (docs/benchmarks.md). Same update rule, rounding differences only.
+    (weight decay, momentum, update), the fused kernel once (what that saves on CPU:
+    docs/benchmarks.md#why-it-is-faster, "The fused SGD step"). Same update rule, rounding
+    differences only.
     Torch builds without a fused kernel for the device fall back to foreach.
     """
     params = list(model.parameters())

@@ -1,12 +1,12 @@
-"""A program that has imported torch exits in a fifth of a second, not close to one.
+"""A program that has imported torch exits without walking torch's objects again.
 
 torch, torchvision and what torchvision imports at module level (`torch._dynamo`, sympy) leave a
 few hundred thousand Python objects that live as long as the process. CPython's cyclic garbage
 collector walks every one of them in each full collection, and the interpreter's shutdown runs
-several: a process that had imported `kfvision.trainer.train` spent 0.85 s of CPU exiting, one that
-had imported torch alone 0.5 s, one that imported nothing 0.003 s (2-core EPYC, Python 3.11; perf
-put 70% of it in `gc_collect_main`). Every trainer, launcher, `kfvision` command and pipeline step
-paid it, a job's trainers before torchrun could see them end.
+several, which costs a process that has imported torch and torchvision most of a second of CPU
+(the figures: docs/benchmarks.md#start-and-exit-of-kfvisions-programs). Every trainer,
+launcher, `kfvision` command and pipeline step paid it, a job's trainers before torchrun could
+see them end.
 
 `gc.freeze` moves every object that exists into a generation that no collection walks. What
 changes is only what a collection frees: an object frozen inside a reference cycle that later
@@ -32,8 +32,9 @@ import gc
 def freeze_imports() -> None:
     """Freeze what the program's imports made, and do the same at exit (module doc).
 
-    No collection first: after `import kfvision.trainer.train` one found 36 objects of garbage among
-    337,000 and took 0.15-0.35 s; those few stay in memory instead."""
+    No collection first: after the imports one would find a few dozen objects of garbage among
+    a few hundred thousand, at a cost docs/benchmarks.md#start-and-exit-of-kfvisions-programs
+    gives; those few stay in memory instead."""
     gc.freeze()
     freeze_at_exit()
 

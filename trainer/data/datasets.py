@@ -173,8 +173,8 @@ def _map_in_threads(fn, n: int, threads: int, desc: str, progress) -> list:
     """[fn(0), ..., fn(n - 1)], computed on up to `threads` threads, under a progress bar.
 
     Threads, not processes: libjpeg-turbo (torchvision) and Pillow release the GIL while they
-    decode, so the images need no copying between processes; two threads filled a cache of
-    1,000 ImageNet-sized JPEGs 2.2 times as fast as one (docs/benchmarks.md)."""
+    decode, so the images need no copying between processes (what two threads gain on two cores:
+    docs/benchmarks.md#why-it-is-faster, "Caching")."""
     if threads <= 1 or n < 2:
         return list(progress_bar(map(fn, range(n)), desc, "img", progress, total=n))
     intra_op = torch.get_num_threads()

@@ -127,7 +127,8 @@ class Normalizer:
     One conversion pass into a fresh NCHW float tensor, then two in-place passes (x * scale +
     shift: (x - mean) / std up to float32 rounding). Batches arrive with channels-last strides
     (decoded and packed images are HWC in memory); broadcasting a per-channel operand over that
-    layout is 5-6x slower on the CPU than the copy to NCHW first (docs/benchmarks.md).
+    layout is slower on the CPU than the copy to NCHW first (by how much:
+    docs/benchmarks.md#why-it-is-faster, "Normalisation").
     """
 
     mean: tuple = IMAGENET_MEAN

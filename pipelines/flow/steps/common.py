@@ -25,7 +25,8 @@ def run(step, *args, **kwargs):
     from kfvision.trainer.exitcodes import error_line
     from kfvision.trainer.heap import freeze_at_exit
 
-    freeze_at_exit()  # the step's process exits in 0.2 s, not 0.9, once torch is imported
+    # A quick exit once torch is imported: docs/benchmarks.md#start-and-exit-of-kfvisions-programs
+    freeze_at_exit()
     try:
         return step(*args, **kwargs)
     except KfvisionError as e:
