@@ -201,11 +201,9 @@ def _demo(args) -> int:
     return run_demo(args.out, epochs=args.epochs)
 
 
-def register_demo(subparsers) -> None:
+def register_demo(subparsers, help: str) -> None:
     """Add `kfvision demo` (cheap: the pipeline is imported when it runs)."""
-    d = subparsers.add_parser("demo", help="the whole KFP pipeline, run locally, on "
-                              "scikit-learn's digits",
-                              formatter_class=HelpFormatter)
+    d = subparsers.add_parser("demo", help=help, formatter_class=HelpFormatter)
     d.add_argument("--out", default="build/demo", help="working folder (replaced)")
     d.add_argument("--epochs", type=int, default=15, help="training epochs")
     d.set_defaults(func=_demo)
