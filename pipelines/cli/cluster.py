@@ -63,7 +63,7 @@ def namespace_of(args, manifest: dict | None = None) -> str | None:
     return args.namespace or given
 
 
-def submit(args, connect, manifest: dict, config_maps=(), **wait_kw) -> int:
+def submit_command(args, connect, manifest: dict, config_maps=(), **wait_kw) -> int:
     """The body of every `kfvision GROUP submit`: connect (`connect(namespace)` -> a
     ClusterClient) in the namespace of -n or the manifest, then submit_and_wait with the parsed
     flags (`wait_kw`: the kind's own, e.g. a job's `logs`). Ctrl-C stops waiting and leaves the

@@ -4,7 +4,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kfvision.pipelines.cli.cluster import add_command, add_submit
+from kfvision.pipelines.cli.cluster import add_command, add_submit, submit_command
 from kfvision.pipelines.serve.cluster import DeployClient
 from kfvision.pipelines.serve.deploy import DeployConfig
 from kfvision.trainer.options import HelpFormatter, add_flags, options_of
@@ -65,7 +65,6 @@ def _render(args) -> int:
 
 def _submit(args) -> int:
     import yaml
-    from kfvision.pipelines.cli import cluster as flags
     from kfvision.pipelines.serve import cluster
 
     text = sys.stdin.read() if args.manifest == "-" else Path(args.manifest).read_text()
@@ -75,7 +74,7 @@ def _submit(args) -> int:
 
         raise InvalidParameterError(f"{args.manifest} is not an InferenceService manifest; "
                                     "write one with `kfvision deploy render`.")
-    return flags.submit(args, cluster.connect, isvc)
+    return submit_command(args, cluster.connect, isvc)
 
 
 def _delete(args) -> int:

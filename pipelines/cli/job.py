@@ -7,7 +7,7 @@ import signal
 import sys
 from pathlib import Path
 
-from kfvision.pipelines.cli.cluster import TARGET, add_command, add_submit
+from kfvision.pipelines.cli.cluster import TARGET, add_command, add_submit, submit_command
 from kfvision.pipelines.clients.k8s import to_yaml
 from kfvision.pipelines.jobs.cluster import JobClient
 from kfvision.pipelines.jobs.config import JobConfig
@@ -199,13 +199,12 @@ def _images(job: dict) -> str:
 
 
 def _submit(args) -> int:
-    from kfvision.pipelines.cli import cluster as flags
     from kfvision.pipelines.jobs import cluster
     from kfvision.pipelines.jobs.kinds import kind_of, read_manifest
 
     job, config_maps = read_manifest(args.manifest)  # ConfigMaps: a user's script's source
-    return flags.submit(args, lambda ns: cluster.connect(ns, kind=kind_of(job)), job,
-                        list(config_maps.values()), logs=not args.no_logs)
+    return submit_command(args, lambda ns: cluster.connect(ns, kind=kind_of(job)), job,
+                          list(config_maps.values()), logs=not args.no_logs)
 
 
 def _logs(args) -> int:
@@ -248,7 +247,6 @@ def register(subparsers, help: str) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
     add_render(sub)
-
     r = sub.add_parser("run-local", formatter_class=HelpFormatter,
                        help="run a PyTorchJob or TrainJob YAML on this machine, as the "
                        "cluster would")

@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from kfvision.pipelines.cli.cluster import add_command, add_submit
+from kfvision.pipelines.cli.cluster import add_command, add_submit, submit_command
 from kfvision.pipelines.cli.train import NPROC_FLAG
-from kfvision.pipelines.tune.cluster import ExperimentClient
+from kfvision.pipelines.tune import cluster
 from kfvision.pipelines.tune.experiment import Search
 from kfvision.pipelines.tune.space import check_space
 from kfvision.trainer.errors import InvalidParameterError
@@ -191,16 +191,11 @@ def _read_experiment(path: str) -> tuple:
 
 
 def _submit(args) -> int:
-    from kfvision.pipelines.cli import cluster as flags
-    from kfvision.pipelines.tune import cluster
-
     experiment, config_maps = _read_experiment(args.manifest)
-    return flags.submit(args, cluster.client, experiment, config_maps)
+    return submit_command(args, cluster.client, experiment, config_maps)
 
 
 def _status(args) -> int:
-    from kfvision.pipelines.tune import cluster
-
     api = cluster.client(args.namespace)
     api.report(args.name, api.get(args.name))
     api.trial_table(args.name)
@@ -208,8 +203,6 @@ def _status(args) -> int:
 
 
 def _delete(args) -> int:
-    from kfvision.pipelines.tune import cluster
-
     api = cluster.client(args.namespace)
     api.delete(args.name)
     print(f"deleted Experiment {api.namespace}/{args.name} (and its trials)")
@@ -217,7 +210,7 @@ def _delete(args) -> int:
 
 
 def _cluster_verbs(verbs) -> None:
-    add_submit(verbs, ExperimentClient, _submit, "create the Experiment on the cluster "
+    add_submit(verbs, cluster.ExperimentClient, _submit, "create the Experiment on the cluster "
                "(re-attach if it exists)", manifest="Experiment YAML of `tune render` ('-': "
                "standard input)")
     add_command(verbs, "status", _status, "an Experiment's state, best trial so far, and "

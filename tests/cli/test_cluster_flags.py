@@ -11,7 +11,13 @@ import yaml
 from helpers.fake_kserve import ISVC, NOT_READY, FakeKServe, client_for
 from helpers.parsers import command_parser, every_parser, sub_commands
 from kfvision.pipelines.cli import main
-from kfvision.pipelines.cli.cluster import TARGET, WAITING, add_command, submit, waiting_flags
+from kfvision.pipelines.cli.cluster import (
+    TARGET,
+    WAITING,
+    add_command,
+    submit_command,
+    waiting_flags,
+)
 from kfvision.pipelines.clients.cluster import (
     CLUSTER_OPTIONS,
     POLL_S,
@@ -128,7 +134,7 @@ def test_ctrl_c_stops_waiting_and_leaves_it(capsys):
 
     client.wait = interrupted
     args = argparse.Namespace(namespace=None, wait=True, timeout=None, poll=POLL_S)
-    assert submit(args, lambda namespace: client, ISVC) == 130
+    assert submit_command(args, lambda namespace: client, ISVC) == 130
     err = capsys.readouterr().err
     assert "stopped waiting; InferenceService kubeflow/digits goes on" in err
     assert "kfvision deploy delete digits -n kubeflow removes it" in err
