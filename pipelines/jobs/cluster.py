@@ -1,8 +1,7 @@
 """Run a PyTorchJob or TrainJob on a cluster: submit (or re-attach), wait, logs, delete. What
 differs between the two kinds (API group, pod labels, container, success) is read from their
 JobKind (pipelines/jobs/kinds.py); every API call goes through pipelines/clients/k8s.py, which
-maps its
-failures. The Role in manifests/rbac.yaml grants exactly what is called here:
+maps its failures. The Role in manifests/rbac.yaml grants exactly what is called here:
     pytorchjobs, trainjobs: create, get, delete    pods: list, get    pods/log: get
     clustertrainingruntimes, trainingruntimes: get (submit checks a TrainJob's runtime exists)
     persistentvolumeclaims: get (the train step's workspace)
