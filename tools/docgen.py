@@ -10,12 +10,12 @@ Each generated part sits between two marker comments in README.md or a docs/*.md
     <!-- end generated -->
 
 and only those parts are rewritten: the option tables (training, job, pipeline parameters,
-storage, s3, deploy, serve, search) from the option() declarations, `job render`'s kind flags
-from its parser, the message of an out-of-range parameter, and the demo's training settings. A
-region on one line is written on one line (within a sentence). Each part appears in exactly one
-file; other pages link to it. tests/test_docs.py fails when a committed file differs from what
-this writes. Torch-free: it reads the declarations only (kfp is imported for the pipeline's
-defaults).
+storage, s3, deploy, serve, search, cluster) from the option() declarations, `job render`'s kind
+flags from its parser, the message of an out-of-range parameter, and the demo's training
+settings. A region on one line is written on one line (within a sentence). Each part appears in
+exactly one file; other pages link to it. tests/test_docs.py fails when a committed file differs
+from what this writes. Torch-free: it reads the declarations only (kfp is imported for the
+pipeline's defaults).
 """
 
 import argparse
@@ -147,6 +147,13 @@ def serve_options(page: str) -> str:
     return flag_table(options_of(ServeOptions))
 
 
+def cluster_options(page: str) -> str:
+    from kfvision.pipelines.clients.cluster import ClusterOptions
+    from kfvision.trainer.options import options_of
+
+    return flag_table(options_of(ClusterOptions))
+
+
 def search_options(page: str) -> str:
     from kfvision.pipelines.tune.experiment import Search
     from kfvision.trainer.options import options_of
@@ -270,6 +277,7 @@ REGIONS = {
     "deploy options": deploy_options,
     "serve options": serve_options,
     "search options": search_options,
+    "cluster options": cluster_options,
     "range error example": range_error_example,
     "demo settings": demo_settings,
 }

@@ -1,9 +1,21 @@
 """The `kfvision` command line. Run `kfvision --help`, or `kfvision COMMAND --help`.
 
-One module per command group: data (convert, pack, split), model, train, use (score, evaluate,
-export), job (the Kubeflow job), pipeline (the KFP pipeline, demo), tune (hyperparameter
-search). The flags of train, job, pipeline and tune come from modules that import kfp or the job
-builders, so only the command named on the command line gets them (`kfvision --help` stays instant).
+One module per command group, and HELP below holds every command's one-line help:
+    data        convert, pack, split: image directories
+    model       model (an untrained model directory), push (a model directory to s3://)
+    use         score, evaluate, export
+    pipeline    pipeline compile | submit | run-local (the KFP pipeline), and demo
+    train       train (one process, or N with torchrun)
+    job         job render | run-local | submit | logs | delete | run | download (PyTorchJob,
+                TrainJob; jobscript.py: a user's own script)
+    serve       serve (KServe's model server)
+    deploy      deploy render | submit | delete (a KServe InferenceService)
+    tune        tune run | render | submit | status | delete (Optuna here, Katib there)
+    register    register (MLflow's or Kubeflow's model registry)
+cluster.py is no group: the flags every command that talks to a cluster shares, declared once,
+and the one body of every `submit`. The flags of train, job, pipeline, serve, deploy, tune and
+register come from modules that import kfp or the job builders, so only the command named on the
+command line gets them (`kfvision --help` stays instant).
 """
 
 import argparse
@@ -29,11 +41,20 @@ typical run (no cluster needed):
   kfvision demo                                  # all of the above on scikit-learn's digits
 """
 
-# The one-line help of the command groups whose flags are built only when they are named.
+# Every command's one-line help, in the order `kfvision --help` lists them.
 HELP = {
+    "convert": "a folder or archive of images -> an image directory",
+    "pack": "add raw pixels to an image directory: fast training without decoding",
+    "split": "split an image directory in two, stratified by class",
+    "model": "write an untrained model directory (resnet, densenet)",
+    "push": "upload a model directory to s3://",
+    "score": "score an image directory with a trained model -> CSV",
+    "evaluate": "metrics, report and confusion matrix of a scored CSV",
+    "export": "export a trained model: ONNX, TorchScript, torch.export",
+    "demo": "the whole KFP pipeline, run locally, on scikit-learn's digits",
     "train": "train a model (one process, or N with --nproc-per-node)",
-    "job": "train as a Kubeflow PyTorchJob or TrainJob: render, run-local, submit, logs, "
-           "delete",
+    "job": "train as a Kubeflow PyTorchJob or TrainJob: render, run, run-local, submit, logs, "
+           "delete, download",
     "pipeline": "the Kubeflow Pipelines pipeline, images to a registered, deployed model: "
                 "compile, submit, run-local",
     "serve": "serve a trained model with KServe's model server (v1 and v2 protocols)",
@@ -42,6 +63,8 @@ HELP = {
             "(Katib)",
     "register": "register a trained model: a version in MLflow's or Kubeflow's model registry",
 }
+# The commands whose flags are built only when they are named (module: the command's name).
+LAZY = ("train", "job", "pipeline", "serve", "deploy", "tune", "register")
 
 
 def build_parser(argv: list | None = None) -> argparse.ArgumentParser:
@@ -53,20 +76,22 @@ def build_parser(argv: list | None = None) -> argparse.ArgumentParser:
         "or as Kubeflow jobs (PyTorchJob or TrainJob).", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    data.register(sub)
-    model.register(sub)
-    use.register(sub)
-    register_demo(sub)
-    for name, help in HELP.items():
+    data.register(sub, HELP)
+    model.register(sub, HELP)
+    use.register(sub, HELP)
+    register_demo(sub, HELP["demo"])
+    for name in LAZY:
         if named != name:
-            sub.add_parser(name, help=help)
+            sub.add_parser(name, help=HELP[name])
         else:
-            importlib.import_module(f"kfvision.pipelines.cli.{name}").register(sub, help)
+            importlib.import_module(f"kfvision.pipelines.cli.{name}").register(sub, HELP[name])
     return p
 
 
 def main(argv=None) -> int:
-    freeze_at_exit()  # the process exits in 0.2 s, not 0.9, once torch is imported
+    # exiting once torch is imported costs a fraction of what it did (trainer/heap.py; figures:
+    # docs/benchmarks.md, section "Start and exit of kfvision's programs")
+    freeze_at_exit()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser(argv).parse_args(argv)
     try:

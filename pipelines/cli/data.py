@@ -60,9 +60,10 @@ def _split(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    """Add convert, pack and split to the `kfvision` subparsers."""
-    c = sub.add_parser("convert", help="a folder or archive of images -> an image directory",
+def register(sub, help: dict) -> None:
+    """Add convert, pack and split to the `kfvision` subparsers (`help`: each command's one
+    line, pipelines/cli/__init__.py's HELP)."""
+    c = sub.add_parser("convert", help=help["convert"],
                        description="Copy a folder or archive (.zip, .tar, .tar.gz/.tgz, .tar.bz2) "
                        "with one sub-folder per class (maybe under one wrapping folder), or flat "
                        "images plus --labels CSV, or loose images (an unlabelled directory, for "
@@ -85,7 +86,7 @@ def register(sub) -> None:
     c.set_defaults(func=_convert)
 
     pk = sub.add_parser(
-        "pack", help="add raw pixels to an image directory: fast training without decoding",
+        "pack", help=help["pack"],
         description="Decode every image of an image directory once and store the raw RGB pixels "
         "beside it (kfvision-pack.rgb, indexed by kfvision-pack.json). Training then reads "
         "pixels instead of decoding JPEGs every epoch: for data too big to cache in memory. "
@@ -98,7 +99,7 @@ def register(sub) -> None:
     pk.add_argument("--quiet", action="store_true", help="no progress bar")
     pk.set_defaults(func=_pack)
 
-    sp = sub.add_parser("split", help="split an image directory in two, stratified by class",
+    sp = sub.add_parser("split", help=help["split"],
                         formatter_class=HelpFormatter)
     sp.add_argument("src", help="input image directory")
     sp.add_argument("train_out", help="first output (FRACTION of each class)")

@@ -4,6 +4,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from kfvision.pipelines.cli.cluster import add_command, add_submit, submit_command
+from kfvision.pipelines.serve.cluster import DeployClient
 from kfvision.pipelines.serve.deploy import DeployConfig
 from kfvision.trainer.options import HelpFormatter, add_flags, options_of
 
@@ -72,12 +74,7 @@ def _submit(args) -> int:
 
         raise InvalidParameterError(f"{args.manifest} is not an InferenceService manifest; "
                                     "write one with `kfvision deploy render`.")
-    client = cluster.connect(args.namespace or isvc["metadata"].get("namespace"))
-    name = isvc["metadata"]["name"]
-    print(f"{client.apply(isvc)} InferenceService {client.namespace}/{name}")
-    if args.wait:
-        client.wait_ready(name, args.timeout, args.poll)
-    return 0
+    return submit_command(args, cluster.connect, isvc)
 
 
 def _delete(args) -> int:
@@ -100,17 +97,7 @@ def register(subparsers, help: str) -> None:
     add_flags(r, options_of(DeployConfig))
     r.add_argument("-o", "--output", help="output file ('-' or none: standard output)")
     r.set_defaults(func=_render)
-    fmt = HelpFormatter
-    s = sub.add_parser("submit", formatter_class=fmt,
-                       help="create (or update) the InferenceService on the cluster")
-    s.add_argument("manifest", help="InferenceService YAML ('-': standard input)")
-    s.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else the "
-                   "kubeconfig's)")
-    s.add_argument("--wait", action="store_true", help="wait until it is Ready")
-    s.add_argument("--timeout", type=float, default=600, help="seconds to wait at most")
-    s.add_argument("--poll", type=float, default=5, help="seconds between status reads")
-    s.set_defaults(func=_submit)
-    x = sub.add_parser("delete", formatter_class=fmt, help="delete the InferenceService")
-    x.add_argument("name")
-    x.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
-    x.set_defaults(func=_delete)
+    add_submit(sub, DeployClient, _submit, "create (or update) the InferenceService on the "
+               "cluster", manifest="InferenceService YAML ('-': standard input)")
+    add_command(sub, "delete", _delete, "delete the InferenceService",
+                name="InferenceService name")

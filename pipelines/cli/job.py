@@ -7,7 +7,9 @@ import signal
 import sys
 from pathlib import Path
 
+from kfvision.pipelines.cli.cluster import TARGET, add_command, add_submit, submit_command
 from kfvision.pipelines.clients.k8s import to_yaml
+from kfvision.pipelines.jobs.cluster import JobClient
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.jobs.faults import Fault
@@ -196,32 +198,13 @@ def _images(job: dict) -> str:
                              if c.get("name") == "pytorch"}))
 
 
-def _namespace(args, job: dict | None = None) -> str | None:
-    given = (job or {}).get("metadata", {}).get("namespace")
-    if args.namespace and given and args.namespace != given:
-        raise InvalidJobError(f"--namespace {args.namespace} differs from the manifest's "
-                              f"metadata.namespace {given}; drop one of them.")
-    return args.namespace or given
-
-
 def _submit(args) -> int:
-    from kfvision.pipelines.jobs.cluster import connect, submit
+    from kfvision.pipelines.jobs import cluster
     from kfvision.pipelines.jobs.kinds import kind_of, read_manifest
 
-    job, config_maps = read_manifest(args.manifest)
-    client = connect(_namespace(args, job), kind=kind_of(job))
-    for cm in config_maps.values():  # a user's source first: the pods mount it
-        _, created = client.api.create_config_map(cm)
-        client.say(f"{'created' if created else 'reusing'} ConfigMap {client.namespace}/"
-                   f"{cm['metadata']['name']}")
-    try:
-        submit(client, job, wait=args.wait, timeout_s=args.timeout,
-               keep_on_timeout=args.keep_on_timeout, poll_s=args.poll, logs=not args.no_logs)
-    except KeyboardInterrupt:
-        print(f"stopped waiting; the job goes on (kfvision job logs {job['metadata']['name']} "
-              f"-n {client.namespace} / kfvision job delete ...)", file=sys.stderr)
-        return 130
-    return 0
+    job, config_maps = read_manifest(args.manifest)  # ConfigMaps: a user's script's source
+    return submit_command(args, lambda ns: cluster.connect(ns, kind=kind_of(job)), job,
+                          list(config_maps.values()), logs=not args.no_logs)
 
 
 def _logs(args) -> int:
@@ -230,7 +213,7 @@ def _logs(args) -> int:
 
     if args.all and args.replica:
         raise InvalidJobError("--all shows every replica; drop --replica (or --all).")
-    client = attach(connect(_namespace(args)), args.name)
+    client = attach(connect(args.namespace), args.name)
     if args.follow:
         replicas = None if args.all else {args.replica or client.kind.primary}
         podlogs.Follower(client, args.name, write=lambda line: print(line, flush=True),
@@ -241,22 +224,15 @@ def _logs(args) -> int:
         for line in podlogs.merged(client, args.name, tail=args.tail, previous=args.previous):
             print(line)
         return 0
-    replica = args.replica or client.kind.primary
-    pod = client.find_pod(args.name, replica)
-    if pod is None:
-        raise InvalidJobError(f"{client.kind.kind} {client.namespace}/{args.name} has no pod "
-                              f"for replica {replica} (yet); see `kubectl get pods -l "
-                              f"{client.kind.pod_label}={args.name}`, or --follow to wait "
-                              "for it.")
-    sys.stdout.write(client.pod_log(pod["metadata"]["name"], tail=args.tail,
-                                    previous=args.previous))
+    sys.stdout.write(client.logs(args.name, args.replica, tail=args.tail,
+                                 previous=args.previous))
     return 0
 
 
 def _delete(args) -> int:
     from kfvision.pipelines.jobs.cluster import attach, connect
 
-    client = attach(connect(_namespace(args)), args.name)
+    client = attach(connect(args.namespace), args.name)
     client.delete(args.name)
     print(f"deleted {client.kind.kind} {client.namespace}/{args.name}")
     return 0
@@ -271,8 +247,7 @@ def register(subparsers, help: str) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = job.add_subparsers(dest="job_command", required=True, metavar="ACTION")
     add_render(sub)
-    fmt = HelpFormatter
-    r = sub.add_parser("run-local", formatter_class=fmt,
+    r = sub.add_parser("run-local", formatter_class=HelpFormatter,
                        help="run a PyTorchJob or TrainJob YAML on this machine, as the "
                        "cluster would")
     r.add_argument("manifest", help="PyTorchJob or TrainJob YAML ('-': standard input)")
@@ -285,43 +260,26 @@ def register(subparsers, help: str) -> None:
                    help="fault drill (repeatable): on a log line matching PATTERN, send SIGNAL "
                    "to TARGET")
     r.set_defaults(func=_run_local)
-    s = sub.add_parser("submit", formatter_class=fmt,
-                       help="create the job on the cluster (re-attach if it exists)")
-    s.add_argument("manifest", help="PyTorchJob or TrainJob YAML ('-': standard input)")
-    s.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else the "
-                   "current context's)")
-    s.add_argument("--wait", action="store_true", help="wait for Succeeded/Failed, streaming "
-                   "the Master's log")
-    s.add_argument("--timeout", type=float, metavar="SECONDS", help="stop waiting after this "
-                   "long and delete the job")
-    s.add_argument("--keep-on-timeout", action="store_true", help="do not delete on timeout")
-    s.add_argument("--poll", type=float, default=10.0, help="seconds between status checks")
-    s.add_argument("--no-logs", action="store_true", help="do not stream the Master's log")
-    s.set_defaults(func=_submit)
-    lg = sub.add_parser("logs", formatter_class=fmt, help="print a replica's log")
-    lg.add_argument("name", help="job name")
-    lg.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
+    s = add_submit(sub, JobClient, _submit, "create the job on the cluster (re-attach if it "
+                   "exists)", manifest="PyTorchJob or TrainJob YAML ('-': standard input)")
+    s.add_argument("--no-logs", action="store_true", help="do not stream the log of rank 0")
+    lg = add_command(sub, "logs", _logs, "print a replica's log", name="job name",
+                     flags=(*TARGET, "poll"))  # --poll: for --follow
     lg.add_argument("--replica", help="master-0, worker-0, ... (PyTorchJob) or node-0-0, "
                     "node-0-1, ... (TrainJob); default: rank 0's")
     lg.add_argument("--all", action="store_true", help="every pod, interleaved, each line "
                     "prefixed [node/rank]")
     lg.add_argument("-f", "--follow", action="store_true", help="wait through Pending, then "
                     "stream until the job ends")
-    lg.add_argument("--poll", type=float, default=5.0, help="--follow: seconds between status "
-                    "checks")
     lg.add_argument("--tail", type=int, help="only the last N lines (of each pod)")
     lg.add_argument("--previous", action="store_true", help="the log of the container before "
                     "its last restart")
-    lg.set_defaults(func=_logs)
-    d = sub.add_parser("delete", formatter_class=fmt, help="delete the job (and its pods)")
-    d.add_argument("name", help="job name")
-    d.add_argument("-n", "--namespace", help="namespace (default: the current context's)")
-    d.set_defaults(func=_delete)
+    add_command(sub, "delete", _delete, "delete the job (and its pods)", name="job name")
     # --- a user's own script in one step: pipelines/cli/jobscript.py ---
     from kfvision.pipelines.cli.jobscript import add_download, add_run
 
     add_run(sub, JOB_OPTIONS, _add_kind_flags, _run_script)
-    add_download(sub, _namespace)
+    add_download(sub)
 
 
 def _run_script(args) -> int:

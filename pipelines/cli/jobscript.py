@@ -267,10 +267,13 @@ def add_run(sub, job_options, add_kind_flags, func) -> None:
     w = r.add_argument_group("where it runs")
     w.add_argument("--submit", action="store_true", help="submit to the cluster instead of "
                    "running here")
-    w.add_argument("--wait", action="store_true", help="--submit: wait for the end, "
-                   "streaming the log")
     w.add_argument("--log-dir", help="here: per-replica logs (default: build/jobs/NAME)")
     w.add_argument("--quiet", action="store_true", help="here: logs to files only")
+    from kfvision.pipelines.cli.cluster import add_cluster_flags, waiting_flags
+    from kfvision.pipelines.jobs.cluster import JobClient
+
+    add_cluster_flags(r.add_argument_group("with --submit (its namespace: --namespace above)"),
+                      waiting_flags(JobClient))
     r.set_defaults(func=func)
 
 
@@ -281,31 +284,27 @@ def run_args(args) -> argparse.Namespace:
                               "it runs your own script; the built-in trainer renders with "
                               "`kfvision job render`.")
     return argparse.Namespace(manifest=args.output, namespace=args.namespace, wait=args.wait,
-                              timeout=None, keep_on_timeout=False, poll=10.0, no_logs=False,
-                              log_dir=args.log_dir, quiet=args.quiet, grace=30.0, fault=[])
+                              timeout=args.timeout, keep_on_timeout=args.keep_on_timeout,
+                              poll=args.poll, no_logs=False, log_dir=args.log_dir,
+                              quiet=args.quiet, grace=30.0, fault=[])
 
 
-def add_download(sub, namespace_of) -> None:
+def add_download(sub) -> None:
     """`kfvision job download NAME PATH`: a file or folder of a script job's outputs
-    (pipelines/script/outputs.py); `namespace_of(args)`: the namespace, as the job commands
-    choose it."""
-    from kfvision.trainer.options import HelpFormatter
+    (pipelines/script/outputs.py)."""
+    from kfvision.pipelines.cli.cluster import add_command
 
-    dl = sub.add_parser("download", formatter_class=HelpFormatter, help="fetch a file or "
-                        "folder of a finished script job's outputs (model/..., outputs/...)",
-                        description="Fetch PATH (model/... or outputs/...) of what a script "
-                        "job kept after success: from its local run's folder, else from the "
-                        "--output-uri (s3://) the job on the cluster carries (docs/scripts.md).")
-    dl.add_argument("name", help="job name")
+    dl = add_command(sub, "download", _download, "fetch a file or folder of a finished script "
+                     "job's outputs (model/..., outputs/...)", name="job name",
+                     description="Fetch PATH (model/... or outputs/...) of what a script job "
+                     "kept after success: from its local run's folder, else (or with -n) from "
+                     "the --output-uri (s3://) the job on the cluster carries (docs/scripts.md).")
     dl.add_argument("path", help="model/FILE, outputs/FILE, or a folder such as outputs")
     dl.add_argument("--out", default=".", help="folder to write it into (default: .)")
-    dl.add_argument("-n", "--namespace", help="the cluster's job in this namespace "
-                    "(default: a local run if any, else the context's)")
     dl.add_argument("--log-dir", help="the local run's folder (default: build/jobs/NAME)")
-    dl.set_defaults(func=lambda args: _download(args, namespace_of))
 
 
-def _download(args, namespace_of) -> int:
+def _download(args) -> int:
     from kfvision.pipelines.clients.k8s import KubernetesError
     from kfvision.pipelines.jobs.errors import JobOutputsError
     from kfvision.pipelines.script import outputs
@@ -321,7 +320,7 @@ def _download(args, namespace_of) -> int:
     from kfvision.pipelines.jobs.podstatus import job_state
 
     try:
-        client = attach(connect(namespace_of(args)), args.name)
+        client = attach(connect(args.namespace), args.name)
     except KubernetesError as e:
         if args.namespace or e.status not in (None, 404):
             raise

@@ -42,9 +42,10 @@ def _push(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    """Add `kfvision model FAMILY` (architecture names are torch-free: cheap for every command)."""
-    m = sub.add_parser("model", help="write an untrained model directory (resnet, densenet)")
+def register(sub, help: dict) -> None:
+    """Add `kfvision model FAMILY` (architecture names are torch-free: cheap for every command)
+    and `kfvision push` (`help`: each command's one line, pipelines/cli/__init__.py's HELP)."""
+    m = sub.add_parser("model", help=help["model"])
     msub = m.add_subparsers(dest="family", required=True, metavar="FAMILY")
     for family, names in ARCHITECTURES.items():  # torch-free names: cheap for every command
         f = msub.add_parser(family, help=f"{family}: {names[0]}, ... (--name)",
@@ -63,7 +64,7 @@ def register(sub) -> None:
                            help="gradient checkpointing: less memory, slower steps")
         f.set_defaults(func=_model)
 
-    p = sub.add_parser("push", help="upload a model directory to s3://",
+    p = sub.add_parser("push", help=help["push"],
                        formatter_class=HelpFormatter,
                        description="Upload a trained (or untrained) model directory to an s3:// "
                        "prefix, where KServe's storage initializer and `--model s3://...` of "

@@ -201,11 +201,9 @@ def _demo(args) -> int:
     return run_demo(args.out, epochs=args.epochs)
 
 
-def register_demo(subparsers) -> None:
+def register_demo(subparsers, help: str) -> None:
     """Add `kfvision demo` (cheap: the pipeline is imported when it runs)."""
-    d = subparsers.add_parser("demo", help="the whole KFP pipeline, run locally, on "
-                              "scikit-learn's digits",
-                              formatter_class=HelpFormatter)
+    d = subparsers.add_parser("demo", help=help, formatter_class=HelpFormatter)
     d.add_argument("--out", default="build/demo", help="working folder (replaced)")
     d.add_argument("--epochs", type=int, default=15, help="training epochs")
     d.set_defaults(func=_demo)
@@ -213,6 +211,7 @@ def register_demo(subparsers) -> None:
 
 def register(subparsers, help: str) -> None:
     """Add `kfvision pipeline ...` to the `kfvision` command line's subparsers."""
+    from kfvision.pipelines.cli.cluster import TARGET, add_cluster_flags
     from kfvision.pipelines.flow.components import DEFAULT_IMAGE
 
     p = subparsers.add_parser(
@@ -236,7 +235,7 @@ def register(subparsers, help: str) -> None:
                    "http://localhost:8080 (kubectl port-forward svc/ml-pipeline-ui)")
     s.add_argument("--experiment", default="kfvision", help="experiment (created if missing)")
     s.add_argument("--run-name", help="run name (default: pipeline name and time)")
-    s.add_argument("--namespace", help="Kubeflow profile namespace (multi-user installs)")
+    add_cluster_flags(s, TARGET)  # a multi-user Kubeflow's profile namespace
     auth = s.add_mutually_exclusive_group()
     auth.add_argument("--token", help="bearer token for a multi-user Kubeflow (kfp.Client's "
                       "existing_token)")

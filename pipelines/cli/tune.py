@@ -6,7 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from kfvision.pipelines.cli.cluster import add_command, add_submit, submit_command
 from kfvision.pipelines.cli.train import NPROC_FLAG
+from kfvision.pipelines.tune import cluster
 from kfvision.pipelines.tune.experiment import Search
 from kfvision.pipelines.tune.space import check_space
 from kfvision.trainer.errors import InvalidParameterError
@@ -188,72 +190,33 @@ def _read_experiment(path: str) -> tuple:
     return docs[-1], docs[:-1]
 
 
-def _client(args, experiment: dict | None = None):
-    from kfvision.pipelines.jobs.errors import InvalidJobError
-    from kfvision.pipelines.tune import cluster
-
-    given = (experiment or {}).get("metadata", {}).get("namespace")
-    if args.namespace and given and args.namespace != given:
-        raise InvalidJobError(f"--namespace {args.namespace} differs from the Experiment's "
-                              f"metadata.namespace {given}; drop one of them.")
-    return cluster.client(args.namespace or given)
-
-
 def _submit(args) -> int:
-    from kfvision.pipelines.tune.cluster import submit
-
-    experiment, config_maps = _read_experiment(args.experiment)
-    api = _client(args, experiment)
-    for cm in config_maps:  # a script's source first: the trials' pods mount it
-        _, created = api.api.create_config_map(cm)
-        api.say(f"{'created' if created else 'reusing'} ConfigMap {api.namespace}/"
-                f"{cm['metadata']['name']}")
-    try:
-        submit(api, experiment, wait=args.wait, timeout_s=args.timeout, poll_s=args.poll)
-    except KeyboardInterrupt:
-        print(f"stopped waiting; the Experiment goes on (kfvision tune status "
-              f"{experiment['metadata']['name']} -n {api.namespace})", file=sys.stderr)
-        return 130
-    return 0
+    experiment, config_maps = _read_experiment(args.manifest)
+    return submit_command(args, cluster.client, experiment, config_maps)
 
 
 def _status(args) -> int:
-    api = _client(args)
+    api = cluster.client(args.namespace)
     api.report(args.name, api.get(args.name))
     api.trial_table(args.name)
     return 0
 
 
 def _delete(args) -> int:
-    api = _client(args)
+    api = cluster.client(args.namespace)
     api.delete(args.name)
     print(f"deleted Experiment {api.namespace}/{args.name} (and its trials)")
     return 0
 
 
 def _cluster_verbs(verbs) -> None:
-    fmt, ns_help = HelpFormatter, "namespace (default: the current context's)"
-    s = verbs.add_parser("submit", formatter_class=fmt,
-                         help="create the Experiment on the cluster (re-attach if it exists)")
-    s.add_argument("experiment", help="Experiment YAML of `tune render` ('-': standard input)")
-    s.add_argument("-n", "--namespace", help="namespace (default: the Experiment's, else the "
-                   "current context's)")
-    s.add_argument("--wait", action="store_true", help="wait for Succeeded/Failed, then print "
-                   "the best trial's parameters and objective")
-    s.add_argument("--timeout", type=float, metavar="SECONDS",
-                   help="stop waiting after this long (the Experiment goes on)")
-    s.add_argument("--poll", type=float, default=30.0, help="seconds between status checks")
-    s.set_defaults(func=_submit)
-    st = verbs.add_parser("status", formatter_class=fmt,
-                          help="an Experiment's state, best trial so far, and trials")
-    st.add_argument("name", help="Experiment name")
-    st.add_argument("-n", "--namespace", help=ns_help)
-    st.set_defaults(func=_status)
-    d = verbs.add_parser("delete", formatter_class=fmt,
-                         help="delete the Experiment (and its trials and their jobs)")
-    d.add_argument("name", help="Experiment name")
-    d.add_argument("-n", "--namespace", help=ns_help)
-    d.set_defaults(func=_delete)
+    add_submit(verbs, cluster.ExperimentClient, _submit, "create the Experiment on the cluster "
+               "(re-attach if it exists)", manifest="Experiment YAML of `tune render` ('-': "
+               "standard input)")
+    add_command(verbs, "status", _status, "an Experiment's state, best trial so far, and "
+                "trials", name="Experiment name")
+    add_command(verbs, "delete", _delete, "delete the Experiment (and its trials and their "
+                "jobs)", name="Experiment name")
 
 
 def _job_render_parser() -> argparse.ArgumentParser:

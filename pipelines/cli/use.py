@@ -107,9 +107,10 @@ def _export(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    """Add score, evaluate and export to the `kfvision` subparsers."""
-    s = sub.add_parser("score", help="score an image directory with a trained model -> CSV",
+def register(sub, help: dict) -> None:
+    """Add score, evaluate and export to the `kfvision` subparsers (`help`: each command's one
+    line, pipelines/cli/__init__.py's HELP)."""
+    s = sub.add_parser("score", help=help["score"],
                        formatter_class=HelpFormatter)
     s.add_argument("--model", required=True, help=MODEL_HELP)
     s.add_argument("--data", required=True, help="image directory (labelled or not)")
@@ -122,7 +123,7 @@ def register(sub) -> None:
     add_flags(s, options_of(S3Options))
     s.set_defaults(func=_score)
 
-    e = sub.add_parser("evaluate", help="metrics, report and confusion matrix of a scored CSV",
+    e = sub.add_parser("evaluate", help=help["evaluate"],
                        formatter_class=HelpFormatter)
     e.add_argument("--scored", required=True, help="CSV written by `kfvision score` (labelled)")
     e.add_argument("--out", required=True,
@@ -135,7 +136,7 @@ def register(sub) -> None:
                    "MLFLOW_EXPERIMENT_NAME, else kfvision)")
     e.set_defaults(func=_evaluate)
 
-    x = sub.add_parser("export", help="export a trained model: ONNX, TorchScript, torch.export",
+    x = sub.add_parser("export", help=help["export"],
                        formatter_class=HelpFormatter)
     x.add_argument("--model", required=True, help=MODEL_HELP)
     x.add_argument("--format", choices=("onnx", "torchscript", "torch-export"), default="onnx",

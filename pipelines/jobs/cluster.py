@@ -1,20 +1,22 @@
 """Run a PyTorchJob or TrainJob on a cluster: submit (or re-attach), wait, logs, delete. What
 differs between the two kinds (API group, pod labels, container, success) is read from their
 JobKind (pipelines/jobs/kinds.py); every API call goes through pipelines/clients/k8s.py, which
-maps its
-failures. The Role in manifests/rbac.yaml grants exactly what is called here:
+maps its failures. The Role in manifests/rbac.yaml grants exactly what is called here:
     pytorchjobs, trainjobs: create, get, delete    pods: list, get    pods/log: get
     clustertrainingruntimes, trainingruntimes: get (submit checks a TrainJob's runtime exists)
     persistentvolumeclaims: get (the train step's workspace)
 
-The launcher is idempotent: submitting a job that already exists re-attaches to it.
+The launcher is idempotent: submitting a job that already exists re-attaches to it. `JobClient`
+speaks the verbs every cluster client does (pipelines/clients/cluster.py), logs included; a job is
+the kind that a timeout deletes.
 """
 
 import threading
 
+from kfvision.pipelines.clients.cluster import POLL_S, LogsClient, submit_and_wait
 from kfvision.pipelines.clients.k8s import Api, EndpointError, KubernetesError, Resource
 from kfvision.pipelines.clients.k8s import connect as connect_api
-from kfvision.pipelines.jobs.errors import JobFailedError, JobTimeoutError
+from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError, JobTimeoutError
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB, JobKind
 from kfvision.pipelines.jobs.podstatus import (
     container_status,
@@ -36,15 +38,18 @@ def connect(namespace: str | None = None, out=None, kind: JobKind = PYTORCHJOB) 
     return JobClient(api, kind)
 
 
-class JobClient:
+class JobClient(LogsClient):
     """Jobs of one kind in one namespace, through `api` (a kfvision.pipelines.clients.k8s.Api)."""
 
-    def __init__(self, api: Api, kind: JobKind = PYTORCHJOB):
-        self.api, self.kind = api, kind
-        self.namespace = api.namespace
+    command, deletes_on_timeout = "job", True  # a job that waited too long frees its GPUs
 
-    def say(self, line: str) -> None:
-        self.api.say(line)
+    def __init__(self, api: Api, kind: JobKind = PYTORCHJOB):
+        super().__init__(api)
+        self.kind = kind
+
+    @property
+    def what(self) -> str:
+        return self.kind.kind
 
     def create(self, job: dict) -> tuple:
         """Create `job`; if it already exists, return that one instead. -> (object, created)."""
@@ -63,6 +68,21 @@ class JobClient:
 
     def pod_log(self, pod: str, tail: int | None = None, previous: bool = False) -> str:
         return self.api.pod_log(pod, self.kind.container, tail=tail, previous=previous)
+
+    def logs(self, name: str, replica: str | None = None, *, tail: int | None = None,
+             previous: bool = False) -> str:
+        """The training container's log of the job's pod `replica` (None: rank 0's).
+
+        Raises:
+            InvalidJobError: the job has no such pod (yet).
+        """
+        replica = replica or self.kind.primary
+        pod = self.find_pod(name, replica)
+        if pod is None:
+            raise InvalidJobError(f"{self.where(name)} has no pod for replica {replica} (yet); "
+                                  f"see `kubectl get pods -l {self.kind.pod_label}={name}`, or "
+                                  "--follow to wait for it.")
+        return self.pod_log(pod["metadata"]["name"], tail=tail, previous=previous)
 
     def follow_log(self, pod: str):
         """The pod's training container's log line by line as it is written, until it ends."""
@@ -137,7 +157,26 @@ class JobClient:
         thread.start()
         return thread
 
-    def wait(self, name: str, timeout_s: float | None = None, poll_s: float = 10.0,
+    def submit(self, job: dict) -> dict:
+        """Create `job`, or re-attach to the one of its name, saying which (and, for one that
+        has ended, how to run it again); a TrainJob's runtime is checked first."""
+        name = job["metadata"]["name"]
+        if self.kind is TRAINJOB:
+            check_runtime(self, job)
+        obj, created = self.create(job)
+        state = job_state(obj)[0]
+        if created:
+            self.say(f"created {self.where(name)}")
+        elif state in (self.kind.succeeded, "Failed"):  # e.g. submitted again after a fix
+            self.say(f"{self.where(name)} already exists and has {state.lower()}: reporting that "
+                     f"run (no new job is created). To run it again: kfvision job delete {name} "
+                     f"-n {self.namespace}, then submit.")
+        else:
+            self.say(f"{self.where(name)} already exists: re-attaching to it (no second job is "
+                     "created)")
+        return obj
+
+    def wait(self, name: str, timeout_s: float | None = None, poll_s: float = POLL_S,
              logs: bool = True) -> dict:
         """Poll the job's conditions until Succeeded (returns the job) or Failed (raises),
         streaming the Master's log meanwhile.
@@ -177,8 +216,10 @@ class JobClient:
 
 
 def submit(client: JobClient, job: dict, *, wait: bool = False, timeout_s: float | None = None,
-           keep_on_timeout: bool = False, poll_s: float = 10.0, logs: bool = True) -> dict:
-    """Create `job` (or re-attach to the one of that name) and optionally wait for it.
+           keep_on_timeout: bool = False, poll_s: float = POLL_S, logs: bool = True) -> dict:
+    """Create `job` (or re-attach to the one of that name) and optionally wait for it, streaming
+    the log of rank 0 (`logs`): pipelines/clients/cluster.py's submit_and_wait, as the pipeline's
+    train steps call it.
 
     On a timeout the job is deleted (its GPUs freed) unless `keep_on_timeout`.
     Returns:
@@ -186,30 +227,8 @@ def submit(client: JobClient, job: dict, *, wait: bool = False, timeout_s: float
     Raises:
         JobFailedError, JobTimeoutError, KubernetesError: see JobClient.wait.
     """
-    name = job["metadata"]["name"]
-    if client.kind is TRAINJOB:
-        check_runtime(client, job)
-    obj, created = client.create(job)
-    where = f"{client.kind.kind} {client.namespace}/{name}"
-    state = job_state(obj)[0]
-    if created:
-        client.say(f"created {where}")
-    elif state in (client.kind.succeeded, "Failed"):  # e.g. submitted again after a fix
-        client.say(f"{where} already exists and has {state.lower()}: reporting that run (no new "
-                   f"job is created). To run it again: kfvision job delete {name} -n "
-                   f"{client.namespace}, then submit.")
-    else:
-        client.say(f"{where} already exists: re-attaching to it (no second job is created)")
-    if not wait:
-        return obj
-    try:
-        return client.wait(name, timeout_s=timeout_s, poll_s=poll_s, logs=logs)
-    except JobTimeoutError as e:
-        if keep_on_timeout:
-            raise JobTimeoutError(f"{e}\nIt is still there (--keep-on-timeout): "
-                                  f"kfvision job delete {name} -n {client.namespace}") from e
-        client.delete(name)
-        raise JobTimeoutError(f"{e}\nDeleted it (pass --keep-on-timeout to keep it).") from e
+    return submit_and_wait(client, job, wait=wait, timeout_s=timeout_s, poll_s=poll_s,
+                           keep_on_timeout=keep_on_timeout, logs=logs)
 
 
 def attach(client: JobClient, name: str) -> JobClient:

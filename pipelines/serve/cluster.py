@@ -1,11 +1,12 @@
 """Apply, wait for and delete a KServe InferenceService, through pipelines/clients/k8s.py (which
-maps
-every failure the same way for jobs, Experiments and InferenceServices). Exactly these calls,
-which manifests/rbac-deploy.yaml grants:
+maps every failure the same way for jobs, Experiments and InferenceServices). `DeployClient`
+speaks the verbs every cluster client does (pipelines/clients/cluster.py); a timeout leaves the
+InferenceService as it is. Exactly these calls, which manifests/rbac-deploy.yaml grants:
     inferenceservices: create, patch (it exists already: update it), get (wait), delete
 """
 
-from kfvision.pipelines.clients.k8s import Api, Resource, WaitTimeoutError
+from kfvision.pipelines.clients.cluster import POLL_S, ClusterClient
+from kfvision.pipelines.clients.k8s import Resource, WaitTimeoutError
 from kfvision.pipelines.clients.k8s import connect as connect_api
 from kfvision.pipelines.serve.deploy import API_VERSION, KIND, MODEL_LOADED, READY_CONDITION
 
@@ -36,25 +37,33 @@ def ready_state(isvc: dict) -> tuple[bool, str]:
     return False, "no status yet (is the KServe controller running?)"
 
 
-class DeployClient:
+class DeployClient(ClusterClient):
     """InferenceServices of one namespace, through `api` (a kfvision.pipelines.clients.k8s.Api)."""
 
-    def __init__(self, api: Api):
-        self.api, self.namespace = api, api.namespace
+    what, command = KIND, "deploy"
+
+    def _apply(self, isvc: dict) -> tuple:
+        obj, created = self.api.create(INFERENCE_SERVICE, isvc)
+        if created:
+            return obj, "created"
+        return self.api.patch(INFERENCE_SERVICE, isvc["metadata"]["name"], isvc), "updated"
 
     def apply(self, isvc: dict) -> str:
         """Create the InferenceService, or update it when it exists; "created" or "updated"."""
-        _, created = self.api.create(INFERENCE_SERVICE, isvc)
-        if created:
-            return "created"
-        self.api.patch(INFERENCE_SERVICE, isvc["metadata"]["name"], isvc)
-        return "updated"
+        return self._apply(isvc)[1]
+
+    def submit(self, isvc: dict) -> dict:
+        """Create or update the InferenceService, saying which."""
+        obj, how = self._apply(isvc)
+        self.say(f"{how} {self.where(isvc['metadata']['name'])}")
+        return obj
 
     def get(self, name: str) -> dict:
         return self.api.get(INFERENCE_SERVICE, name)
 
-    def wait_ready(self, name: str, timeout: float, poll: float = 5.0) -> dict:
-        """Poll until `Ready` is True (returns the object); WaitTimeoutError after `timeout`."""
+    def wait(self, name: str, timeout_s: float | None = None, poll_s: float = POLL_S) -> dict:
+        """Poll until `Ready` is True (returns the object); WaitTimeoutError after `timeout_s`
+        (None: no limit), the InferenceService left as it is."""
         said = what = None
 
         def ready():
@@ -66,10 +75,13 @@ class DeployClient:
                 said = what
             return isvc if ok else None
 
-        return self.api.wait_for(ready, timeout, poll, lambda: WaitTimeoutError(
-            f"InferenceService {self.namespace}/{name} was not Ready after {timeout:g} s "
-            f"({what}). Look at `kubectl describe inferenceservice {name} -n "
-            f"{self.namespace}` and the predictor pod's log."))
+        return self.api.wait_for(ready, timeout_s, poll_s, lambda: WaitTimeoutError(
+            f"InferenceService {self.namespace}/{name} was not Ready after {timeout_s:g} s "
+            f"({what}); it is left as it is. Look at `kubectl describe inferenceservice {name} "
+            f"-n {self.namespace}` and the predictor pod's log (kfvision deploy delete {name} -n "
+            f"{self.namespace} removes it)."))
+
+    wait_ready = wait  # the pipeline's deploy step's name for it
 
     def delete(self, name: str) -> None:
         self.api.delete(INFERENCE_SERVICE, name)

@@ -3,9 +3,12 @@ trial's parameters and objective come from `status.currentOptimalTrial`. Every c
 pipelines/clients/k8s.py (one mapping of failures for jobs, Experiments and InferenceServices), and
 manifests/rbac.yaml grants exactly these verbs:
     experiments: create, get, delete    trials: list, get (the best trial's model folder)
+`ExperimentClient` speaks the verbs every cluster client does (pipelines/clients/cluster.py); a
+timeout leaves the Experiment running.
 """
 
-from kfvision.pipelines.clients.k8s import Api, Resource, WaitTimeoutError
+from kfvision.pipelines.clients.cluster import POLL_S, ClusterClient
+from kfvision.pipelines.clients.k8s import Resource, WaitTimeoutError
 from kfvision.pipelines.clients.k8s import connect as connect_api
 from kfvision.pipelines.jobs.errors import JobFailedError
 from kfvision.pipelines.script.job import OUTPUT_ANNOTATION, SHA_ANNOTATION
@@ -60,18 +63,21 @@ def best_trial(experiment: dict) -> tuple | None:
     return optimal["bestTrialName"], params, name, value
 
 
-class ExperimentClient:
+class ExperimentClient(ClusterClient):
     """Katib Experiments (and their trials) in one namespace, through `api` (clients.k8s.Api)."""
 
-    def __init__(self, api: Api):
-        self.api, self.namespace = api, api.namespace
-
-    def say(self, line: str) -> None:
-        self.api.say(line)
+    what, command = KIND, "tune"
 
     def create(self, experiment: dict) -> tuple:
         """Create `experiment`; if it already exists, return that one. -> (object, created)."""
         return self.api.create(EXPERIMENT, experiment)
+
+    def submit(self, experiment: dict) -> dict:
+        """Create the Experiment, or re-attach to the one of its name, saying which."""
+        current, created = self.create(experiment)
+        self.say(f"{'created' if created else 're-attached to existing'} "
+                 f"{self.where(experiment['metadata']['name'])}")
+        return current
 
     def get(self, name: str) -> dict:
         return self.api.get(EXPERIMENT, name)
@@ -121,9 +127,10 @@ class ExperimentClient:
                               for p in t.get("spec", {}).get("parameterAssignments") or [])
             self.say(f"  {t['metadata']['name']}  {state}  {params}")
 
-    def wait(self, name: str, timeout_s: float | None = None, poll_s: float = 10.0) -> dict:
-        """Poll until Succeeded (returns the Experiment) or Failed (JobFailedError, naming the
-        failed trials); WaitTimeoutError after `timeout_s`, leaving the Experiment running."""
+    def wait(self, name: str, timeout_s: float | None = None, poll_s: float = POLL_S) -> dict:
+        """Poll until Succeeded (returns the Experiment, having said its best trial: `report`)
+        or Failed (JobFailedError, naming the failed trials); WaitTimeoutError after
+        `timeout_s`, leaving the Experiment running."""
         last = None
 
         def poll():
@@ -143,10 +150,12 @@ class ExperimentClient:
                     f"NAME -n {self.namespace}; their job's logs: kfvision job logs NAME).")
             return experiment if state == "Succeeded" else None
 
-        return self.api.wait_for(poll, timeout_s, poll_s, lambda: WaitTimeoutError(
+        done = self.api.wait_for(poll, timeout_s, poll_s, lambda: WaitTimeoutError(
             f"Experiment {self.namespace}/{name} not finished after {timeout_s:g} s; it goes on "
             f"(kfvision tune status {name} -n {self.namespace}, kfvision tune delete {name} -n "
             f"{self.namespace})."))
+        self.report(name, done)
+        return done
 
 
 def client(namespace: str | None = None, out=None) -> ExperimentClient:
@@ -155,16 +164,3 @@ def client(namespace: str | None = None, out=None) -> ExperimentClient:
     api.out = out or api.out
     return ExperimentClient(api)
 
-
-def submit(api: ExperimentClient, experiment: dict, *, wait: bool = False,
-           timeout_s: float | None = None, poll_s: float = 10.0) -> dict:
-    """Create the Experiment (or re-attach to the one of that name), optionally wait for it, and
-    print where it stands and its best trial."""
-    name = experiment["metadata"]["name"]
-    current, created = api.create(experiment)
-    api.say(f"{'created' if created else 're-attached to existing'} Experiment "
-            f"{api.namespace}/{name}")
-    if wait:
-        current = api.wait(name, timeout_s=timeout_s, poll_s=poll_s)
-        api.report(name, current)
-    return current

@@ -1,11 +1,12 @@
 """Smoke tests of the `kfvision` command line, run as a user would (a new process each)."""
 
+import argparse
 import csv
 import subprocess
 import sys
 
 import pytest
-from helpers.parsers import every_parser, minimal_argv, parse
+from helpers.parsers import command_parser, every_parser, minimal_argv, parse
 from helpers.paths import REPO
 
 
@@ -23,6 +24,19 @@ def kfvision(*args, check=True):
 def test_help_explains_every_command(command):
     run = kfvision(*command, "--help")
     assert "usage: kfvision" in run.stdout
+
+
+@pytest.mark.parametrize("named", [None, "train", "job", "pipeline", "serve", "deploy", "tune",
+                                   "register"])
+def test_every_commands_one_line_help_is_helps_in_its_order(named):
+    """pipelines/cli/__init__.py's HELP is the one place of each command's line in `kfvision
+    --help`, whether its flags were built (the command named) or not."""
+    from kfvision.pipelines.cli import HELP, LAZY
+
+    assert set(LAZY) <= set(HELP)
+    top = command_parser(named)
+    commands = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    assert [(c.dest, c.help) for c in commands._choices_actions] == list(HELP.items())
 
 
 def test_train_help_shows_the_defaults():

@@ -10,6 +10,7 @@ import yaml
 from helpers.fake_kserve import ISVC, NOT_READY, READY, FakeKServe, client_for
 from helpers.paths import REPO
 from kfvision.pipelines.cli import main
+from kfvision.pipelines.clients.cluster import submit_and_wait
 from kfvision.pipelines.clients.k8s import KubernetesError, WaitTimeoutError
 from kfvision.pipelines.serve import cluster
 from kubernetes.client.exceptions import ApiException
@@ -40,16 +41,17 @@ def test_ready_also_needs_the_model_loaded(state, ready, words):
     assert got[0] is ready and words in got[1]
 
 
-def test_apply_creates_then_updates_and_waits_until_ready(capsys):
+def test_submit_creates_then_updates_and_waits_until_ready(capsys):
     import sys
 
     fake = FakeKServe([NOT_READY, NOT_READY, READY])
     client = client_for(fake, out=sys.stdout)
-    assert client.apply(ISVC) == "created"
+    assert client.submit(ISVC)["metadata"]["namespace"] == "kubeflow"
     assert fake.objects["digits"]["metadata"]["namespace"] == "kubeflow"
-    assert client.apply(ISVC) == "updated"
-    assert client.wait_ready("digits", timeout=60, poll=1)["metadata"]["name"] == "digits"
+    assert client.apply(ISVC) == "updated"  # what the pipeline's deploy step says
+    assert client.wait("digits", timeout_s=60, poll_s=1)["metadata"]["name"] == "digits"
     out = capsys.readouterr().out
+    assert "created InferenceService kubeflow/digits" in out
     assert out.count("Revision is not ready") == 1 and "ready at http://digits" in out
 
 
@@ -68,11 +70,14 @@ def test_api_errors_name_the_object_and_what_to_do(fail, call, words):
         assert w in str(e.value)
 
 
-def test_waiting_past_the_timeout_says_why():
-    client = client_for(FakeKServe([NOT_READY]))
-    client.apply(ISVC)
-    with pytest.raises(WaitTimeoutError, match="not Ready after 10 s .Revision is not ready"):
-        client.wait_ready("digits", timeout=10, poll=1)
+def test_waiting_past_the_timeout_says_why_and_leaves_it():
+    fake = FakeKServe([NOT_READY])
+    client = client_for(fake)
+    with pytest.raises(WaitTimeoutError, match="not Ready after 10 s .Revision is not ready.; "
+                       "it is left as it is") as e:
+        submit_and_wait(client, ISVC, wait=True, timeout_s=10, poll_s=1)
+    assert "kfvision deploy delete digits -n kubeflow removes it" in str(e.value)
+    assert "digits" in fake.objects and ("delete", "inferenceservices") not in fake.calls
 
 
 def _role_rules() -> set:
@@ -94,7 +99,14 @@ def test_cli_submit_wait_delete_and_the_role_grants_exactly_those_calls(tmp_path
     assert "created InferenceService kubeflow/digits" in out
     assert "updated InferenceService kubeflow/digits" in out
     assert "deleted InferenceService kubeflow/digits" in out
+    fake.script, fake.step = [NOT_READY], 0  # no limit unless --timeout; then it is left
+    assert main(["deploy", "submit", str(manifest), "--wait", "--timeout", "3"]) == 124
+    assert "it is left as it is" in capsys.readouterr().err and "digits" in fake.objects
     assert set(fake.calls) == _role_rules()
+    manifest.write_text(yaml.safe_dump({**ISVC, "metadata": {**ISVC["metadata"],
+                                                             "namespace": "team-a"}}))
+    assert main(["deploy", "submit", str(manifest), "-n", "team-b"]) == 2
+    assert "differs from the manifest's metadata.namespace team-a" in capsys.readouterr().err
     manifest.write_text("kind: PyTorchJob\n")
     assert main(["deploy", "submit", str(manifest)]) == 2
     assert "not an InferenceService" in capsys.readouterr().err

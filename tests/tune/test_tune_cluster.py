@@ -12,11 +12,12 @@ import yaml
 from helpers.fake_k8s import rbac_rules
 from helpers.machine import FakeClock
 from kfvision.pipelines.cli import main
+from kfvision.pipelines.clients.cluster import submit_and_wait
 from kfvision.pipelines.clients.endpoints import EndpointError
 from kfvision.pipelines.clients.k8s import Api, KubernetesError, WaitTimeoutError
 from kfvision.pipelines.jobs.errors import JobFailedError
 from kfvision.pipelines.tune import cluster
-from kfvision.pipelines.tune.cluster import ExperimentClient, best_trial, experiment_state, submit
+from kfvision.pipelines.tune.cluster import ExperimentClient, best_trial, experiment_state
 from kubernetes.client.exceptions import ApiException
 from test_tune import experiment as rendered
 from urllib3.exceptions import MaxRetryError, NewConnectionError
@@ -106,7 +107,7 @@ def api_for(fake, out=None):
 def test_submit_wait_prints_the_best_trials_parameters_objective_and_model():
     out = io.StringIO()
     fake = FakeKatib([RUNNING, RUNNING, SUCCEEDED], TRIALS)
-    submit(api_for(fake, out), EXP, wait=True, poll_s=1)
+    submit_and_wait(api_for(fake, out), EXP, wait=True, poll_s=1)
     text = out.getvalue()
     assert "created Experiment team/digits-lr" in text
     assert text.count("Running: 2 running of 8 trials") == 1  # a line per change only
@@ -119,7 +120,7 @@ def test_submitting_an_existing_experiment_re_attaches():
     fake = FakeKatib([SUCCEEDED])
     fake.experiments["digits-lr"] = EXP
     out = io.StringIO()
-    submit(api_for(fake, out), EXP)
+    submit_and_wait(api_for(fake, out), EXP)
     assert "re-attached to existing Experiment team/digits-lr" in out.getvalue()
     assert fake.calls == [("create", "experiments"), ("get", "experiments")]
 
@@ -128,13 +129,13 @@ def test_a_failed_experiment_names_its_failed_trials():
     fake = FakeKatib([FAILED], TRIALS)
     with pytest.raises(JobFailedError, match="team/digits-lr failed: max failed trials reached. "
                        "Failed trials: digits-lr-aaaa1111"):
-        submit(api_for(fake), EXP, wait=True)
+        submit_and_wait(api_for(fake), EXP, wait=True)
 
 
 def test_timeout_stops_waiting_and_leaves_the_experiment():
     fake = FakeKatib([RUNNING])
     with pytest.raises(WaitTimeoutError, match="kfvision tune delete digits-lr -n team"):
-        submit(api_for(fake), EXP, wait=True, timeout_s=5, poll_s=1)
+        submit_and_wait(api_for(fake), EXP, wait=True, timeout_s=5, poll_s=1)
     assert "digits-lr" in fake.experiments
 
 
@@ -146,7 +147,7 @@ def test_timeout_stops_waiting_and_leaves_the_experiment():
 def test_kubernetes_errors_name_kind_namespace_and_name(error, verb, words):
     fake = FakeKatib([RUNNING], fail={(verb, "experiments"): error})
     with pytest.raises(KubernetesError) as e:
-        submit(api_for(fake), EXP)
+        submit_and_wait(api_for(fake), EXP)
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
