@@ -141,7 +141,7 @@ def _aliases() -> frozenset:
     from kfvision.pipelines.flow.params import pipeline_options
 
     return frozenset(f for o in pipeline_options().values() for f in o.pipeline_flags[1:]) | {
-        f for c in (TrainConfig, JobConfig) for o in options_of(c) for f in o.flags[1:]}
+        f for c in (TrainConfig, JobConfig) for o in options_of(c) for f in o.aliases}
 
 
 def _check(argv: list, whole: bool) -> str | None:

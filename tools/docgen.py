@@ -78,7 +78,8 @@ def _also(flags) -> str:
 
 def _flag(opt) -> str:
     text = f"`{opt.flag_name}{' ' + opt.metavar if opt.metavar else ''}`"
-    return text + (" (repeatable)" if opt.many else "") + _also(opt.flags[1:])
+    short = f" (`{opt.short}`)" if opt.short else ""
+    return text + short + (" (repeatable)" if opt.many else "") + _also(opt.aliases)
 
 
 def _flag_of(options):

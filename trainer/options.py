@@ -27,7 +27,7 @@ class Option:
     the generated tables only. `default` MISSING: required. `high` may name another option of
     the same config (its value is the bound). `pipeline`: the pipeline parameter's name (True:
     the same name; False: not a pipeline parameter). `flag`: its flag where not the name's;
-    `aliases`: older spellings the parsers still accept (and the pipeline's commands the
+    `short`: a one-letter flag beside it (`-n`); `aliases`: older spellings the parsers still accept (and the pipeline's commands the
     parameter's spelling, as `--learning-rate`). `many`: a repeatable flag of items that
     `parse` reads and `show` writes back (in the pipeline one string, items separated by
     commas). `unset`: what no value (None) means."""
@@ -42,6 +42,7 @@ class Option:
     low_open: bool = False
     pipeline: bool | str = False
     flag: str | None = None
+    short: str | None = None
     aliases: tuple = ()
     doc: str = ""
     metavar: str | None = None
@@ -65,9 +66,9 @@ class Option:
 
     @property
     def flags(self) -> tuple:
-        """The flags that set this option, its own first: one name in every command, older
-        spellings still accepted."""
-        return (self.flag_name, *self.aliases)
+        """The flags that set this option, its own first: one name in every command, then its
+        short flag, then older spellings still accepted."""
+        return (self.flag_name, *((self.short,) if self.short else ()), *self.aliases)
 
     @property
     def pipeline_flags(self) -> tuple:

@@ -21,14 +21,19 @@ from kfvision.pipelines.clients.k8s import Api, WaitTimeoutError
 from kfvision.trainer.options import check_options, option, options_of
 
 
+def namespace_option(unset: str):
+    """The namespace flag, `-n/--namespace`, of every command that names one: the cluster commands
+    (ClusterOptions) and the renderers whose manifests carry it (JobConfig, DeployConfig)."""
+    return option(None, "namespace", short="-n", unset=unset)
+
+
 @dataclass(frozen=True)
 class ClusterOptions:
     """The flags of the commands that talk to a cluster, each declared once with one default
     (pipelines/cli/cluster.py adds them: -n to every such command, the rest to those that
     submit)."""
 
-    namespace: str | None = option(None, "namespace", aliases=("-n",),
-                                   unset="the manifest's, if any, else the current context's")
+    namespace: str | None = namespace_option("the manifest's, if any, else the current context's")
     wait: bool = option(False, "wait until it has finished (or is Ready), saying how it went")
     timeout: float | None = option(
         None, "stop waiting after this many seconds", low=0, low_open=True, metavar="SECONDS",

@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
+from kfvision.pipelines.clients.cluster import namespace_option
 from kfvision.pipelines.clients.k8s import GPU_RESOURCE, dns1035_problem, dns1123_problem
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.jobs.pytorchjob.rules import RESTART_POLICIES
@@ -102,7 +103,7 @@ class JobConfig:
     image: str = option(help="the trainer image the pods run", doc="The pipeline's steps run it "
                         "too.", pipeline=True)
     train: TrainConfig
-    namespace: str | None = option(None, "namespace", unset="the one kubectl/submit uses")
+    namespace: str | None = namespace_option("the one kubectl/submit uses")
     nodes: int = option(1, "pods: 1 Master + (N-1) Workers", low=1, high=10_000, pipeline=True)
     procs_per_node: int | None = option(None, "training processes per pod", low=1, high=1024,
                                         unset="one per GPU, or 1", pipeline=True,

@@ -10,6 +10,7 @@ scrapes its /metrics.
 import re
 from dataclasses import dataclass
 
+from kfvision.pipelines.clients.cluster import namespace_option
 from kfvision.pipelines.clients.k8s import GPU_RESOURCE, dns1123_problem, quantity
 from kfvision.pipelines.serve.server import ServeOptions
 from kfvision.trainer.errors import InvalidParameterError
@@ -59,7 +60,7 @@ class DeployConfig:
                         "NAME/VERSION (Kubeflow Model Registry), or models:/NAME/VERSION (MLflow: "
                         "its version's storage URI).")
     image: str = option(help="the kfvision image (images/Dockerfile)", pipeline=True)
-    namespace: str | None = option(None, "namespace", unset="kubectl's")
+    namespace: str | None = namespace_option("kubectl's")
     gpus: int = option(0, "GPUs per replica", low=0, high=16)
     min_replicas: int = option(1, "replicas at least (0: scale to zero, serverless mode)", low=0,
                                high=1000)
