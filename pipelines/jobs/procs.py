@@ -29,6 +29,7 @@ from kfvision.pipelines.clients.k8s import GPU_RESOURCE
 from kfvision.pipelines.jobs import ranktag
 from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
 from kfvision.pipelines.jobs.signals import STOP
+from kfvision.trainer.failures import first_failure, parse
 
 # Launcher variables a parent process may have set; a pod starts without them.
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -109,6 +110,7 @@ class ReplicaProcess:
         self.proc: subprocess.Popen | None = None
         self.seen: set = set()  # (pid, start time) of every descendant ever seen
         self.mark = uuid.uuid4().hex  # MARK_VAR's value for this replica
+        self.started_at: float | None = None  # time.time() of its last start
         self._pump: threading.Thread | None = None
 
     def start(self, note: str | None = None) -> None:
@@ -118,6 +120,7 @@ class ReplicaProcess:
         if note:
             self.on_line(self.name, note)
         # stdin from /dev/null: replicas are not interactive, and must not steal the terminal
+        self.started_at = time.time()
         try:
             self.proc = subprocess.Popen(self.argv, env={**self.env, MARK_VAR: self.mark},
                                          cwd=self.cwd,
@@ -330,13 +333,48 @@ class Printer:
 
 
 _ERROR_LINE = re.compile(r"(\w*(Error|Exception)|error): ")
+SETTLE_S = 5.0  # how long the other replicas of a failed job may take to end by themselves
+_TAIL = 2000  # lines of each replica's log read for its launcher's records
 
 
-def failure(job_name: str, r: ReplicaProcess, code: int, why: str) -> JobFailedError:
-    lines = r.tail(400)
-    # torchrun ends a failed run with its own summary; the cause is the last error line before
-    errors = [line for line in lines if _ERROR_LINE.search(line) and "ChildFailedError" not in line]
-    cause = f"\n  cause: {errors[-1].strip()}" if errors else ""
+def failure(job_name: str, r: ReplicaProcess, code: int, why: str,
+            replicas: list) -> JobFailedError:
+    """The error of a job that failed as `r` exited with `code` (`why`: the policy's words),
+    naming the job's first failure.
+
+    First every replica is brought to its end: the others get SETTLE_S to end by themselves
+    (their ranks fail from the broken collective, and their launchers say when), then what still
+    runs is stopped (its launcher lists what had failed before). Then the records of every
+    launcher (trainer/failures.py) are ordered, those of this attempt only."""
+    end = time.monotonic() + SETTLE_S
+    while time.monotonic() < end and any(p.proc is not None and p.proc.poll() is None
+                                         for p in replicas):
+        STOP.sleep(0.1)
+    stop_all(replicas)
+    logs = {p.name: p.tail(_TAIL) for p in replicas}
+    since = max((p.started_at for p in replicas if p.started_at is not None), default=None)
+    verdict = first_failure((line for lines in logs.values() for line in lines), since)
+    if verdict is None:
+        return _failed(f"job {job_name} failed: {r.name} exited with code {code} ({why}).",
+                       r, logs[r.name])
+    first = next((p for p in replicas if any(
+        (rec := parse(line)) is not None and rec == verdict.first for line in logs[p.name])), r)
+    mine = ranktag.tag(verdict.first.node, verdict.first.rank)
+    own = [line for line in logs[first.name] if line.startswith(mine)]
+    return _failed(f"job {job_name} failed: {verdict.summary('the first failure of the job')}."
+                   f"\n  {r.name} exited with code {code} ({why}).", first, logs[first.name],
+                   own)
+
+
+def _failed(head: str, r: ReplicaProcess, lines: list, own=()) -> JobFailedError:
+    """JobFailedError: `head`, the cause (the last error line of the first rank's own lines
+    `own`, else of `r`'s log), and the last lines of `r`'s log."""
+    def errors(of):
+        # torchrun ends a failed run with its own summary, and kfvision's lines say "error"
+        return [line for line in of if _ERROR_LINE.search(line) and "ChildFailedError" not in
+                line and "[kfvision " not in line]
+
+    found = errors(own) or errors(lines)
+    cause = f"\n  cause: {found[-1].strip()}" if found else ""
     tail = "\n".join(f"    {line}" for line in lines[-15:])
-    return JobFailedError(f"job {job_name} failed: {r.name} exited with code {code} ({why})."
-                          f"{cause}\n  last lines of {r.log_path}:\n{tail}")
+    return JobFailedError(f"{head}{cause}\n  last lines of {r.log_path}:\n{tail}")

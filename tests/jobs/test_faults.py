@@ -95,16 +95,21 @@ def _launch(tmp_path, *args, env=None, nproc=2, standalone=True):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("args, code", [
-    (["exit", "2"], 2),              # bad input on every rank
-    (["rank1-exit", "3"], 3),        # NaN on one rank; torchrun SIGTERMs the other
-    (["rank1-kill"], 137),           # the OOM killer took one rank
+@pytest.mark.parametrize("args, code, first", [
+    (["exit", "2"], 2, 0),              # bad input on every rank
+    (["rank1-exit", "3"], 3, 1),        # NaN on one rank; torchrun SIGTERMs the other
+    (["rank1-kill"], 137, 1),           # the OOM killer took one rank
 ])
-def test_the_launcher_exits_with_what_its_processes_mean(tmp_path, args, code):
+def test_the_launcher_exits_with_what_its_processes_mean(tmp_path, args, code, first):
     proc = _launch(tmp_path, *args)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == code, out
     assert f"[kfvision launch] exiting with {code}: {exitcodes.describe(code)}" in out
+    # the rank that failed, never one its launcher stopped in the same second
+    assert (f"[kfvision launch] FAILED: rank {first} on node 0 exited with {code} "
+            f"({exitcodes.describe(code)}) after ") in out, out
+    if first == 1:
+        assert out.rstrip().splitlines()[-2].endswith("; stopped: rank 0 on node 0"), out
 
 
 @pytest.mark.distributed

@@ -268,7 +268,7 @@ class _Supervisor:
             why = (f"Job failed ({reason}); the runtime's JobSet failurePolicy "
                    + ("fails the TrainJob" if action == "FailJobSet" else
                       f"maxRestarts {self.policy.max_restarts} reached"))
-            raise failure(self.name, r, code, why)
+            raise failure(self.name, r, code, why, self.procs)
         self.jobset_restarts += counted
         stop_all(self.procs)
         codes.clear()
