@@ -342,14 +342,19 @@ def failure(job_name: str, r: ReplicaProcess, code: int, why: str,
     """The error of a job that failed as `r` exited with `code` (`why`: the policy's words),
     naming the job's first failure.
 
-    First every replica is brought to its end: the others get SETTLE_S to end by themselves
-    (their ranks fail from the broken collective, and their launchers say when), then what still
-    runs is stopped (its launcher lists what had failed before). Then the records of every
-    launcher (trainer/failures.py) are ordered, those of this attempt only."""
-    end = time.monotonic() + SETTLE_S
-    while time.monotonic() < end and any(p.proc is not None and p.proc.poll() is None
-                                         for p in replicas):
-        STOP.sleep(0.1)
+    First every replica is brought to its end. When `r`'s launcher recorded a failure
+    (trainer/failures.py), the others get SETTLE_S to end by themselves: their ranks fail from
+    the broken collective, and their launchers say when. What still runs then gets SIGTERM on
+    its main process alone, as a deleted pod's container does, so that its launcher stops its
+    own processes (and lists them as stopped) rather than see them killed under it; stop_all
+    takes what is left. Then the records of every launcher are ordered, this attempt's only."""
+    if first_failure(r.tail(_TAIL)) is not None:
+        _wait_ended(replicas, SETTLE_S)
+    for p in replicas:
+        if p.proc is not None and p.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.proc.send_signal(signal.SIGTERM)
+    _wait_ended(replicas, SETTLE_S)
     stop_all(replicas)
     logs = {p.name: p.tail(_TAIL) for p in replicas}
     since = max((p.started_at for p in replicas if p.started_at is not None), default=None)
@@ -364,6 +369,13 @@ def failure(job_name: str, r: ReplicaProcess, code: int, why: str,
     return _failed(f"job {job_name} failed: {verdict.summary('the first failure of the job')}."
                    f"\n  {r.name} exited with code {code} ({why}).", first, logs[first.name],
                    own)
+
+
+def _wait_ended(replicas: list, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and any(p.proc is not None and p.proc.poll() is None
+                                         for p in replicas):
+        STOP.sleep(0.1)
 
 
 def _failed(head: str, r: ReplicaProcess, lines: list, own=()) -> JobFailedError:
