@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
+from kfvision.pipelines.jobs.failed import failure
 from kfvision.pipelines.jobs.faults import FaultInjector
 from kfvision.pipelines.jobs.procs import (
     STOP,
@@ -27,7 +28,6 @@ from kfvision.pipelines.jobs.procs import (
     Printer,
     ReplicaProcess,
     container_argv,
-    failure,
     gpu_env,
     pod_env,
     proc_table,
