@@ -13,6 +13,7 @@ from kfvision.pipelines.jobs.signals import STOP
 from kfvision.trainer.failures import first_failure, parse
 
 _ERROR_LINE = re.compile(r"(\w*(Error|Exception)|error): ")
+_SUMMARY = re.compile(r"\] (FAILED: |exiting with )")
 SETTLE_S = 5.0  # how long the other replicas of a failed job may take to end by themselves
 _TAIL = 2000  # lines of each replica's log read for its launcher's records
 
@@ -62,9 +63,10 @@ def _failed(head: str, r: ReplicaProcess, lines: list, own=()) -> JobFailedError
     """JobFailedError: `head`, the cause (the last error line of the first rank's own lines
     `own`, else of `r`'s log), and the last lines of `r`'s log."""
     def errors(of):
-        # torchrun ends a failed run with its own summary, and kfvision's lines say "error"
+        # torchrun ends a failed run with its own summary, and the launchers' summaries say
+        # "(unexpected error: permanent)"
         return [line for line in of if _ERROR_LINE.search(line) and "ChildFailedError" not in
-                line and "[kfvision " not in line]
+                line and not _SUMMARY.search(line) and parse(line) is None]
 
     found = errors(own) or errors(lines)
     cause = f"\n  cause: {found[-1].strip()}" if found else ""
