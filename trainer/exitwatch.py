@@ -99,8 +99,14 @@ class ExitWatch:
             return time.time()
 
     def close(self) -> None:
+        """Stop the thread and close the pidfds; `records` and `check` still work (by pid)."""
         self._closed = True
         os.write(self._wake_w, b"!")
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        if self._thread is None or not self._thread.is_alive():
+            with self._lock:
+                self._close_fds()
 
     def _close_fds(self) -> None:
         for c in self._children.values():
