@@ -58,11 +58,6 @@ class ExitWatch:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    @property
-    def active(self) -> bool:
-        """Whether the agent handed any process over (else torchrun's records are all there is)."""
-        return bool(self._children)
-
     def watch(self, node: int, children) -> None:
         """A new attempt's processes: `children` (rank, local rank, pid, stderr file or None,
         Popen or None)."""
