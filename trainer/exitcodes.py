@@ -25,6 +25,7 @@ which maps its children's exit codes and signals back with `for_failures` below.
 resumes from the last checkpoint (`trainer/checkpoint.py`), so a retry costs at most one epoch.
 """
 
+import re
 import signal
 
 EXIT_BUG = 1
@@ -108,12 +109,28 @@ def _is_peer_failure(exc: BaseException) -> bool:
     return False
 
 
+# torch.distributed's errors (DistError and its subclasses) and Python's connection errors, by
+# the name a traceback's last line gives them
+_PEER_LOST_TYPES = re.compile(r"(torch\.distributed\.)?Dist\w*Error|\w*Connection\w*Error|"
+                              r"BrokenPipeError|TimeoutError")
+
+
+def is_peer_lost(type_name: str, message: str) -> bool:
+    """Whether an error another process printed (its traceback's last line: `type_name`,
+    `message`) is a lost peer, as `for_exception` would map it: a DistError, a connection error
+    or timeout, or a RuntimeError with gloo's or NCCL's words for a peer that went away. A
+    DataLoader worker killed under it is not: that process failed by itself."""
+    if _PEER_LOST_TYPES.fullmatch(type_name):
+        return True
+    return type_name == "RuntimeError" and any(m in message.lower() for m in _PEER_LOST_MARKERS)
+
+
 def for_failures(failures) -> int:
     """One exit code for a node from its failed training processes.
 
     Args:
-        failures: (exitcode, timestamp) pairs, torchrun's convention: a negative exitcode -N
-            means killed by signal N.
+        failures: (exitcode, timestamp) pairs; a signal N as torchrun gives it (-N) or as a
+            container reports it (128 + N).
     Returns:
         A permanent code (1-127) if any process failed permanently: the first such (bad input on
         one rank is bad input, even if torchrun then had to SIGTERM the others); else the first

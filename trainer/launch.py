@@ -14,15 +14,21 @@ one as permanent. Here:
 - the rendezvous failed (peer never came, store unreachable, timeout): 200, retried;
 - anything else (e.g. bad launcher flags): 1, with torchrun's traceback.
 
+Before it exits after a failure it prints one line per process that did not succeed, stamped to
+the microsecond, and one naming the node's first failure (`FAILED: rank 3 on node 1 exited with
+1 (...) after 11.2 s; stopped: rank 2 on node 1`): trainer/failures.py and trainer/exitwatch.py.
+
 Keep torchrun's `--max-restarts` at 0 (its default) in a PyTorchJob: it would retry bad input as
 eagerly as a lost peer, and with several nodes only the operator can restart them together.
 See docs/faults.md for the whole picture.
 """
 
+import signal
 import sys
 import time
 
-from kfvision.trainer import exitcodes
+from kfvision.trainer import exitcodes, failures
+from kfvision.trainer.exitwatch import ExitWatch, watching
 
 PREFIX = "[kfvision launch]"
 
@@ -31,20 +37,23 @@ def _say(text: str) -> None:
     print(f"{PREFIX} {text}", file=sys.stderr, flush=True)
 
 
-def _failure_summary(err, node_rank=None, started: float | None = None) -> int:
-    """Exit code for torchrun's ChildFailedError, with one line per failed process, then one
-    line naming the first failure: rank, node, code, how long after the start."""
-    failures = err.failures  # global rank -> ProcessFailure
-    code = exitcodes.for_failures([(f.exitcode, f.timestamp) for f in failures.values()])
-    for rank, f in sorted(failures.items()):
-        how = (f"was killed by {f.signal_name()}" if f.exitcode < 0
-               else f"exited with {f.exitcode} ({exitcodes.describe(f.exitcode)})")
-        _say(f"rank {rank} (local rank {f.local_rank}, pid {f.pid}) {how}")
-    if failures and started is not None:
-        rank, first = min(failures.items(), key=lambda kv: (kv[1].timestamp, kv[0]))
-        own = first.exitcode if first.exitcode > 0 else exitcodes.EXIT_SIGNAL_BASE - first.exitcode
-        _say(f"FAILED: rank {rank} on node {node_rank} exited with {own} "
-             f"({exitcodes.describe(own)}) after {max(0.0, first.timestamp - started):.0f} s")
+def _say_records(watch, started: float, torch_failures=None) -> list:
+    """One line per training process that did not succeed (trainer/failures.py), then the
+    FAILED line naming this node's first failure; the records."""
+    records = watch.records(started, torch_failures)
+    for r in records:
+        _say(r.line())
+    verdict = failures.order(records)
+    if verdict is not None:
+        _say(f"FAILED: {verdict.summary()}")
+    return records
+
+
+def _failure_summary(err, watch, started: float) -> int:
+    """Exit code for torchrun's ChildFailedError (`exitcodes.for_failures` of its processes, in
+    the order they ended), after the records and the FAILED line."""
+    records = _say_records(watch, started, err.failures)
+    code = exitcodes.for_failures([(r.code, r.at) for r in records])
     _say(f"exiting with {code}: {exitcodes.describe(code)}")
     return code
 
@@ -57,12 +66,16 @@ def main(argv=None) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
-    started = time.time()  # ProcessFailure.timestamp is wall-clock seconds
+    watch, started = ExitWatch(), time.time()
     try:
-        torchrun.run(args)
+        with watching(watch):
+            torchrun.run(args)
     except ChildFailedError as e:
-        return _failure_summary(e, args.node_rank, started)
+        _hold_signals()
+        return _failure_summary(e, watch, started)
     except SignalException as e:
+        _hold_signals()
+        _say_records(watch, started)  # what had failed before the signal came
         code = exitcodes.EXIT_SIGNAL_BASE + int(e.sigval)
         _say(f"got {e.sigval.name}: stopped the training processes; exiting with {code} "
              "(retried: the pod resumes from the last checkpoint)")
@@ -74,6 +87,14 @@ def main(argv=None) -> int:
             return _peer_lost(e)
         raise
     return 0
+
+
+def _hold_signals() -> None:
+    """torchrun's handlers stay after it returns and raise SignalException wherever the launcher
+    is: a SIGTERM now (the pod deleted, run-local stopping the job) would cut the summary short
+    with a traceback. Its processes are gone; the summary takes milliseconds."""
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
 
 
 def _peer_lost(e: BaseException) -> int:

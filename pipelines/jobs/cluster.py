@@ -24,6 +24,7 @@ from kfvision.pipelines.jobs.podstatus import (
     pod_problems,
     split_lines,
 )
+from kfvision.trainer.failures import first_failure
 
 
 def connect(namespace: str | None = None, out=None, kind: JobKind = PYTORCHJOB) -> "JobClient":
@@ -107,9 +108,11 @@ class JobClient(LogsClient):
         return next((p for p in self.pods(name) if self.kind.replica_name(p) == replica), None)
 
     def failure_report(self, name: str, job: dict, tail: int = 20) -> str:
-        """Which replica failed, why (exit code, reason), and its last log lines."""
+        """Which replica failed, why (exit code, reason), and its last log lines; first of all,
+        the job's first failure when the launchers' records in those lines name it
+        (trainer/failures.py)."""
         _, message = job_state(job)
-        lines = [f"{self.kind.kind} {self.namespace}/{name} failed: {message}"]
+        lines, read = [f"{self.kind.kind} {self.namespace}/{name} failed: {message}"], []
         for pod in self.pods(name):
             status = container_status(pod, self.kind)
             now = (status.get("state") or {}).get("terminated")
@@ -125,7 +128,12 @@ class JobClient(LogsClient):
                 log = self.pod_log(pod_name, tail=tail, previous=not now)
             except KubernetesError as e:  # the report must still say which replica failed
                 log = f"(no log: {e})"
-            lines += [f"    {line}" for line in log.rstrip("\n").splitlines()[-tail:]]
+            last = log.rstrip("\n").splitlines()[-tail:]
+            read += last
+            lines += [f"    {line}" for line in last]
+        verdict = first_failure(read)
+        if verdict is not None:
+            lines.insert(1, f"  {verdict.summary('the first failure of the job')}")
         if len(lines) == 1:
             lines.append("  no pod of it ended with a non-zero exit code (deleted, or the job "
                          f"failed before its pods ran: see `kubectl describe {self.kind.plural} "

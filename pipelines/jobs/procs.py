@@ -9,12 +9,12 @@ and mark each replica's environment (`MARK_VAR`) to find those we never saw; all
 Ctrl-C and SIGTERM are recorded, not raised, while replicas run (`supervised`, signals.py).
 
 Also what both kinds' local runners share: a pod's environment here (`pod_env`, `gpu_env`), its
-command (`container_argv`), the prefixed log printer, the failure report and the run's result.
+command (`container_argv`), the prefixed log printer and the run's result (the failure report:
+pipelines/jobs/failed.py).
 """
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from kfvision.pipelines.clients.k8s import GPU_RESOURCE
 from kfvision.pipelines.jobs import ranktag
-from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
+from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.jobs.signals import STOP
 
 # Launcher variables a parent process may have set; a pod starts without them.
@@ -109,6 +109,7 @@ class ReplicaProcess:
         self.proc: subprocess.Popen | None = None
         self.seen: set = set()  # (pid, start time) of every descendant ever seen
         self.mark = uuid.uuid4().hex  # MARK_VAR's value for this replica
+        self.started_at: float | None = None  # time.time() of its last start
         self._pump: threading.Thread | None = None
 
     def start(self, note: str | None = None) -> None:
@@ -118,6 +119,7 @@ class ReplicaProcess:
         if note:
             self.on_line(self.name, note)
         # stdin from /dev/null: replicas are not interactive, and must not steal the terminal
+        self.started_at = time.time()
         try:
             self.proc = subprocess.Popen(self.argv, env={**self.env, MARK_VAR: self.mark},
                                          cwd=self.cwd,
@@ -327,16 +329,3 @@ class Printer:
             with self.lock:
                 self.stream.write(shown + "\n")
                 self.stream.flush()
-
-
-_ERROR_LINE = re.compile(r"(\w*(Error|Exception)|error): ")
-
-
-def failure(job_name: str, r: ReplicaProcess, code: int, why: str) -> JobFailedError:
-    lines = r.tail(400)
-    # torchrun ends a failed run with its own summary; the cause is the last error line before
-    errors = [line for line in lines if _ERROR_LINE.search(line) and "ChildFailedError" not in line]
-    cause = f"\n  cause: {errors[-1].strip()}" if errors else ""
-    tail = "\n".join(f"    {line}" for line in lines[-15:])
-    return JobFailedError(f"job {job_name} failed: {r.name} exited with code {code} ({why})."
-                          f"{cause}\n  last lines of {r.log_path}:\n{tail}")

@@ -31,7 +31,7 @@ the ranks apart.
 The exit code is the script's own (a signal N: 128 + N), so the job's restart policy retries
 128-255 and fails 1-127 at once, as for the built-in trainer; the boot's own errors (a changed
 snapshot, a requirement pip cannot install) exit 2. A failure ends with one line saying which
-rank on which node failed, with what code, after how long.
+rank on which node failed first, with what code, after how long (pipelines/script/exits.py).
 """
 
 import argparse
@@ -49,6 +49,7 @@ from kfvision.pipelines import contract
 from kfvision.pipelines.jobs import ranktag
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
 from kfvision.pipelines.script import track
+from kfvision.pipelines.script.exits import Exits
 from kfvision.pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
 from kfvision.trainer import exitcodes
 from kfvision.trainer.errors import KfvisionError
@@ -211,32 +212,38 @@ def command(args, python: Path, node: str, work: Path, src: Path | None = None) 
     return [str(python), *target, *args.script_args]
 
 
-def relay(stream, node: str, rank: str, out) -> None:
+def relay(stream, node: str, rank: str, out, seen=None) -> None:
     """Copy the launcher's output to `out` line by line, each line prefixed with its
-    `[node/rank] ` unless it carries one (torchrun's tee'd lines do)."""
+    `[node/rank] ` unless it carries one (torchrun's tee'd lines do); `seen` is called with
+    each line too."""
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        if seen is not None:
+            seen(line)
         out.write((ranktag.tagged(line, node, rank) + "\n").encode("utf-8"))
         out.flush()
     stream.close()
 
 
-def run(argv: list, cwd: Path, env: dict, rank: str = ranktag.POD) -> int:
+def run(argv: list, cwd: Path, env: dict, rank: str = ranktag.POD, exits=None) -> int:
     """Run the launcher, passing SIGTERM/SIGINT on (a deleted pod), its output relayed with the
     `[node/rank] ` prefix (`rank`: of every line that has none); its exit status (128 + N for a
-    signal N)."""
+    signal N). `exits` (pipelines/script/exits.py) sees every line, the signals and the end."""
+    exits = exits or Exits()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     pump = threading.Thread(target=relay, args=(proc.stdout, node_of(env), rank,
-                                                sys.stdout.buffer), daemon=True)
+                                                sys.stdout.buffer, exits), daemon=True)
     pump.start()
 
     def forward(signum, frame):
+        exits.signalled()
         proc.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         code = proc.wait()
+        exits.ended(proc.pid)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -283,17 +290,14 @@ def boot(args) -> int:
     track.script_env(tracker, env, dirs["outputs"])
     argv = command(args, python, node, work, src if cwd != src else None)
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
-    began = time.monotonic()
+    began, exits = time.time(), Exits()
     rank = env.get("RANK", node) if args.launcher == "python" else ranktag.POD
-    code = run(argv, cwd, env, rank)
-    took = time.monotonic() - began
-    if code != 0:
-        if args.launcher == "python":
-            say(f"FAILED: rank {env.get('RANK', node)} on node {node} exited with {code} "
-                f"({exitcodes.describe(code)}) after {took:.1f} s")
-        else:  # torchrun's launcher named the rank above
-            say(f"FAILED: node {node} exited with {code} ({exitcodes.describe(code)}) after "
-                f"{took:.1f} s")
+    code = run(argv, cwd, env, rank, exits)
+    took = time.time() - began
+    if code != 0:  # which rank failed first: the launcher's records, or the one process's
+        for line in exits.failure_lines(code, node, began,
+                                        rank if args.launcher == "python" else None):
+            say(line)
         track.close_run(tracker, False, {})
         return code
     say(f"node {node}: {target} succeeded in {took:.1f} s")

@@ -13,6 +13,7 @@ import pytest
 import torch
 from helpers.paths import REPO
 from helpers.replicas import NODE_0_WAITS
+from helpers.runs import JOB_FLAGS
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.jobs.faults import Fault
 from kfvision.pipelines.jobs.pytorchjob.local import run_local, should_restart
@@ -95,16 +96,21 @@ def _launch(tmp_path, *args, env=None, nproc=2, standalone=True):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("args, code", [
-    (["exit", "2"], 2),              # bad input on every rank
-    (["rank1-exit", "3"], 3),        # NaN on one rank; torchrun SIGTERMs the other
-    (["rank1-kill"], 137),           # the OOM killer took one rank
+@pytest.mark.parametrize("args, code, first", [
+    (["exit", "2"], 2, 0),              # bad input on every rank
+    (["rank1-exit", "3"], 3, 1),        # NaN on one rank; torchrun SIGTERMs the other
+    (["rank1-kill"], 137, 1),           # the OOM killer took one rank
 ])
-def test_the_launcher_exits_with_what_its_processes_mean(tmp_path, args, code):
+def test_the_launcher_exits_with_what_its_processes_mean(tmp_path, args, code, first):
     proc = _launch(tmp_path, *args)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == code, out
     assert f"[kfvision launch] exiting with {code}: {exitcodes.describe(code)}" in out
+    # the rank that failed, never one its launcher stopped in the same second
+    assert (f"[kfvision launch] FAILED: rank {first} on node 0 exited with {code} "
+            f"({exitcodes.describe(code)}) after ") in out, out
+    if first == 1:
+        assert out.rstrip().splitlines()[-2].endswith("; stopped: rank 0 on node 0"), out
 
 
 @pytest.mark.distributed
@@ -182,3 +188,30 @@ def test_a_killed_pod_is_restarted_under_restart_policy_exitcode(tmp_path):
                                                                    "worker-0")
     log = (tmp_path / "logs" / "worker-0.log").read_text()
     assert "--- restart 1 (exit code 137, restartPolicy ExitCode" in log
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_the_built_in_trainers_job_names_the_rank_that_was_killed(tmp_path, micro_digits,
+                                                                   resnet18_dir, capsys):
+    """2 x 2 of the built-in trainer; rank 3 (worker-0's local rank 1) SIGKILLed mid-epoch, as
+    the OOM killer does: the job's line names it, not a rank that lost it as a peer (exit 200)
+    or one its launcher stopped. Never: the job fails at once, without the retry."""
+    from kfvision.pipelines.cli import main
+
+    job = tmp_path / "job.yaml"
+    assert main(["job", "render", "--name", "oom", "--image", "local", "--model",
+                 str(resnet18_dir), "--train", str(micro_digits["train"]), "--val",
+                 str(micro_digits["val"]), "--out", str(tmp_path / "out"), "--nodes", "2",
+                 "--procs-per-node", "2", *JOB_FLAGS, "--restart-policy", "Never",
+                 "-o", str(job)]) == 0
+    code = main(["job", "run-local", str(job), "--log-dir", str(tmp_path / "logs"),
+                 "--fault", r"worker-0/1:KILL:epoch 1 \[2/"])
+    out, err = capsys.readouterr()
+    assert code == 1, err[-3000:]
+    assert ("error: JobFailedError: job oom failed: rank 3 on node 1 exited with 137 (killed by "
+            "SIGKILL: retried) after ") in err, err[-3000:]
+    line = next(line for line in err.splitlines() if line.startswith("error: "))
+    assert "the first failure of the job; following: rank " in line, line
+    assert "[worker-0] [kfvision launch] FAILED: rank 3 on node 1 exited with 137" in out
+    assert "lost a peer" in line  # node 0's ranks: exit 200, never taken for the cause

@@ -208,3 +208,29 @@ def test_logs_of_a_replica_without_a_pod_and_namespace_conflicts_are_clear(tmp_p
                                                             "namespace": "team-a"}}))
     assert main(["job", "submit", str(manifest), "-n", "team-b"]) == 2
     assert "differs from the manifest's metadata.namespace team-a" in capsys.readouterr().err
+
+
+def test_a_failed_jobs_report_names_the_first_failure_from_the_launchers_records():
+    from kfvision.trainer.failures import ExitRecord
+
+    def record(rank, kind, at, code):
+        return "[kfvision launch] " + ExitRecord(rank, rank // 2, rank % 2, 100 + rank, kind,
+                                                 1_800_000_000 + at, 30 + at, code).line()
+
+    failed = ([cond("Failed", "PyTorchJob digits is failed because 1 Worker replica(s) failed.")],
+              [pod("master-0", "Failed", {"terminated": {"exitCode": 1, "reason": "Error"}}),
+               pod("worker-0", "Failed", {"terminated": {"exitCode": 1, "reason": "Error"}})])
+    # the Master's ranks lost their peer in the same second as the Worker's rank 3 failed
+    logs = {"digits-master-0": [record(0, "lost a peer", 0.71, 1),
+                                record(1, "stopped", 0.72, 143)],
+            "digits-worker-0": [record(3, "failed", 0.40, 1), record(2, "stopped", 0.45, 143)]}
+    fake = FakeCluster([failed], logs=logs)
+    fake.jobs["digits"] = JOB
+    with pytest.raises(JobFailedError) as e:
+        client_for(fake).wait("digits", logs=False)
+    message = str(e.value)
+    assert message.count("[kfvision launch] rank 3 ") == 1  # each pod's own lines, once
+    assert message.splitlines()[1] == (
+        "  rank 3 on node 1 exited with 1 (unexpected error: permanent) after 30.4 s, the first "
+        "failure of the job; following: rank 0 on node 0 (+0.31 s, lost a peer); stopped: rank 2 "
+        "on node 1, rank 1 on node 0")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
+from kfvision.pipelines.jobs.failed import failure
 from kfvision.pipelines.jobs.faults import FaultInjector
 from kfvision.pipelines.jobs.procs import (
     STOP,
@@ -27,7 +28,6 @@ from kfvision.pipelines.jobs.procs import (
     Printer,
     ReplicaProcess,
     container_argv,
-    failure,
     gpu_env,
     pod_env,
     proc_table,
@@ -182,10 +182,10 @@ def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> t
                 continue
             if not should_restart(plan.restart_policy, code):
                 raise failure(name, r, code, f"restartPolicy {plan.restart_policy} does not "
-                               "retry it")
+                               "retry it", procs)
             if restarts >= limit:
                 raise failure(name, r, code, f"backoffLimit {limit} reached after {restarts} "
-                               "restart(s)")
+                               "restart(s)", procs)
             restarts += 1
             due[r.name] = (time.monotonic() + restart_delay_s,
                            f"--- restart {restarts} (exit code {code}, restartPolicy "

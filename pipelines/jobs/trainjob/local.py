@@ -25,6 +25,7 @@ from pathlib import Path
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.pipelines.clients.k8s import quantity
 from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
+from kfvision.pipelines.jobs.failed import failure
 from kfvision.pipelines.jobs.faults import FaultInjector
 from kfvision.pipelines.jobs.procs import (
     STOP,
@@ -32,7 +33,6 @@ from kfvision.pipelines.jobs.procs import (
     Printer,
     ReplicaProcess,
     container_argv,
-    failure,
     gpu_env,
     pod_env,
     proc_table,
@@ -268,7 +268,7 @@ class _Supervisor:
             why = (f"Job failed ({reason}); the runtime's JobSet failurePolicy "
                    + ("fails the TrainJob" if action == "FailJobSet" else
                       f"maxRestarts {self.policy.max_restarts} reached"))
-            raise failure(self.name, r, code, why)
+            raise failure(self.name, r, code, why, self.procs)
         self.jobset_restarts += counted
         stop_all(self.procs)
         codes.clear()
