@@ -21,7 +21,9 @@ type it. Steps, once per pod:
    and outputs folders to `--output-uri`.
 
 With MLFLOW_TRACKING_URI in the pod, node 0 opens the script's MLflow run before step 4 and
-closes it after (pipelines/script/track.py says why here and not at render).
+closes it after (pipelines/script/track.py says why here and not at render). Meanwhile node 0
+reads the `name=value` lines rank 0 prints into the run's metrics and the TrainJob's
+status.trainerStatus (pipelines/script/progress.py).
 
 Every line of the pod's log starts with `[node/rank] ` (pipelines/jobs/ranktag.py): torchrun tees
 each rank's output with that prefix, and the boot relays the rest (its own lines, pip's,
@@ -48,7 +50,7 @@ from pathlib import Path
 from kfvision.pipelines import contract
 from kfvision.pipelines.jobs import ranktag
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
-from kfvision.pipelines.script import track
+from kfvision.pipelines.script import progress, track
 from kfvision.pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
 from kfvision.trainer import exitcodes
 from kfvision.trainer.errors import KfvisionError
@@ -211,24 +213,27 @@ def command(args, python: Path, node: str, work: Path, src: Path | None = None) 
     return [str(python), *target, *args.script_args]
 
 
-def relay(stream, node: str, rank: str, out) -> None:
+def relay(stream, node: str, rank: str, out, on_line=None) -> None:
     """Copy the launcher's output to `out` line by line, each line prefixed with its
-    `[node/rank] ` unless it carries one (torchrun's tee'd lines do)."""
+    `[node/rank] ` unless it carries one (torchrun's tee'd lines do), and hand it to `on_line`
+    (node 0's progress: pipelines/script/progress.py)."""
     for raw in iter(stream.readline, b""):
-        line = raw.decode("utf-8", errors="replace").rstrip("\n")
-        out.write((ranktag.tagged(line, node, rank) + "\n").encode("utf-8"))
+        line = ranktag.tagged(raw.decode("utf-8", errors="replace").rstrip("\n"), node, rank)
+        out.write((line + "\n").encode("utf-8"))
         out.flush()
+        if on_line is not None:
+            on_line(line)
     stream.close()
 
 
-def run(argv: list, cwd: Path, env: dict, rank: str = ranktag.POD) -> int:
+def run(argv: list, cwd: Path, env: dict, rank: str = ranktag.POD, on_line=None) -> int:
     """Run the launcher, passing SIGTERM/SIGINT on (a deleted pod), its output relayed with the
-    `[node/rank] ` prefix (`rank`: of every line that has none); its exit status (128 + N for a
-    signal N)."""
+    `[node/rank] ` prefix (`rank`: of every line that has none) and handed to `on_line`; its
+    exit status (128 + N for a signal N)."""
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     pump = threading.Thread(target=relay, args=(proc.stdout, node_of(env), rank,
-                                                sys.stdout.buffer), daemon=True)
+                                                sys.stdout.buffer, on_line), daemon=True)
     pump.start()
 
     def forward(signum, frame):
@@ -277,6 +282,7 @@ def boot(args) -> int:
     tracker = None if node != "0" else track.open_run(
         os.environ, sha256=args.sha256, target=target, args=args.script_args,
         launcher=args.launcher, state=state, say=say)
+    reporter = None if node != "0" else progress.Reporter.from_env(os.environ, tracker, say)
     env = script_env(args, python, {k: str(v) for k, v in dirs.items()}, inputs)
     if cwd != src and args.module:  # python -m finds it in the source folder, not in cwd
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
@@ -285,8 +291,10 @@ def boot(args) -> int:
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
     began = time.monotonic()
     rank = env.get("RANK", node) if args.launcher == "python" else ranktag.POD
-    code = run(argv, cwd, env, rank)
+    code = run(argv, cwd, env, rank, reporter and reporter.line)
     took = time.monotonic() - began
+    if reporter is not None:
+        reporter.close()
     if code != 0:
         if args.launcher == "python":
             say(f"FAILED: rank {env.get('RANK', node)} on node {node} exited with {code} "
