@@ -78,7 +78,7 @@ def rank0_text(line: str) -> str | None:
 
 
 def _number(value: float):
-    return int(value) if value.is_integer() else value
+    return int(value) if float(value).is_integer() else value
 
 
 def _text(value: float) -> str:

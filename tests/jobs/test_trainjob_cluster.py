@@ -13,6 +13,7 @@ import pytest
 import yaml
 from helpers.fake_k8s import (
     JOB,
+    LIST_CALLS,
     NS,
     RUNNING,
     SOURCE_CALLS,
@@ -191,7 +192,8 @@ def test_the_role_grants_exactly_the_calls_both_kinds_make(tmp_path, monkeypatch
         calls |= set(fake.calls)
     katib = {(v, r) for v, r in rbac_rules() if r in ("experiments", "trials")}
     # Katib's: tests/tune/test_tune_cluster.py; a script's ConfigMap: tests/tune/test_tune_script.py
-    assert calls == rbac_rules() - katib - SOURCE_CALLS
+    # (`job list`'s: tests/jobs/test_jobstatus.py)
+    assert calls == rbac_rules() - katib - SOURCE_CALLS - LIST_CALLS
 
 
 def test_logs_and_delete_of_a_name_that_is_no_job_name_both_kinds(monkeypatch, capsys):
