@@ -51,6 +51,8 @@ def progress_line(progress: dict) -> str | None:
     total = progress.get("total")
     if position is not None and total is not None and progress.get("done") is not None:
         parts.append(f"{_number(progress['done'])} of {_number(total)} {position}s done")
+    elif position is not None and total is not None:  # as a TrainJob's status reports it
+        parts.append(f"{position} {_number(progress.get('value'))} of {_number(total)}")
     elif position is not None:
         parts.append(f"{position} {_number(progress.get('value'))} (the total is unknown: "
                      "print it, or render with --progress-total)")

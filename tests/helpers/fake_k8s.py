@@ -136,8 +136,10 @@ class FakeCluster:
             raise ApiException(status=404, reason="Not Found")
 
     def list_namespaced_pod(self, namespace, label_selector=None, _preload_content=True):
-        assert label_selector == f"{self.POD_LABEL}=digits"
+        assert label_selector.startswith(f"{self.POD_LABEL}=")
         self._serve("list", "pods")
+        if label_selector != f"{self.POD_LABEL}=digits":  # the scripted pods are digits's
+            return FakeResponse(b'{"items": []}')
         _, pods = self.script[min(max(self.step - 1, 0), len(self.script) - 1)]
         return FakeResponse(json.dumps({"items": pods}).encode())
 
@@ -179,6 +181,40 @@ class FakeCluster:
             raise ApiException(status=404, reason="Not Found")
         resources = [{"name": r} for r in self.served[(group, version)]]
         return FakeResponse(json.dumps({"resources": resources}).encode())
+
+
+class FakeTrainer(FakeCluster):
+    """The same FAKE API, serving TrainJobs (and kfvision-torch unless told otherwise)."""
+
+    API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+    POD_LABEL, CONTAINER = "jobset.sigs.k8s.io/jobset-name", "node"
+
+    def __init__(self, script, logs=None, fail=None, runtimes=(("clustertrainingruntimes",
+                                                                  "kfvision-torch"),)):
+        super().__init__(script, logs, fail)
+        self.runtimes = set(runtimes)
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        job = super().get_namespaced_custom_object(group, version, namespace, plural, name)
+        if plural == "trainjobs":  # TrainJob conditions and JobSet jobs, from the script
+            conditions = job["status"]["conditions"]
+            job["status"]["jobsStatus"] = [{"name": "node", "active": 0 if conditions else 3}]
+        return job
+
+
+def node(i, phase="Running", state=None):
+    """A TrainJob's node pod `i` as JobSet labels it."""
+    status = {"name": "node", "restartCount": 0,
+              "state": state or {"running": {"startedAt": "now"}}}
+    return {"metadata": {"name": f"digits-node-0-{i}-x7k2p", "uid": f"uid-{i}",
+                         "labels": {"jobset.sigs.k8s.io/jobset-name": "digits",
+                                    "jobset.sigs.k8s.io/replicatedjob-name": "node",
+                                    "jobset.sigs.k8s.io/job-index": "0",
+                                    "batch.kubernetes.io/job-completion-index": str(i)}},
+            "status": {"phase": phase, "containerStatuses": [status]}}
+
+
+T_RUNNING = ([], [node(0), node(1), node(2)])
 
 
 def fake_connect(fake):

@@ -9,12 +9,22 @@ import threading
 import time
 
 import pytest
-from helpers.fake_k8s import JOB, LIST_CALLS, NS, RUNNING, FakeCluster, fake_connect, rbac_rules
+from helpers.fake_k8s import (
+    JOB,
+    LIST_CALLS,
+    NS,
+    RUNNING,
+    T_RUNNING,
+    FakeCluster,
+    FakeTrainer,
+    fake_connect,
+    rbac_rules,
+)
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs import cluster, localstatus
 from kfvision.pipelines.jobs.progress import PROGRESS_TOTAL, Progress
 from kfvision.pipelines.jobs.render import run_local
-from test_trainjob_cluster import T_RUNNING, TJOB, FakeTrainer
+from test_trainjob_cluster import TJOB
 from test_trainjob_local import make_trainjob
 
 # node 0 prints its progress, node 1 other numbers that must not count
