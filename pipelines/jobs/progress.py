@@ -110,7 +110,8 @@ class Progress:
             if name in POSITIONS and math.isfinite(value):
                 first = self.first.get(name)
                 if first is None or value < self.last[name][1]:  # a run that started over
-                    self.first[name], self.zero[name] = (when, value), value == 0
+                    self.first[name] = (when, value)  # (one from 0 still counts from 0)
+                    self.zero[name] = self.zero.get(name, False) or value == 0
                 self.last[name] = (when, value)
         return pairs
 

@@ -83,6 +83,8 @@ def test_no_time_left_from_one_line_and_a_run_that_starts_over_starts_its_pace_a
     assert progress.snapshot(T0 + 10)["eta_s"] is None
     progress = fed(["epochs=5", "epoch=1", "epoch=2", "epoch=1", "epoch=2"], every=10.0)
     assert progress.first["epoch"] == (T0 + 30, 1.0)  # a restarted pod's first epoch again
+    resumed = fed(["epochs=5", "epoch=0", "epoch=1", "epoch=2", "epoch=1"])  # from a checkpoint
+    assert resumed.done("epoch") == 2  # still counted from 0
 
 
 def test_a_progress_bar_redrawn_with_carriage_returns_counts_its_last_state():
