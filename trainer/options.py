@@ -27,10 +27,10 @@ class Option:
     the generated tables only. `default` MISSING: required. `high` may name another option of
     the same config (its value is the bound). `pipeline`: the pipeline parameter's name (True:
     the same name; False: not a pipeline parameter). `flag`: its flag where not the name's;
-    `short`: a one-letter flag beside it (`-n`); `aliases`: older spellings the parsers still accept (and the pipeline's commands the
-    parameter's spelling, as `--learning-rate`). `many`: a repeatable flag of items that
-    `parse` reads and `show` writes back (in the pipeline one string, items separated by
-    commas). `unset`: what no value (None) means."""
+    `short`: a one-letter flag beside it (`-n`); `aliases`: older spellings the parsers still
+    accept (and the pipeline's commands the parameter's spelling, as `--learning-rate`).
+    `many`: a repeatable flag of items that `parse` reads and `show` writes back (in the
+    pipeline one string, items separated by commas). `unset`: what no value (None) means."""
 
     name: str
     type: type

@@ -43,6 +43,8 @@ SKIP_IN_MODEL = ("checkpoints",)  # never uploaded as part of the model director
 METRICS = {"train_loss": "train_loss", "train_top1": "train_top1", "val_loss": "val_loss",
            "val_top1": "val_top1", "val_top5": "val_top5", "lr": "lr",
            "train_images_per_sec": "train_images_per_sec"}
+# mlflow v3.17.2 mlflow/utils/validation.py MAX_METRICS_PER_BATCH: the most one log_batch takes
+BATCH = 1000
 # our own variables the pipeline's train step sets in the job's pods (tags of the run)
 JOB_TAGS = {"KFVISION_JOB_KIND": "kfvision.job_kind", "KFVISION_JOB_NAME": "kfvision.job_name",
             "KFVISION_PIPELINE_RUN": "kfvision.pipeline_run"}
@@ -218,6 +220,19 @@ class Tracker:
                    for key, name in METRICS.items() if key in record]
         self._client.log_batch(self.run_id, metrics=metrics)
         return True
+
+    def log_points(self, points: list) -> bool:
+        """Log metric points (name, value, step, time in ms), in batches of MLflow's limit
+        (a user's script's printed metrics: pipelines/script/progress.py). Whether they went."""
+        def send():
+            from mlflow.entities import Metric
+
+            for i in range(0, len(points), BATCH):
+                self._client.log_batch(self.run_id, metrics=[
+                    Metric(n, float(v), int(ms), int(step))
+                    for n, v, step, ms in points[i:i + BATCH]])
+            return True
+        return bool(points) and self._guard("logging the script's metrics", send) is not None
 
     def log_model(self, out: Path) -> None:
         """Upload `metrics.json`, `config.yaml` and the model directory (`model/`)."""

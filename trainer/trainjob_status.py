@@ -62,16 +62,17 @@ def trainer_status(history: list, epochs: int, seconds_per_epoch: float | None,
 
 
 class StatusReporter:
-    """Rank 0's reports to the TrainJob; call `epoch_done(history)` after every epoch."""
+    """Rank 0's reports to the TrainJob; call `epoch_done(history)` after every epoch (or, for
+    progress made elsewhere, `send(status)`: a user's script's, pipelines/script/progress.py)."""
 
-    def __init__(self, url: str, token_file: str | None, ca_file: str | None, epochs: int,
-                 clock=time.monotonic):
+    def __init__(self, url: str, token_file: str | None, ca_file: str | None,
+                 epochs: int | None, clock=time.monotonic):
         self.url, self.token_file, self.ca_file, self.epochs = url, token_file, ca_file, epochs
         self.clock, self.last = clock, (clock(), 0)  # (time, epochs done) of the last report
         self.enabled, self.failures = True, 0  # failures: transient ones in a row
 
     @classmethod
-    def from_env(cls, epochs: int, environ=None) -> "StatusReporter | None":
+    def from_env(cls, epochs: int | None, environ=None) -> "StatusReporter | None":
         """A reporter when the control plane gave the variables (in `environ`, default the
         process's: the one place that reads them), else None (one log line when this runs in a
         pod, where a missing gate is worth knowing about)."""
@@ -95,10 +96,14 @@ class StatusReporter:
         rate = (now - t_prev) / (done - n_prev) if done > n_prev and (n_prev or done == 1) \
             else None
         self.last = (now, done)
-        body = {"trainerStatus": trainer_status(history, self.epochs, rate,
-                                                datetime.now(timezone.utc))}
+        self.send(trainer_status(history, self.epochs, rate, datetime.now(timezone.utc)))
+
+    def send(self, status: dict) -> None:
+        """Post one `trainerStatus` (as the CRD declares it); never raises."""
+        if not self.enabled:
+            return
         try:
-            self._post(body)
+            self._post({"trainerStatus": status})
         # URLError, HTTPError and ssl's errors are OSErrors; a garbled answer is HTTPException
         except (OSError, ValueError, http.client.HTTPException) as e:
             self._failed(e)
@@ -111,7 +116,7 @@ class StatusReporter:
         if _transient(e) and self.failures < MAX_FAILURES:
             if self.failures == 1:
                 log.info("progress: a report to the TrainJob status endpoint failed (%s); trying "
-                         "again after the next epoch (training goes on)", why)
+                         "again at the next report (training goes on)", why)
             return
         self.enabled = False
         log.info("progress: the TrainJob status endpoint %s a report (%s); not reporting again "

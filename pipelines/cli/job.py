@@ -1,5 +1,5 @@
-"""`kfvision job render | run-local | submit | logs | delete`: the PyTorchJob and TrainJob command
-line."""
+"""`kfvision job render | run-local | submit | logs | delete | status | list`: the PyTorchJob and
+TrainJob command line."""
 
 import argparse
 import shlex
@@ -280,6 +280,10 @@ def register(subparsers, help: str) -> None:
 
     add_run(sub, JOB_OPTIONS, _add_kind_flags, _run_script)
     add_download(sub)
+    # --- where jobs stand, local and on the cluster: pipelines/cli/jobstatus.py ---
+    from kfvision.pipelines.cli.jobstatus import add_status
+
+    add_status(sub)
 
 
 def _run_script(args) -> int:

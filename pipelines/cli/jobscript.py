@@ -17,7 +17,8 @@ from kfvision.pipelines.jobs.errors import InvalidJobError
 # the built-in trainer's flags a script job takes too: its MLflow run (pipelines/script/track.py)
 TRACKING = ("tracking_uri", "experiment")
 SCRIPT_FLAGS = ("source", "entry", "module", "requirements", "workdir", "launcher", "input",
-                "output_uri", "source_store", "source_pvc", "include_secret", "env")
+                "output_uri", "source_store", "source_pvc", "include_secret", "env",
+                "progress_total", "no_progress_reports")
 
 
 def _pair(flag: str):
@@ -59,6 +60,11 @@ def add_script_flags(parser, *, positional: bool = True) -> None:
                    help="pack this secret-looking file anyway (repeatable)")
     g.add_argument("--env", type=_pair("--env"), action="append", default=[],
                    metavar="NAME=VALUE", help="environment variable for the script (repeatable)")
+    g.add_argument("--progress-total", type=_pair("--progress-total"), action="append",
+                   default=[], metavar="NAME=N", help="the total the script does not print "
+                   "(epochs=10, total_steps=5000): progress percentage and time left")
+    g.add_argument("--no-progress-reports", action="store_true", help="report none of the "
+                   "script's printed progress (it posts to the TrainJob's status itself)")
     if positional:
         g.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS",
                        help="the script's own arguments, after --")
@@ -108,7 +114,32 @@ def _script_config(args, snap):
     return ScriptConfig(source=args.source, **start, args=tuple(args.script_args),
                         launcher=args.launcher, inputs=tuple(args.input),
                         output_uri=args.output_uri,
-                        env=(*args.env, *tracking_env(args, {n for n, _ in args.env})))
+                        env=(*args.env, *tracking_env(args, {n for n, _ in args.env}),
+                             *progress_env(args)))
+
+
+def progress_env(args) -> tuple:
+    """((name, value), ...) of --progress-total and --no-progress-reports: the variables the
+    boot, run-local and `job status` read (pipelines/jobs/progress.py)."""
+    from kfvision.pipelines.jobs.metriclines import parse_metrics
+    from kfvision.pipelines.jobs.progress import (
+        PROGRESS_REPORTS,
+        PROGRESS_TOTAL,
+        REPORTS_OFF,
+        check_totals,
+    )
+
+    pairs = []
+    if args.progress_total:
+        given = {n: parse_metrics(f"x={v}").get("x") for n, v in args.progress_total}
+        bad = next((f"{n}={v}" for n, v in args.progress_total if given[n] is None), None)
+        if bad:
+            raise InvalidJobError(f"--progress-total {bad}: the total is not a number.")
+        check_totals(given)
+        pairs.append((PROGRESS_TOTAL, " ".join(f"{n}={v:g}" for n, v in given.items())))
+    if args.no_progress_reports:
+        pairs.append((PROGRESS_REPORTS, REPORTS_OFF))
+    return tuple(pairs)
 
 
 def tracking_env(args, given: set) -> tuple:

@@ -3,6 +3,7 @@ differs between the two kinds (API group, pod labels, container, success) is rea
 JobKind (pipelines/jobs/kinds.py); every API call goes through pipelines/clients/k8s.py, which
 maps its failures. The Role in manifests/rbac.yaml grants exactly what is called here:
     pytorchjobs, trainjobs: create, get, delete    pods: list, get    pods/log: get
+    (and for `job list`, list of both kinds: pipelines/jobs/jobstatus.py)
     clustertrainingruntimes, trainingruntimes: get (submit checks a TrainJob's runtime exists)
     persistentvolumeclaims: get (the train step's workspace)
 

@@ -58,6 +58,30 @@ class JobKind(Resource):
             return int(index) if kind == f"{trainjob_rules.NODE}-0" else None
         return {"master": int(index), "worker": int(index) + 1}.get(kind)
 
+    def shape(self, job: dict) -> tuple:
+        """(nodes, processes per node as written: a number or `auto`) of a job's manifest; a
+        TrainJob without numNodes has its runtime's (1 for the runtimes kfvision renders)."""
+        spec = job.get("spec") or {}
+        if self is TRAINJOB:
+            trainer = spec.get("trainer") or {}
+            return int(trainer.get("numNodes") or 1), str(trainer.get("numProcPerNode") or "auto")
+        replicas = spec.get("pytorchReplicaSpecs") or {}
+        nodes = sum(1 if r.get("replicas") is None else int(r["replicas"])
+                    for r in replicas.values())
+        return nodes, str(spec.get("nprocPerNode") or "auto")
+
+    def trainer_env(self, job: dict) -> dict:
+        """{name: value} of the plain `env` of rank 0's training container in a manifest."""
+        spec = job.get("spec") or {}
+        if self is TRAINJOB:
+            items = (spec.get("trainer") or {}).get("env") or []
+        else:
+            pod = (((spec.get("pytorchReplicaSpecs") or {}).get("Master") or {}).get("template")
+                   or {}).get("spec") or {}
+            items = next((c.get("env") or [] for c in pod.get("containers") or []
+                          if c.get("name") == self.container), [])
+        return {e["name"]: str(e["value"]) for e in items if "value" in e}
+
 
 PYTORCHJOB = JobKind(
     kind=pytorchjob_rules.KIND, group=pytorchjob_rules.GROUP, version=pytorchjob_rules.VERSION,

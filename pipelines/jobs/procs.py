@@ -318,12 +318,15 @@ class LocalResult:
 class Printer:
     """Prefixes each replica's lines with `[master-0]` and keeps concurrent lines whole; a line
     that carries its `[node/rank] ` already (a user's script: pipelines/jobs/ranktag.py) is
-    printed as it is, as `kfvision job logs --all` shows it."""
+    printed as it is, as `kfvision job logs --all` shows it. Each line also goes to `also`
+    (the run's record: pipelines/jobs/localstatus.py), quiet or not."""
 
-    def __init__(self, stream, quiet: bool):
-        self.stream, self.quiet, self.lock = stream, quiet, threading.Lock()
+    def __init__(self, stream, quiet: bool, also=None):
+        self.stream, self.quiet, self.lock, self.also = stream, quiet, threading.Lock(), also
 
     def __call__(self, name: str, line: str) -> None:
+        if self.also is not None:
+            self.also(name, line)
         if not self.quiet:
             shown = line if ranktag.TAGGED.match(line) else f"[{name}] {line}"
             with self.lock:

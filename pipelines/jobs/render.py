@@ -50,8 +50,10 @@ def run_local(job: dict, log_dir, *, grace_s: float | None = None, **options):
     """Run the manifest `job` on this machine with its kind's local runner (pipelines/jobs/
     pytorchjob/local.py or trainjob/local.py), `options` as both take them; `grace_s` (how long
     Workers may finish once the Master succeeded) is a PyTorchJob's: a TrainJob ends when every
-    node has succeeded. Returns the runner's LocalResult."""
+    node has succeeded. Where it stands is recorded in LOG_DIR/status.json as it runs
+    (pipelines/jobs/localstatus.py: `kfvision job status`). Returns the runner's LocalResult."""
     from kfvision.pipelines.jobs.kinds import TRAINJOB, kind_of
+    from kfvision.pipelines.jobs.localstatus import Record
 
     if kind_of(job) is TRAINJOB:
         from kfvision.pipelines.jobs.trainjob.local import run_local as runner
@@ -60,4 +62,7 @@ def run_local(job: dict, log_dir, *, grace_s: float | None = None, **options):
 
         if grace_s is not None:
             options["grace_s"] = grace_s
-    return runner(job, log_dir, **options)
+    with Record(job, log_dir) as record:
+        result = runner(job, log_dir, on_line=record, **options)
+        record.succeeded(result)
+    return result

@@ -21,7 +21,9 @@ type it. Steps, once per pod:
    and outputs folders to `--output-uri`.
 
 With MLFLOW_TRACKING_URI in the pod, node 0 opens the script's MLflow run before step 4 and
-closes it after (pipelines/script/track.py says why here and not at render).
+closes it after (pipelines/script/track.py says why here and not at render). Meanwhile node 0
+reads the `name=value` lines rank 0 prints into the run's metrics and the TrainJob's
+status.trainerStatus (pipelines/script/progress.py).
 
 Every line of the pod's log starts with `[node/rank] ` (pipelines/jobs/ranktag.py): torchrun tees
 each rank's output with that prefix, and the boot relays the rest (its own lines, pip's,
@@ -48,7 +50,7 @@ from pathlib import Path
 from kfvision.pipelines import contract
 from kfvision.pipelines.jobs import ranktag
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
-from kfvision.pipelines.script import track
+from kfvision.pipelines.script import progress, track
 from kfvision.pipelines.script.exits import Exits
 from kfvision.pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
 from kfvision.trainer import exitcodes
@@ -212,28 +214,34 @@ def command(args, python: Path, node: str, work: Path, src: Path | None = None) 
     return [str(python), *target, *args.script_args]
 
 
-def relay(stream, node: str, rank: str, out, seen=None) -> None:
+def relay(stream, node: str, rank: str, out, seen=None, on_line=None) -> None:
     """Copy the launcher's output to `out` line by line, each line prefixed with its
-    `[node/rank] ` unless it carries one (torchrun's tee'd lines do); `seen` is called with
-    each line too."""
+    `[node/rank] ` unless it carries one (torchrun's tee'd lines do); `seen` is called with each
+    line as it came (the failure records: pipelines/script/exits.py), `on_line` with it tagged
+    (node 0's progress: pipelines/script/progress.py)."""
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", errors="replace").rstrip("\n")
         if seen is not None:
             seen(line)
-        out.write((ranktag.tagged(line, node, rank) + "\n").encode("utf-8"))
+        tagged = ranktag.tagged(line, node, rank)
+        out.write((tagged + "\n").encode("utf-8"))
         out.flush()
+        if on_line is not None:
+            on_line(tagged)
     stream.close()
 
 
-def run(argv: list, cwd: Path, env: dict, rank: str = ranktag.POD, exits=None) -> int:
+def run(argv: list, cwd: Path, env: dict, rank: str = ranktag.POD, exits=None,
+        on_line=None) -> int:
     """Run the launcher, passing SIGTERM/SIGINT on (a deleted pod), its output relayed with the
-    `[node/rank] ` prefix (`rank`: of every line that has none); its exit status (128 + N for a
-    signal N). `exits` (pipelines/script/exits.py) sees every line, the signals and the end."""
+    `[node/rank] ` prefix (`rank`: of every line that has none) and handed to `on_line`; its exit
+    status (128 + N for a signal N). `exits` (pipelines/script/exits.py) sees every line, the
+    signals and the end."""
     exits = exits or Exits()
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     pump = threading.Thread(target=relay, args=(proc.stdout, node_of(env), rank,
-                                                sys.stdout.buffer, exits), daemon=True)
+                                                sys.stdout.buffer, exits, on_line), daemon=True)
     pump.start()
 
     def forward(signum, frame):
@@ -284,6 +292,7 @@ def boot(args) -> int:
     tracker = None if node != "0" else track.open_run(
         os.environ, sha256=args.sha256, target=target, args=args.script_args,
         launcher=args.launcher, state=state, say=say)
+    reporter = None if node != "0" else progress.Reporter.from_env(os.environ, tracker, say)
     env = script_env(args, python, {k: str(v) for k, v in dirs.items()}, inputs)
     if cwd != src and args.module:  # python -m finds it in the source folder, not in cwd
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
@@ -292,8 +301,10 @@ def boot(args) -> int:
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
     began, exits = time.time(), Exits()
     rank = env.get("RANK", node) if args.launcher == "python" else ranktag.POD
-    code = run(argv, cwd, env, rank, exits)
+    code = run(argv, cwd, env, rank, exits, reporter and reporter.line)
     took = time.time() - began
+    if reporter is not None:
+        reporter.close()
     if code != 0:  # which rank failed first: the launcher's records, or the one process's
         for line in exits.failure_lines(code, node, began,
                                         rank if args.launcher == "python" else None):

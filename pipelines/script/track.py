@@ -40,6 +40,16 @@ class _Say(logging.Handler):
         self.say(record.getMessage())
 
 
+def route_logs(say) -> None:
+    """The trainer's log lines (MLflow's and the TrainJob status client's warnings, which the
+    boot uses) through `say`, as the boot's own lines."""
+    log = logging.getLogger(tracking.log.name)
+    if not any(isinstance(h, _Say) for h in log.handlers):
+        log.addHandler(_Say(say))
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def open_run(environ, *, sha256: str, target: str, args: list, launcher: str, state: Path,
              say) -> "tracking.Tracker | None":
     """The script's MLflow run, opened (None without MLFLOW_TRACKING_URI in `environ`). A
@@ -47,11 +57,7 @@ def open_run(environ, *, sha256: str, target: str, args: list, launcher: str, st
     tracker = tracking.Tracker.from_env(None, environ)
     if tracker is None:
         return None
-    log = logging.getLogger(tracking.log.name)
-    if not any(isinstance(h, _Say) for h in log.handlers):
-        log.addHandler(_Say(say))
-        log.setLevel(logging.INFO)
-        log.propagate = False
+    route_logs(say)
     tracker.tags["kfvision.source_sha256"] = sha256
     tracker.goes_on = (f"The script runs on; its own MLflow calls go to outputs/{LOCAL_STORE} "
                        "(uploaded with the outputs).")

@@ -25,12 +25,7 @@ DISTRIBUTIONS = ("uniform", "logUniform", "normal", "logNormal")
 # the kinds validateMetricsCollector accepts (v0.19.0 pkg/apis/controller/common/v1beta1/
 # common_types.go CollectorKind; "None" is not one: the webhook refuses it)
 COLLECTORS = ("StdOut", "File", "TensorFlowEvent", "PrometheusMetric", "Custom", "Push")
-# The StdOut and File collectors' default filter, the `name=value` pairs they read from a log line
-# (v0.19.0 pkg/metricscollector/v1beta1/common/const.go DefaultFilter, applied by
-# pkg/metricscollector/v1beta1/file-metricscollector/file-metricscollector.go
-# parseLogsInTextFormat to every line that contains a metric's name; Go's \w is ASCII)
-DEFAULT_FILTER = re.compile(r"([\w|-]+)\s*=\s*([+-]?\d*(\.\d+)?([Ee][+-]?\d+)?)",
-                            re.ASCII)
+# (the StdOut collector's default filter: pipelines/jobs/metriclines.py, which progress shares)
 _NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _PARAM_REF = re.compile(r"\$\{trialParameters\..+?\}")
 _META_REF = re.compile(r"\$\{trialSpec\.(.+?)\}")

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from kfvision.pipelines.jobs.config import train_flags
+from kfvision.pipelines.jobs.metriclines import parse_metrics
 from kfvision.pipelines.tune.experiment import Search, direction
-from kfvision.pipelines.tune.katib_rules import DEFAULT_FILTER
 from kfvision.pipelines.tune.report import write_outputs
 from kfvision.pipelines.tune.space import apply
 from kfvision.trainer.config import TrainConfig
@@ -40,12 +40,6 @@ def failed(message: str) -> TrialFailed:
     handler was made with), and return the TrialFailed to raise."""
     print(message, file=sys.stderr, flush=True)
     return TrialFailed(message)
-
-
-def parse_metrics(line: str) -> dict:
-    """The `name=value` pairs of a log line, as Katib's StdOut collector reads them."""
-    return {m.group(1): float(m.group(2)) for m in DEFAULT_FILTER.finditer(line)
-            if m.group(2) not in ("", "+", "-")}
 
 
 def _sampler(search: Search, seed: int):

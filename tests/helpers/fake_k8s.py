@@ -19,6 +19,7 @@ from helpers.machine import FakeClock
 from helpers.paths import REPO
 
 NS = "kubeflow"
+STAMP = "2026-01-02T03:04:05.000000001Z"  # the kubelet's time of a log line given without one
 JOB = build_pytorchjob(JobConfig(name="digits", image="i", nodes=3,
                                  train=TrainConfig(model="/m", train="/t", val="/v", out="/o")))
 
@@ -65,6 +66,8 @@ STEP_POD = {"spec": {
         {"name": "kfp-launcher", "mountPath": "/kfp-launcher"}]}]}}
 WORKSPACE_CALLS = {("get", "pods"), ("get", "persistentvolumeclaims")}  # the train step's
 SOURCE_CALLS = {("create", "configmaps"), ("get", "configmaps")}  # a script's snapshot (tune)
+LIST_CALLS = {("list", "pytorchjobs"), ("list", "trainjobs")}  # `job list` (tests/jobs/
+# test_jobstatus.py)
 
 
 class FakeCluster:
@@ -106,7 +109,24 @@ class FakeCluster:
             raise ApiException(status=404, reason="Not Found")
         conditions, _ = self.script[min(self.step, len(self.script) - 1)]
         self.step += 1
-        return {**self.jobs[name], "status": {"conditions": conditions}}
+        return self._with_status(self.jobs[name], conditions)
+
+    @staticmethod
+    def _with_status(job: dict, conditions: list) -> dict:
+        """The stored job with the scripted conditions (and what else its status holds)."""
+        return {**job, "status": {**(job.get("status") or {}), "conditions": conditions}}
+
+    def list_namespaced_custom_object(self, group, version, namespace, plural,
+                                      label_selector=None):
+        """The stored jobs of that resource (of any kind: a test may store both) that carry
+        every label of `label_selector`."""
+        self._serve("list", plural)
+        wanted = dict(p.split("=", 1) for p in (label_selector or "").split(",") if p)
+        conditions, _ = self.script[min(self.step, len(self.script) - 1)]
+        return {"items": [self._with_status(j, conditions) for j in self.jobs.values()
+                          if j["apiVersion"] == f"{group}/{version}"
+                          and f"{j['kind'].lower()}s" == plural
+                          and wanted.items() <= j["metadata"].get("labels", {}).items()]}
 
     def delete_namespaced_custom_object(self, group, version, namespace, plural, name,
                                         propagation_policy=None):
@@ -116,17 +136,24 @@ class FakeCluster:
             raise ApiException(status=404, reason="Not Found")
 
     def list_namespaced_pod(self, namespace, label_selector=None, _preload_content=True):
-        assert label_selector == f"{self.POD_LABEL}=digits"
+        assert label_selector.startswith(f"{self.POD_LABEL}=")
         self._serve("list", "pods")
+        if label_selector != f"{self.POD_LABEL}=digits":  # the scripted pods are digits's
+            return FakeResponse(b'{"items": []}')
         _, pods = self.script[min(max(self.step - 1, 0), len(self.script) - 1)]
         return FakeResponse(json.dumps({"items": pods}).encode())
 
     def read_namespaced_pod_log(self, name, namespace, container=None, follow=False,
-                                previous=False, tail_lines=None, _preload_content=True):
+                                previous=False, tail_lines=None, timestamps=False,
+                                _preload_content=True):
+        """The lines of `logs[name]`: text, or (kubelet's RFC 3339 time, text); with
+        `timestamps`, each line after its time and a space (STAMP for plain ones)."""
         assert container == self.CONTAINER
         self._serve("get", "pods/log")
         lines = self.logs.get(name, [])[-tail_lines:] if tail_lines else self.logs.get(name, [])
-        return FakeResponse("".join(line + "\n" for line in lines).encode())
+        lines = [line if isinstance(line, tuple) else (STAMP, line) for line in lines]
+        return FakeResponse("".join((f"{t} {text}" if timestamps else text) + "\n"
+                                    for t, text in lines).encode())
 
 
     def read_namespaced_pod(self, name, namespace, _preload_content=True):
@@ -154,6 +181,40 @@ class FakeCluster:
             raise ApiException(status=404, reason="Not Found")
         resources = [{"name": r} for r in self.served[(group, version)]]
         return FakeResponse(json.dumps({"resources": resources}).encode())
+
+
+class FakeTrainer(FakeCluster):
+    """The same FAKE API, serving TrainJobs (and kfvision-torch unless told otherwise)."""
+
+    API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+    POD_LABEL, CONTAINER = "jobset.sigs.k8s.io/jobset-name", "node"
+
+    def __init__(self, script, logs=None, fail=None, runtimes=(("clustertrainingruntimes",
+                                                                  "kfvision-torch"),)):
+        super().__init__(script, logs, fail)
+        self.runtimes = set(runtimes)
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        job = super().get_namespaced_custom_object(group, version, namespace, plural, name)
+        if plural == "trainjobs":  # TrainJob conditions and JobSet jobs, from the script
+            conditions = job["status"]["conditions"]
+            job["status"]["jobsStatus"] = [{"name": "node", "active": 0 if conditions else 3}]
+        return job
+
+
+def node(i, phase="Running", state=None):
+    """A TrainJob's node pod `i` as JobSet labels it."""
+    status = {"name": "node", "restartCount": 0,
+              "state": state or {"running": {"startedAt": "now"}}}
+    return {"metadata": {"name": f"digits-node-0-{i}-x7k2p", "uid": f"uid-{i}",
+                         "labels": {"jobset.sigs.k8s.io/jobset-name": "digits",
+                                    "jobset.sigs.k8s.io/replicatedjob-name": "node",
+                                    "jobset.sigs.k8s.io/job-index": "0",
+                                    "batch.kubernetes.io/job-completion-index": str(i)}},
+            "status": {"phase": phase, "containerStatuses": [status]}}
+
+
+T_RUNNING = ([], [node(0), node(1), node(2)])
 
 
 def fake_connect(fake):

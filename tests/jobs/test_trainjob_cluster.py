@@ -13,13 +13,17 @@ import pytest
 import yaml
 from helpers.fake_k8s import (
     JOB,
+    LIST_CALLS,
     NS,
     RUNNING,
     SOURCE_CALLS,
     SUCCEEDED,
+    T_RUNNING,
     FakeCluster,
+    FakeTrainer,
     client_for,
     fake_connect,
+    node,
     rbac_rules,
 )
 from kfvision.pipelines.cli import main
@@ -39,41 +43,10 @@ CFG = JobConfig(name="digits", image="i", nodes=3,
 TJOB = build_trainjob(CFG, RuntimeRef("kfvision-torch"))
 
 
-class FakeTrainer(FakeCluster):
-    """The same FAKE API, serving TrainJobs (and kfvision-torch unless told otherwise)."""
-
-    API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
-    POD_LABEL, CONTAINER = "jobset.sigs.k8s.io/jobset-name", "node"
-
-    def __init__(self, script, logs=None, fail=None, runtimes=(("clustertrainingruntimes",
-                                                                  "kfvision-torch"),)):
-        super().__init__(script, logs, fail)
-        self.runtimes = set(runtimes)
-
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
-        job = super().get_namespaced_custom_object(group, version, namespace, plural, name)
-        if plural == "trainjobs":  # TrainJob conditions and JobSet jobs, from the script
-            conditions = job["status"]["conditions"]
-            job["status"]["jobsStatus"] = [{"name": "node", "active": 0 if conditions else 3}]
-        return job
-
-
 def cond(kind, reason="", message=""):
     return {"type": kind, "status": "True", "reason": reason, "message": message}
 
 
-def node(i, phase="Running", state=None):
-    status = {"name": "node", "restartCount": 0,
-              "state": state or {"running": {"startedAt": "now"}}}
-    return {"metadata": {"name": f"digits-node-0-{i}-x7k2p", "uid": f"uid-{i}",
-                         "labels": {"jobset.sigs.k8s.io/jobset-name": "digits",
-                                    "jobset.sigs.k8s.io/replicatedjob-name": "node",
-                                    "jobset.sigs.k8s.io/job-index": "0",
-                                    "batch.kubernetes.io/job-completion-index": str(i)}},
-            "status": {"phase": phase, "containerStatuses": [status]}}
-
-
-T_RUNNING = ([], [node(0), node(1), node(2)])
 T_COMPLETE = ([cond("Complete", "JobSetCompleted", "jobset completed successfully")],
               [node(0, "Succeeded", {"terminated": {"exitCode": 0}})])
 NODE_LOG = {"digits-node-0-0-x7k2p": ["epoch 1 done: val top1 0.5", "epoch 2 done: val top1 0.9"]}
@@ -191,7 +164,8 @@ def test_the_role_grants_exactly_the_calls_both_kinds_make(tmp_path, monkeypatch
         calls |= set(fake.calls)
     katib = {(v, r) for v, r in rbac_rules() if r in ("experiments", "trials")}
     # Katib's: tests/tune/test_tune_cluster.py; a script's ConfigMap: tests/tune/test_tune_script.py
-    assert calls == rbac_rules() - katib - SOURCE_CALLS
+    # (`job list`'s: tests/jobs/test_jobstatus.py)
+    assert calls == rbac_rules() - katib - SOURCE_CALLS - LIST_CALLS
 
 
 def test_logs_and_delete_of_a_name_that_is_no_job_name_both_kinds(monkeypatch, capsys):

@@ -14,6 +14,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from helpers.jobstatus import local_status
 from helpers.k8s_checks import crd_schema, job_pods, restricted_problems, unknown_fields
 from helpers.paths import REPO
 from kfvision.pipelines import contract
@@ -41,17 +42,6 @@ def render(tmp_path, *argv, out="job.yaml") -> list:
     assert main(["job", "render", "--name", "demo", "--image", IMAGE, *argv[:-1], "-o",
                  str(path), *script]) == 0
     return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-
-
-@pytest.fixture(scope="session")
-def env_cache(tmp_path_factory) -> Path:
-    """One requirements cache for the session: the second local run installs nothing."""
-    return tmp_path_factory.mktemp("envs")
-
-
-@pytest.fixture(autouse=True)
-def _cache(env_cache, monkeypatch):
-    monkeypatch.setenv(contract.ENV_CACHE, str(env_cache))
 
 
 # --- packing ---
@@ -358,11 +348,18 @@ def test_a_torchrun_ddp_script_runs_2x2_with_a_requirement_the_image_lacks(tmp_p
     code, log, err = _run_local(tmp_path, ["--nodes", "2", "--nproc-per-node", "2",
                                            "--source", str(SCRIPTS / "torchrun_ddp"),
                                            "--entry", "train.py", "--output-uri", str(out),
+                                           "--progress-total", "epochs=2",
                                            ["--data", str(micro_digits["train"]), "--epochs",
                                             "2", "--tag", "HelloWorld"]], capsys)
     assert code == 0, err + log
     for rank in range(4):
-        assert f"rank {rank}/4 local_rank {rank % 2} epoch 1" in log
+        assert f"rank {rank}/4 local_rank {rank % 2} epoch=1" in log
+    # what `job status` shows: the total given at render, rank 0's position and metrics
+    view = local_status("demo", tmp_path / "logs", capsys)
+    assert (view["phase"], view["nodes"], view["procs"]) == ("Succeeded", 2, "2")
+    progress = view["progress"]
+    assert (progress["position"], progress["done"], progress["total"]) == ("epoch", 2, 2)
+    assert progress["percent"] == 100 and set(progress["metrics"]) == {"epoch", "loss"}
     info = json.loads((out / "model" / "info.json").read_text())
     assert info == {"classes": [str(i) for i in range(10)], "tag": "hello_world",
                     "world_size": 4}
@@ -377,11 +374,18 @@ def test_an_operator_style_script_runs_as_a_trainjob_and_exit_1_is_not_retried(t
     code, log, err = _run_local(tmp_path, [*argv, ["--steps", "2"]], capsys, kind="trainjob")
     assert code == 0, err + log
     assert "rank 1 of 2 via tcp://127.0.0.1:" in log and "rank 0 done" in log
+    view = local_status("demo", tmp_path / "logs", capsys)  # the total printed by the script
+    assert (view["kind"], view["phase"], view["nodes"]) == ("TrainJob", "Succeeded", 2)
+    progress = view["progress"]
+    assert (progress["position"], progress["done"], progress["total"]) == ("step", 2, 2)
+    assert list(progress["metrics"]) == ["step", "grad_norm"]
     code, log, err = _run_local(tmp_path, [*argv, ["--exit-code", "1", "--fail-rank", "1"]],
                                 capsys)
     assert code == 1
     assert "FAILED: rank 1 on node 1 exited with 1 (unexpected error: permanent)" in err
     assert "restart" not in log
+    view = local_status("demo", tmp_path / "logs", capsys)
+    assert view["phase"] == "Failed" and view["message"].startswith("job demo failed: ")
 
 
 @pytest.mark.distributed
@@ -397,6 +401,8 @@ def test_a_sagemaker_style_script_gets_its_channels_and_model_dir(tmp_path, caps
                                 log_dir="logs")
     assert code == 0, err + log
     assert "epoch=1 loss=" in log
+    view = local_status("demo", "logs", capsys)  # counted from 0: epoch=1 is two done
+    assert (view["progress"]["done"], view["progress"]["percent"]) == (2, 100)
     assert (out / "model" / "model.pt").is_file()
     metrics = json.loads((out / "outputs" / "metrics.json").read_text())
     assert metrics["hosts"] == ["demo-master-0"] and metrics["current_host"] == "demo-master-0"
@@ -443,7 +449,7 @@ def test_a_rank_killed_by_a_signal_is_retried_and_its_checkpoints_are_still_ther
            ["--data", str(micro_digits["train"]), "--epochs", "2", "--pause", "3"])
     code = main(["job", "run-local", str(tmp_path / "job.yaml"), "--log-dir",
                  str(tmp_path / "logs"), "--fault", "master-0/1:KILL:rank 0/2 local_rank 0 "
-                 "epoch 0"])
+                 "epoch=0"])
     log = capsys.readouterr().out
     assert code == 0, log
     assert "exited with 137 (killed by SIGKILL: retried)" in log or "exit code 137" in log

@@ -198,7 +198,7 @@ def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> t
 
 def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, quiet: bool = False,
               grace_s: float = 30.0, restart_delay_s: float = 1.0, faults=(),
-              config_maps: dict | None = None) -> LocalResult:
+              config_maps: dict | None = None, on_line=None) -> LocalResult:
     """Run the PyTorchJob `job` (a dict) on this machine, the way the Training Operator would.
 
     Args:
@@ -210,6 +210,7 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
         faults: Fault(target, after, signal) to inject, each once (pipelines/jobs/faults.py).
         config_maps: {name: ConfigMap} of the same file, for the pods' ConfigMap volumes
             (pipelines/jobs/volumes.py).
+        on_line: called with (replica name, line) for every line a replica prints.
     Returns:
         LocalResult (seconds, restarts, exit codes of the replicas that ended by themselves).
     Raises:
@@ -221,7 +222,7 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
     port = free_port()
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    printer = FaultInjector(faults, Printer(out or sys.stdout, quiet))
+    printer = FaultInjector(faults, Printer(out or sys.stdout, quiet, also=on_line))
     commands = [replica_command(job, p, plans, port, source) for p in plans]
     for plan, (_, env) in zip(plans, commands, strict=True):  # the pod's ConfigMaps, emptyDirs
         pod = job["spec"]["pytorchReplicaSpecs"][plan.rtype]["template"]["spec"]

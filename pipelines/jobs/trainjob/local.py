@@ -316,14 +316,14 @@ class _Supervisor:
 def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
               quiet: bool = False, restart_delay_s: float = 1.0, faults=(),
               status: StatusEndpoint | None = None,
-              config_maps: dict | None = None) -> LocalResult:
+              config_maps: dict | None = None, on_line=None) -> LocalResult:
     """Run the TrainJob `job` (a dict) on this machine, as Kubeflow Trainer and its runtime would.
 
     Args and result as kfvision.pipelines.jobs.pytorchjob.local.run_local (logs in
     LOG_DIR/node-0-<i>.log); `status`: the status server the nodes report progress to, as with
     Kubeflow Trainer's TrainJobStatus feature gate on (None: the gate off, nothing is injected);
     `config_maps`: {name: ConfigMap} of the same file, for the pods' ConfigMap volumes
-    (pipelines/jobs/volumes.py).
+    (pipelines/jobs/volumes.py); `on_line`: called with (node name, line) for every line.
     Raises:
         InvalidJobError: the manifest breaks a rule, names an unknown runtime, or cannot run here.
         JobFailedError: the runtime's failure policy failed the job, or the deadline passed.
@@ -333,7 +333,7 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
     port = free_port()
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    printer = FaultInjector(faults, Printer(out or sys.stdout, quiet))
+    printer = FaultInjector(faults, Printer(out or sys.stdout, quiet, also=on_line))
     procs = []
     for plan in plans:
         argv, env = _node_command(job, plan, plans, port, source, runtime, status)

@@ -27,10 +27,14 @@ def main():
     dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
     w = torch.zeros(4)
+    if rank == 0:
+        print(f"total_steps={args.steps}", flush=True)
     for step in range(args.steps):
         g = torch.full((4,), float(rank + step))
         dist.all_reduce(g)
         w -= 0.1 * g / world
+        if rank == 0:
+            print(f"step={step + 1} grad_norm={g.norm().item():.4f}", flush=True)
     print(f"rank {rank} done weights={w.tolist()}", flush=True)
     dist.destroy_process_group()
 

@@ -27,6 +27,7 @@ if __name__ == "__main__":
     model = torch.nn.Sequential(torch.nn.Flatten(),
                                 torch.nn.Linear(3 * size * size, len(data.classes)))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    print(f"epochs={args.epochs}", flush=True)
     for epoch in range(args.epochs):
         for x, y in loader:
             opt.zero_grad()

@@ -53,7 +53,7 @@ def main():
         if rank == 0:
             torch.save({"model": model.module.state_dict(), "epoch": epoch}, ckpt + ".tmp")
             os.replace(ckpt + ".tmp", ckpt)
-        print(f"rank {rank}/{world} local_rank {os.environ['LOCAL_RANK']} epoch {epoch} "
+        print(f"rank {rank}/{world} local_rank {os.environ['LOCAL_RANK']} epoch={epoch} "
               f"loss={loss.item():.4f}", flush=True)
         if epoch + 1 < args.epochs:
             time.sleep(args.pause)
