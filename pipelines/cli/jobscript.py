@@ -63,8 +63,8 @@ def add_script_flags(parser, *, positional: bool = True) -> None:
     g.add_argument("--progress-total", type=_pair("--progress-total"), action="append",
                    default=[], metavar="NAME=N", help="the total the script does not print "
                    "(epochs=10, total_steps=5000): progress percentage and time left")
-    g.add_argument("--no-progress-reports", action="store_true", help="report none of the "
-                   "script's printed progress (it posts to the TrainJob's status itself)")
+    g.add_argument("--no-progress-reports", action="store_true", help="no progress reports "
+                   "from kfvision (the script posts its own)")
     if positional:
         g.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS",
                        help="the script's own arguments, after --")
