@@ -31,7 +31,7 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))  # 0: not under 
 if WORKERS:
     # Each worker runs on its own share of the cores (`make test`: 2 workers, one core each), it
     # and every process it starts: a training takes its threads from the cores it may run on
-    # (kfvision.trainer.distributed.usable_cpus), and two trainings that each took the whole machine
+    # (kfvision.trainer.cpus.usable_cpus), and two trainings that each took the whole machine
     # spin their OpenMP threads against each other (an in-process training ran 6x slower).
     ALL_CORES = sorted(os.sched_getaffinity(0))
     _index = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))

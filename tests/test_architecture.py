@@ -11,8 +11,8 @@ import pytest
 from helpers.paths import REPO
 
 PACKAGES = ("trainer", "pipelines")
-LEAVES = ("kfvision.trainer.errors", "kfvision.trainer.fileio", "kfvision.trainer.progress",
-          "kfvision.trainer.presets",
+LEAVES = ("kfvision.trainer.cpus", "kfvision.trainer.errors", "kfvision.trainer.fileio",
+          "kfvision.trainer.progress", "kfvision.trainer.presets",
           "kfvision.trainer.upstream")
 # What a leaf may import all the same: other leaves (so no cycle can form through it).
 LEAF_IMPORTS = {"kfvision.trainer.fileio": {"kfvision.trainer.errors"},
