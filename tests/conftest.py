@@ -314,6 +314,15 @@ def served_digits(trained_tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def wheel_python(tmp_path_factory) -> Path:
+    """The python of a fresh environment with kfvision installed from its wheel, as the image has
+    it (helpers/wheelinstall.py): built once a run, shared by the pytest-xdist workers."""
+    from helpers.wheelinstall import wheel_install
+
+    return made_once(tmp_path_factory, "wheel_install", wheel_install)
+
+
+@pytest.fixture(scope="session")
 def pytorchjob_2x2(tmp_path_factory, micro_digits, resnet18_dir) -> dict:
     """The 2 nodes x 2 processes PyTorchJob of `run_job` on micro_digits, run once a session:
     what the 1 x 4 PyTorchJob, the 2 x 2 TrainJob and the jobs killed and resumed are compared
