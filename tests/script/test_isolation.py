@@ -156,9 +156,17 @@ def test_the_users_modules_are_the_users_and_kfvisions_are_its_installs(
 
 
 @pytest.mark.slow
-def test_the_wheel_holds_every_module_of_the_repository(wheel_python):
+def test_the_wheel_holds_every_module_of_the_repository_under_one_name(wheel_python):
     """A folder without `__init__.py` is left out of the wheel by setup.py's find_packages, and
-    the editable install would never show it."""
+    the editable install would never show it. Its one top-level name is kfvision's own, so no
+    other distribution's `trainer` or `pipelines` shares a folder of site-packages with it."""
+    import zipfile
+
+    (wheel,) = (wheel_python.parents[2] / "dist").glob("kfvision-*.whl")
+    version = wheel.name.split("-")[1]
+    with zipfile.ZipFile(wheel) as z:
+        assert {n.split("/")[0] for n in z.namelist()} == {"kfvision",
+                                                           f"kfvision-{version}.dist-info"}
     ours = site_packages(wheel_python) / "kfvision"
     for folder in ("trainer", "pipelines"):
         want = {p.relative_to(REPO) for p in (REPO / folder).rglob("*.py")}
