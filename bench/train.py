@@ -40,9 +40,9 @@ from pathlib import Path
 
 import torch
 import torchvision
+from kfvision.trainer.cpus import usable_cpus
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.split import split
-from kfvision.trainer.distributed import usable_cpus
 from kfvision.trainer.model.arch import write_untrained_model
 
 from bench import processor, publish

@@ -31,7 +31,7 @@ WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))  # 0: not under 
 if WORKERS:
     # Each worker runs on its own share of the cores (`make test`: 2 workers, one core each), it
     # and every process it starts: a training takes its threads from the cores it may run on
-    # (kfvision.trainer.distributed.usable_cpus), and two trainings that each took the whole machine
+    # (kfvision.trainer.cpus.usable_cpus), and two trainings that each took the whole machine
     # spin their OpenMP threads against each other (an in-process training ran 6x slower).
     ALL_CORES = sorted(os.sched_getaffinity(0))
     _index = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
@@ -314,6 +314,15 @@ def served_digits(trained_tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def wheel_python(tmp_path_factory) -> Path:
+    """The python of a fresh environment with kfvision installed from its wheel, as the image has
+    it (helpers/wheelinstall.py): built once a run, shared by the pytest-xdist workers."""
+    from helpers.wheelinstall import wheel_install
+
+    return made_once(tmp_path_factory, "wheel_install", wheel_install)
+
+
+@pytest.fixture(scope="session")
 def pytorchjob_2x2(tmp_path_factory, micro_digits, resnet18_dir) -> dict:
     """The 2 nodes x 2 processes PyTorchJob of `run_job` on micro_digits, run once a session:
     what the 1 x 4 PyTorchJob, the 2 x 2 TrainJob and the jobs killed and resumed are compared
@@ -321,8 +330,6 @@ def pytorchjob_2x2(tmp_path_factory, micro_digits, resnet18_dir) -> dict:
     data's size)."""
     return made_once(tmp_path_factory, "pytorchjob_2x2",
                      lambda root: run_job(root, micro_digits, resnet18_dir))
-
-
 
 
 @pytest.fixture
@@ -337,28 +344,3 @@ def fake_registry():
     fake = FakeModelRegistry(spec)
     yield fake
     fake.server.shutdown()
-
-
-@pytest.fixture(scope="session")
-def kfvision_wheel(tmp_path_factory) -> Path:
-    """kfvision's wheel, built once a run from a copy of the repository's tracked files (what a
-    fresh clone and the image's build context hold: no stale build/ folder can slip files in)."""
-    from helpers.paths import REPO
-
-    def make(root):
-        listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
-        files = ([REPO / f for f in listed.stdout.decode().split("\0") if f]
-                 if listed.returncode == 0 else
-                 [p for p in REPO.rglob("*") if p.is_file() and ".git" not in p.parts
-                  and ".venv" not in p.parts and "__pycache__" not in p.parts])
-        for f in files:
-            if f.is_file():
-                dest = root / "src" / f.relative_to(REPO)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(f, dest)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                        "--no-build-isolation", "-w", str(root / "dist"), str(root / "src")],
-                       check=True, capture_output=True)
-        return next((root / "dist").glob("kfvision-*.whl"))
-
-    return made_once(tmp_path_factory, "wheel", make)

@@ -11,8 +11,8 @@ import pytest
 from helpers.paths import REPO
 
 PACKAGES = ("trainer", "pipelines")
-LEAVES = ("kfvision.trainer.errors", "kfvision.trainer.fileio", "kfvision.trainer.progress",
-          "kfvision.trainer.presets",
+LEAVES = ("kfvision.trainer.cpus", "kfvision.trainer.errors", "kfvision.trainer.fileio",
+          "kfvision.trainer.progress", "kfvision.trainer.presets",
           "kfvision.trainer.upstream")
 # What a leaf may import all the same: other leaves (so no cycle can form through it).
 LEAF_IMPORTS = {"kfvision.trainer.fileio": {"kfvision.trainer.errors"},
@@ -307,3 +307,17 @@ def test_only_render_dispatches_on_the_job_kind():
                           if a.name in ("build", "local")]
     assert found == [], ("use kfvision.pipelines.jobs.render (render_job, render_command_job, "
                          "run_local)")
+
+
+def test_a_test_file_imports_test_files_of_its_own_folder_only():
+    """Test folders mirror the packages; what files of two folders share lives in
+    tests/helpers/ (pytest puts each test file's folder on sys.path as it collects it, so an
+    import from another folder works in a whole run and breaks when a file is run alone)."""
+    tests = REPO / "tests"
+    found = []
+    for path in tests.rglob("test_*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("test_") \
+                    and not (path.parent / f"{node.module}.py").exists():
+                found.append(f"{path.relative_to(tests)}: {node.module}")
+    assert found == []

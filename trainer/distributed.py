@@ -11,10 +11,10 @@ variables.
 import contextlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from kfvision.trainer import cpus
 from kfvision.trainer.errors import DeviceError, KfvisionError, check_choice
 from torch.nn.parallel import DistributedDataParallel
 
@@ -187,31 +187,6 @@ def barrier(ctx: DistContext) -> None:
         dist.barrier()
 
 
-def _cgroup_cpu_limit(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
-    """The container's CPU quota in cores (cgroup v2 `cpu.max`), or None when unlimited/unknown.
-
-    A Kubernetes CPU limit shows up only here: the affinity mask still lists every core of the
-    node, and sizing threads and workers from it would oversubscribe the pod's quota.
-    """
-    try:
-        quota, period = Path(path).read_text(encoding="ascii").split()[:2]
-    except (OSError, ValueError):
-        return None
-    return None if quota == "max" else int(quota) / int(period)
-
-
-def usable_cpus() -> int:
-    """CPU cores this process may use: the cores it may run on, at most the container's quota."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    limit = _cgroup_cpu_limit()
-    if limit is not None:
-        cores = min(cores, max(1, int(limit)))
-    return max(1, cores)
-
-
 def cpus_per_process(ctx: DistContext) -> int:
-    """CPU cores this process may use (`usable_cpus`), shared by the local ranks."""
-    return max(1, usable_cpus() // ctx.local_world_size)
+    """CPU cores this process may use (kfvision.trainer.cpus), shared by the local ranks."""
+    return cpus.per_process(ctx.local_world_size)

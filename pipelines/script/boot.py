@@ -1,9 +1,9 @@
 """The container command of a user's-script job: unpack the source, install its requirements,
 lay out the contract's folders, then run the script unchanged.
 
-    python -m kfvision.pipelines.script.boot --sha256 SHA --snapshot /kfvision/source/source.tar.gz
-    \\
-        --entry train.py [--launcher torchrun|python] [--requirements requirements.txt] \\
+    python -I -u -m kfvision.pipelines.script.boot --sha256 SHA \\
+        --snapshot /kfvision/source/source.tar.gz --entry train.py \\
+        [--launcher torchrun|python] [--requirements requirements.txt] \\
         [--input NAME=URI ...] [--output-uri URI] -- SCRIPT ARGS
 
 `kfvision job render --source` writes this command (pipelines/script/job.py); nobody needs to
@@ -13,10 +13,12 @@ type it. Steps, once per pod:
 2. install the requirements into a cached environment that keeps the image's torch
    (pipelines/script/env.py);
 3. fetch `s3://` input channels once into WORK/input/NAME (a path is passed as it is);
-4. run the script with the contract's variables (pipelines/contract.py): through
-   `python -m kfvision.trainer.launch` (torchrun that keeps exit codes) by default, or one `python`
-   per pod with the Training Operator's classic variables (`--launcher python`; on a TrainJob they
-   are made from the torch plugin's `PET_*`);
+4. run the script with the contract's variables (pipelines/contract.py) and OMP_NUM_THREADS (the
+   pod's usable cores shared by its processes, unless given): through `python -I -u -m
+   kfvision.trainer.launch` (torchrun that keeps exit codes, on this interpreter, isolated, which
+   starts the processes on the environment's python) by default, or one `python` per pod with
+   the Training Operator's classic variables (`--launcher python`; on a TrainJob they are made
+   from the torch plugin's `PET_*`);
 5. after success, node 0 writes contract.PROVENANCE into the model folder and copies the model
    and outputs folders to `--output-uri`.
 
@@ -53,15 +55,22 @@ from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
 from kfvision.pipelines.script import progress, track
 from kfvision.pipelines.script.exits import Exits
 from kfvision.pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
-from kfvision.trainer import exitcodes
+from kfvision.trainer import cpus, exitcodes
 from kfvision.trainer.errors import KfvisionError
 
 PREFIX = "[kfvision script]"
+# How kfvision's own processes in the pod start (the boot: pipelines/script/job.py; the
+# launcher: `command`): -I (isolated; Python 3.4+) keeps the script's folder, the working folder,
+# PYTHONPATH and the user's site folder off their sys.path, so they import kfvision from the
+# interpreter's install whatever the user's files are named. -I also ignores PYTHONUNBUFFERED,
+# which the operator sets in every container: -u keeps the log lines flowing as they come.
+ISOLATED = ("-I", "-u", "-m")
 LAUNCHERS = ("torchrun", "python")
 DEFAULT_WORK = "/kfvision/work"  # an emptyDir of the pod (pipelines/script/job.py)
 # What the Training Operator v1.9.4 gives every pod (pkg/controller.v1/pytorch/envvar.go), made
 # here from the torch plugin's PET_* on a TrainJob (pipelines/jobs/trainjob/rules.py has them)
-_NNODES, _, NODE_RANK, _ADDR, _PORT = PET_NAMES
+_NNODES, NPROC, NODE_RANK, _ADDR, _PORT = PET_NAMES
+THREADS = "OMP_NUM_THREADS"  # torch's intra-op threads follow it; a value given in the pod wins
 CLASSIC = {"MASTER_ADDR": _ADDR, "MASTER_PORT": _PORT, "RANK": NODE_RANK, "WORLD_SIZE": _NNODES}
 
 
@@ -183,6 +192,20 @@ def _env_cache(work: Path) -> Path:
     return work / "envs"
 
 
+def processes_per_pod(args, environ) -> int:
+    """How many processes the launcher starts in this pod: torchrun's --nproc-per-node, which it
+    reads from PET_NPROC_PER_NODE (default 1); `gpu` and `auto` are the pod's GPUs, `cpu` and
+    `auto` without a GPU its CPUs (torch.distributed.run.determine_local_world_size)."""
+    if args.launcher == "python":
+        return 1
+    given = environ.get(NPROC, "1")
+    if given.isdigit():
+        return max(1, int(given))
+    if given in ("gpu", "auto") and args.gpus:
+        return args.gpus
+    return os.cpu_count() or 1
+
+
 def script_env(args, python: Path, dirs: dict, inputs: dict) -> dict:
     env = dict(os.environ)
     env.pop(contract.POD_ROOT, None)
@@ -198,20 +221,41 @@ def script_env(args, python: Path, dirs: dict, inputs: dict) -> dict:
                 env[classic] = env[pet]
     env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONUNBUFFERED"] = "1"
+    # As the built-in trainer's threads (kfvision.trainer.distributed.cpus_per_process); torchrun
+    # would set 1 for every process of a pod with several, and print a banner saying so
+    env.setdefault(THREADS, str(cpus.per_process(processes_per_pod(args, env))))
     return env
 
 
 def command(args, python: Path, node: str, work: Path, src: Path | None = None) -> list:
     """The launcher's argv. torchrun tees every rank's output with its `[node/rank] ` prefix
     (and keeps a file per rank under WORK/logs); `src`: the entry as a path under it (the
-    script runs elsewhere: --workdir)."""
+    script runs elsewhere: --workdir).
+
+    kfvision's launcher runs on this interpreter, isolated (ISOLATED: neither the script's
+    folder, the working folder nor PYTHONPATH is on its sys.path), and starts each process on
+    `python` (the requirements' environment, or this interpreter) as torchrun would, `-u` and
+    all: `--no-python` takes it as the program to run (docs/scripts.md, "Whose modules a job
+    imports")."""
     entry = str(src / args.entry) if src is not None and args.entry else args.entry
     target = ["-m", args.module] if args.module else [entry]
     if args.launcher == "torchrun":
         tee = ["--tee", "3", "--log-line-prefix-template", ranktag.torchrun_template(node),
                "--log-dir", str(work / "logs")]
-        return [str(python), "-m", "kfvision.trainer.launch", *tee, *target, *args.script_args]
+        return [sys.executable, *ISOLATED, "kfvision.trainer.launch", *tee, "--no-python",
+                str(python), "-u", *target, *args.script_args]
     return [str(python), *target, *args.script_args]
+
+
+def say_setup(args, python: Path, env: dict) -> None:
+    """Which kfvision and which python run, and each process's threads: what to look at when a
+    job imports the wrong module or runs slow."""
+    isolated = "isolated" if sys.flags.isolated else "not isolated: started without -I"
+    say(f"kfvision's modules from {Path(contract.__file__).parent} on {sys.executable} "
+        f"({isolated}); the script's python: {python}")
+    procs = processes_per_pod(args, env)
+    why = "as given" if THREADS in os.environ else f"{cpus.usable_cpus()} usable core(s) / {procs}"
+    say(f"{procs} process(es), {THREADS}={env[THREADS]} each ({why})")
 
 
 def relay(stream, node: str, rank: str, out, seen=None, on_line=None) -> None:
@@ -298,6 +342,7 @@ def boot(args) -> int:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
     track.script_env(tracker, env, dirs["outputs"])
     argv = command(args, python, node, work, src if cwd != src else None)
+    say_setup(args, python, env)
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
     began, exits = time.time(), Exits()
     rank = env.get("RANK", node) if args.launcher == "python" else ranktag.POD

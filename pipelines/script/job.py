@@ -1,7 +1,7 @@
 """The job of a user's own script: the same PyTorchJob or TrainJob as the built-in trainer's (same
-pods, hardening, devices, volumes, retry contract), whose container runs
-`python -m kfvision.pipelines.script.boot ... -- SCRIPT ARGS` (pipelines/script/boot.py) instead,
-plus the source snapshot's transport:
+pods, hardening, devices, volumes, retry contract), whose container runs `python -I -u -m
+kfvision.pipelines.script.boot ... -- SCRIPT ARGS` (pipelines/script/boot.py) instead, plus the
+source snapshot's transport:
 
 - a small snapshot (its base64 within the ConfigMap limit) travels in the rendered file itself, as
   an immutable ConfigMap named by its sha256, written before the job and mounted read-only into
@@ -23,11 +23,12 @@ from dataclasses import dataclass, replace
 
 from kfvision.pipelines.jobs.config import LABELS, JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.script.boot import ISOLATED
 from kfvision.pipelines.script.pack import ARCHIVE_NAME, Snapshot
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.options import ref_of
 
-BOOT_COMMAND = ("python", "-m", "kfvision.pipelines.script.boot")
+BOOT_COMMAND = ("python", *ISOLATED, "kfvision.pipelines.script.boot")
 LAUNCHERS = ("torchrun", "python")
 SOURCE_VOLUME, SOURCE_MOUNT = "kfvision-source", "/kfvision/source"
 WORK_VOLUME, WORK_MOUNT = "kfvision-work", "/kfvision/work"

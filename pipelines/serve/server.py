@@ -141,7 +141,7 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     from kfvision.pipelines.serve.batcher import Batcher
     from kfvision.pipelines.serve.metrics import FAST_PATH, MAX_QUEUE, timed_forward
     from kfvision.pipelines.serve.model import ImageClassifier
-    from kfvision.trainer.distributed import usable_cpus
+    from kfvision.trainer.cpus import usable_cpus
     from kfvision.trainer.use.predict import Predictor
 
     check_options(ServeOptions(

@@ -245,7 +245,7 @@ def test_the_local_pipeline_trains_a_sagemaker_style_script_and_scores_its_model
     assert ran["entry"] == "train.py" and ran["args"] == ["--epochs", "2", "--lr", "0.2"]
     job = yaml.safe_load(find(run_, "train-pytorch-model", "job").read_text())
     container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["python", "-m", "kfvision.pipelines.script.boot"]
+    assert container["command"] == ["python", "-I", "-u", "-m", "kfvision.pipelines.script.boot"]
     assert "train.py" in container["args"] and "torchrun" in container["args"]
     scored = find(run_, "score-image-model", "scored").read_text().splitlines()
     assert len(scored) == 1 + 10  # the 10 validation digits, scored by the script's model

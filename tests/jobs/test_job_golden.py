@@ -5,20 +5,17 @@ A changed rendering fails here with a diff; if the change is meant, regenerate a
     make manifests        (manifests/pytorchjob-example.yaml)
 """
 
-import difflib
-import os
 import shlex
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
+from helpers.golden import GOLDEN_DIR, UPDATE, assert_same_text
 from helpers.paths import REPO
 from kfvision.pipelines.cli import main
 
-GOLDEN_DIR = REPO / "tests" / "golden"
 MANIFESTS = REPO / "manifests"
-UPDATE = os.environ.get("KFVISION_UPDATE_GOLDEN") == "1"
 IMAGE = "registry.example.com/kfvision-trainer:0.1.0"
 DATA = ["--model", "/data/models/resnet18", "--train", "/data/digits/train", "--val",
         "/data/digits/val", "--out", "/data/models/digits-resnet18"]
@@ -45,15 +42,6 @@ GOLDEN = {  # typical configurations: a laptop-sized CPU job, CPU nodes, a multi
 def render(argv: list, path: Path) -> str:
     assert main(["job", "render", *argv, "-o", str(path)]) == 0
     return path.read_text()
-
-
-def assert_same_text(expected_path: Path, actual: str, fix: str) -> None:
-    expected = expected_path.read_text() if expected_path.exists() else ""
-    if expected != actual:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), actual.splitlines(True),
-                                            str(expected_path), "rendered now"))
-        pytest.fail(f"{expected_path.name} is not what render writes now; if that is "
-                    f"intended run `{fix}` and review the diff:\n{diff}")
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))

@@ -11,6 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from helpers.golden import GOLDEN_DIR, UPDATE, assert_same_text
 from helpers.k8s_checks import restricted_problems, unknown_fields
 from helpers.paths import REPO, SHARED_REFERENCE
 from kfvision.pipelines.cli import main
@@ -24,7 +25,7 @@ from kfvision.pipelines.jobs.trainjob.build import (
 )
 from kfvision.pipelines.jobs.trainjob.rules import runtime_jobs, validate_trainjob, webhook_problems
 from kfvision.trainer import exitcodes
-from test_job_golden import DATA, GOLDEN_DIR, IMAGE, UPDATE, assert_same_text, render
+from test_job_golden import DATA, IMAGE, render
 from test_job_manifest import TRAIN
 
 TRAINER_V2 = SHARED_REFERENCE / "trainer-v2"

@@ -460,8 +460,8 @@ def test_a_rank_killed_by_a_signal_is_retried_and_its_checkpoints_are_still_ther
 
 def _fake_cluster_with_config_maps():
     """tests/jobs/test_job_cluster.py's fake API, plus the two ConfigMap calls `submit` makes."""
+    from helpers.fake_k8s import RUNNING, FakeCluster
     from kubernetes.client.rest import ApiException
-    from test_job_cluster import RUNNING, FakeCluster
 
     class Response:
         def __init__(self, body):
@@ -487,8 +487,8 @@ def _fake_cluster_with_config_maps():
 
 
 def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch, capsys):
+    from helpers.fake_k8s import fake_connect
     from kfvision.pipelines.jobs import cluster
-    from test_job_cluster import fake_connect
 
     fake = _fake_cluster_with_config_maps()
     monkeypatch.setattr(cluster, "connect", fake_connect(fake))
@@ -507,8 +507,8 @@ def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch,
 
 
 def test_job_run_submit_renders_says_where_and_submits(tmp_path, monkeypatch, capsys):
+    from helpers.fake_k8s import fake_connect
     from kfvision.pipelines.jobs import cluster
-    from test_job_cluster import fake_connect
 
     fake = _fake_cluster_with_config_maps()
     monkeypatch.setattr(cluster, "connect", fake_connect(fake))
@@ -592,7 +592,7 @@ def test_a_snapshot_on_a_pvc_is_written_there_and_read_by_the_pods(tmp_path, cap
 ])
 def test_golden_render(name, argv, tmp_path, monkeypatch):
     """The rendered file of a script job, reviewed in diffs (`make golden-jobs` rewrites it)."""
-    from test_job_golden import GOLDEN_DIR, UPDATE, assert_same_text
+    from helpers.golden import GOLDEN_DIR, UPDATE, assert_same_text
 
     monkeypatch.chdir(REPO)  # the header names --source as given: relative, the same anywhere
     path = tmp_path / "job.yaml"

@@ -13,6 +13,7 @@ import torch
 from helpers.paths import REPO
 from helpers.runs import train_argv
 from kfvision.trainer.config import TrainConfig, config_from_args, get_args_parser
+from kfvision.trainer.cpus import usable_cpus
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.datasets import ImageDataset
 from kfvision.trainer.data.devicedata import (
@@ -24,7 +25,7 @@ from kfvision.trainer.data.devicedata import (
 )
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.data.transforms import train_transform
-from kfvision.trainer.distributed import DistContext, usable_cpus
+from kfvision.trainer.distributed import DistContext
 from kfvision.trainer.errors import InvalidParameterError
 from kfvision.trainer.fastpath import resolve_fast_path
 from kfvision.trainer.train import main

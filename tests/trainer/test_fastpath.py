@@ -471,12 +471,3 @@ def test_an_onednn_isa_cap_makes_the_choices_of_the_older_cpu(monkeypatch, cap, 
     assert (cpu.kind, cpu.vnni, cpu_bf16_kind()) == (kind, vnni, bf16)
     assert int8_reduce_range() is (not vnni)
     assert (cpu.isa_cap is None) == (cap.upper() in ("", "NOT_AN_ISA"))
-
-
-@pytest.mark.parametrize("content, expected", [
-    ("max 100000\n", None), ("150000 100000\n", 1.5), ("400000 100000\n", 4.0), ("garbage", None)])
-def test_a_container_cpu_quota_is_read_from_cgroup_v2(tmp_path, content, expected):
-    from kfvision.trainer.distributed import _cgroup_cpu_limit
-
-    (tmp_path / "cpu.max").write_text(content)
-    assert _cgroup_cpu_limit(str(tmp_path / "cpu.max")) == expected

@@ -178,7 +178,7 @@ def openvino_model(path, threads: int):
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
-    from kfvision.trainer.distributed import usable_cpus
+    from kfvision.trainer.cpus import usable_cpus
 
     streams = max(1, usable_cpus() // threads)  # a container's CPU limit, not the node's cores
     # the property names from openvino's own constants (NUM_STREAMS, INFERENCE_NUM_THREADS,

@@ -148,7 +148,7 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
         InvalidDatasetError: `calibrate` has no images; `check` is unlabelled or has other
             classes. ExportError, InvalidModelDirectoryError: as `export`.
     """
-    from kfvision.trainer.distributed import usable_cpus
+    from kfvision.trainer.cpus import usable_cpus
     from kfvision.trainer.fastpath import cpu_features, int8_reduce_range
     from kfvision.trainer.use.export import export
     from kfvision.trainer.use.predict import LOADERS
