@@ -258,5 +258,21 @@ def unpack(data: bytes, dest: Path) -> list:
     dest.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         members = tar.getmembers()
-        tar.extractall(dest, members=members, filter="data")
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, members=members, filter="data")
+        else:  # Python before 3.10.12 / 3.11.4 (Debian bookworm's 3.11.2): its refusals by hand
+            _refuse_unsafe(members, dest)
+            tar.extractall(dest, members=members)
     return [m.name for m in members]
+
+
+def _refuse_unsafe(members, dest: Path) -> None:
+    """What tarfile's `data` filter refuses in a snapshot: anything but a regular file or a
+    folder, and any path that leaves `dest`."""
+    root = dest.resolve()
+    for m in members:
+        target = (root / m.name).resolve()
+        if not (m.isfile() or m.isdir()) or (target != root and root not in target.parents):
+            raise InvalidSourceError(f"the source snapshot holds {m.name!r}, which is not a "
+                                     "regular file inside the source folder; pack it again "
+                                     "with `kfvision job render --source`.")

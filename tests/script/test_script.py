@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import random
+import tarfile
 import time
 from pathlib import Path
 
@@ -668,3 +669,25 @@ def test_kubeflows_public_mnist_example_runs_unchanged_2x2(tmp_path, capsys):
     for rank in range(4):
         assert f"World Size: 4. Rank: {rank}" in log
     assert log.count("accuracy=") == 4
+
+
+@pytest.mark.parametrize("name, kind", [("../outside.py", tarfile.REGTYPE),
+                                        ("link.py", tarfile.SYMTYPE)])
+def test_unpack_refuses_what_the_data_filter_refuses_where_python_lacks_it(tmp_path, monkeypatch,
+                                                                           name, kind):
+    """Python before 3.10.12 / 3.11.4 has no tarfile.data_filter (Debian bookworm's 3.11.2):
+    the same refusals, made by hand."""
+    import io
+
+    from kfvision.pipelines.script.pack import InvalidSourceError, unpack
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo(name)
+        info.type = kind
+        info.linkname = "/etc/passwd" if kind == tarfile.SYMTYPE else ""
+        tar.addfile(info, io.BytesIO(b""))
+    monkeypatch.delattr(tarfile, "data_filter")
+    with pytest.raises(InvalidSourceError, match=name.replace(".", r"\.")):
+        unpack(buf.getvalue(), tmp_path / "src")
+    assert not (tmp_path / "outside.py").exists()
