@@ -344,3 +344,17 @@ def fake_registry():
     fake = FakeModelRegistry(spec)
     yield fake
     fake.server.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _our_loggers_as_found():
+    """Our loggers as each test found them: a test that runs the boot's code in this process
+    (its reporters route the trainer's warnings through the boot's `say` and stop them
+    propagating, as a boot process should) must not change what the next test's lines do."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("trainer", "kfvision")]
+    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, handlers, level, propagate in saved:
+        lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate

@@ -199,7 +199,7 @@ def test_a_script_that_exits_1_fails_the_step_with_the_named_error_once(tmp_path
     out, err = capsys.readouterr()
     first, *tail = err.splitlines()  # the named line, then the job's last log lines
     assert first.startswith("error: JobFailedError: job kfvision-train-") and \
-        "master-0 exited with code 1" in first
+        "rank 0 on node 0 exited with 1" in first and "the first failure of the job" in first
     assert any("giving up" in line for line in tail)
     assert out.count("giving up") == 1  # exit 1 is permanent: not retried
     with pytest.raises(JobFailedError):
