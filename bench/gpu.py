@@ -22,17 +22,20 @@ from bench.step import rate
 PRESETS = {
     "full": {"images": 5000, "epochs": 4, "arch": "resnet50", "image_size": 224,
              "batch_size": 256, "steps": 50, "warmup": 5, "plain_workers": 8,
+             "variant_timeout": 600,
              "step_variants": ["nchw", "channels-last", "channels-last-nosearch", "graphs",
                                "compile", "compile-graphs"],
              "variants": ["default", "gpu-pipeline", "cpu-decode"]},
-    # within one short device call (about 4 minutes on an H100): 9 steps an epoch
+    # within one short device call (about 4 minutes on an H100): 9 steps an epoch; compile last,
+    # and cut off if it compiles for longer than the whole call can spare
     "quick": {"images": 2560, "epochs": 3, "arch": "resnet50", "image_size": 224,
               "batch_size": 256, "steps": 20, "warmup": 3, "plain_workers": 8,
+              "variant_timeout": 150,
               "step_variants": ["channels-last", "channels-last-nosearch", "graphs", "compile"],
               "variants": ["default", "gpu-pipeline"]},
     # a check that every part runs, on any machine (`--device cpu`)
     "smoke": {"images": 48, "epochs": 2, "arch": "resnet18", "image_size": 32, "batch_size": 8,
-              "steps": 2, "warmup": 1, "plain_workers": 0,
+              "steps": 2, "warmup": 1, "plain_workers": 0, "variant_timeout": 600,
               "step_variants": ["nchw", "channels-last"], "variants": ["default", "gpu-pipeline"]},
 }
 NAMES = {"default": "kfvision, defaults (decoded images cached in epoch 1)",
@@ -89,12 +92,8 @@ def main(argv=None) -> int:
     common = ["--device", a.device, "--image-size", str(p["image_size"]), "--batch-size",
               str(p["batch_size"])]
     step, train = {}, {}
-    if "step" not in a.skip:
-        from bench import step as step_bench
-
-        step_bench.main([*common, "--arch", p["arch"], "--steps", str(p["steps"]), "--warmup",
-                         str(p["warmup"]), "--variants", *p["step_variants"]])
-        step = json.loads((BENCH / f"step-{a.device}.json").read_text())
+    # the runs with data first: the step's variants include torch.compile, the slowest to
+    # start, and a time limit on the whole (bench/device_run.sh) then costs a variant at most
     if "train" not in a.skip:
         from bench import train as train_bench
 
@@ -103,6 +102,13 @@ def main(argv=None) -> int:
                           str(a.rounds), "--plain-workers", str(p["plain_workers"]),
                           "--augment", "standard", "--variants", *p["variants"]])
         train = json.loads((BENCH / f"train-jpeg-{a.device}.json").read_text())
+    if "step" not in a.skip:
+        from bench import step as step_bench
+
+        step_bench.main([*common, "--arch", p["arch"], "--steps", str(p["steps"]), "--warmup",
+                         str(p["warmup"]), "--variant-timeout", str(p["variant_timeout"]),
+                         "--variants", *p["step_variants"]])
+        step = json.loads((BENCH / f"step-{a.device}.json").read_text())
     note = (f"\n{p['images']} generated JPEGs (90% trained on), {p['epochs']} epochs, "
             f"{a.rounds} round(s): img/s over the epochs after the first; whole run: process "
             "start to exit (kfvision validates after every epoch, the plain loop does not). "

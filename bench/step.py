@@ -110,7 +110,10 @@ def _one(variant: str, a) -> dict:
     cmd = [sys.executable, "-m", "bench.step", "--one", variant, "--device", a.device,
            "--arch", a.arch, "--image-size", str(a.image_size), "--batch-size",
            str(a.batch_size), "--steps", str(a.steps), "--warmup", str(a.warmup)]
-    run = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=a.variant_timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"not done in {a.variant_timeout} s (--variant-timeout)"}
     if run.returncode:
         return {"error": (run.stderr.strip().splitlines() or ["no output"])[-1][:200]}
     return json.loads(run.stdout.strip().splitlines()[-1])
@@ -149,6 +152,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=50, help="timed steps (after the warm-up)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after the first")
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    p.add_argument("--variant-timeout", type=int, default=600,
+                   help="seconds a variant's process may take")
     p.add_argument("--one", choices=VARIANTS, help=argparse.SUPPRESS)  # a variant's own process
     a = p.parse_args(argv)
     if a.one:
