@@ -47,6 +47,10 @@ def ahead(batches, device: torch.device, depth: int = 2):
 
     def produce():
         try:
+            if cuda and device.index is not None:
+                # a new thread starts on GPU 0: this rank's GPU for the decoder (which decodes
+                # on the current device) and the DataLoader's pin-memory thread started here
+                torch.cuda.set_device(device)
             with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
                 for images, labels in batches:
                     ready = None
