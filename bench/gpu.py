@@ -30,7 +30,7 @@ PRESETS = {
     # and cut off if it compiles for longer than the whole call can spare
     "quick": {"images": 2560, "epochs": 3, "arch": "resnet50", "image_size": 224,
               "batch_size": 256, "steps": 20, "warmup": 3, "plain_workers": 8,
-              "variant_timeout": 150,
+              "variant_timeout": 120,
               "step_variants": ["channels-last", "channels-last-nosearch", "graphs", "compile"],
               "variants": ["default", "gpu-pipeline"]},
     # a check that every part runs, on any machine (`--device cpu`)

@@ -159,20 +159,22 @@ def main(argv=None) -> int:
     if a.one:
         print(json.dumps(measure(a.one, a)))
         return 0
-    results = {}
+    results, note = {}, (f"\n{a.steps} timed steps after {a.warmup} untimed ones, each variant "
+                         "in its own process; `first step` includes cuDNN's algorithm search "
+                         "and torch.compile's compilation where the variant has them.")
     for v in a.variants:
         if a.device != "cuda" and v in CUDA_ONLY:
             continue
         results[v] = _one(v, a)
         print(f"{v}: {results[v]}", flush=True)
+        # kept after every variant: a run stopped by a time limit keeps what it measured
+        text, best = table(results, a)
+        BENCH.mkdir(parents=True, exist_ok=True)
+        (BENCH / f"step-{a.device}.md").write_text(text + "\n" + note + "\n")
+        (BENCH / f"step-{a.device}.json").write_text(json.dumps({"best": best, "all": results}))
     text, best = table(results, a)
-    note = (f"\n{a.steps} timed steps after {a.warmup} untimed ones, each variant in its own "
-            "process; `first step` includes cuDNN's algorithm search and torch.compile's "
-            "compilation where the variant has them.")
     publish(text + "\n" + note, f"step-{a.device}.md")
-    (BENCH / f"step-{a.device}.json").write_text(json.dumps({"best": best, "all": results}))
     return 0 if best else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())
