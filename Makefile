@@ -55,6 +55,7 @@ bench-smoke: setup ## a few minutes: the training and serving ratios in small, w
 	$(PY) -m bench.train --dataset digits --rounds 1 --epochs 1 --plain-workers 0
 	$(PY) -m bench.serve --untrained --rounds 1 --seconds 5 --images 6 --sizes imagenet \
 		--clients 1 4 16
+	PYTHON=$(PY) bash bench/gpu.sh --device cpu --smoke
 
 # No `setup`: the GPU machines have torch/torchvision but no network; .venv's python if there is one
 bench-gpu: ## the GPU benchmark, ResNet-50 on JPEGs (bench/gpu.sh; needs only torch, torchvision)

@@ -1,20 +1,15 @@
 #!/usr/bin/env bash
-# The GPU benchmark (issue 6) in one command, on a machine with a CUDA GPU:
+# The GPU benchmark in one command, on a machine with a CUDA GPU (bench/gpu.py says what it runs):
 #
-#     bash bench/gpu.sh
+#     bash bench/gpu.sh             # ResNet-50, 224 px, batch 256, bf16: 5,000 JPEGs, 4 epochs
+#     bash bench/gpu.sh --quick     # the same rows within one short device call
+#     bash bench/gpu.sh --device cpu --smoke   # tiny sizes: checks that every part runs
 #
 # Needs only a Python with torch, torchvision, pillow and numpy: no .venv, no network, no kfp,
-# PyYAML, tqdm or scikit-learn. PYTHON picks the interpreter (default: python3); extra arguments
-# go to bench.train and win over the ones below (e.g. --images 10000 --epochs 5).
-#
-# ResNet-50, 224 px, batch 256, standard augmentation, on 5,000 generated ImageNet-like JPEGs
-# (generated once into build/bench/jpeg5000, about 2 minutes on one core): the plain
-# ImageFolder + PIL loop with 8 DataLoader workers against `kfvision train` with its defaults and
-# with --gpu-decode on. Training images/s with data loading included, epochs after the first,
-# and each contender's whole run in seconds (process start to exit: start-up and epoch 1 too).
-# The table is printed and written to build/bench/train-jpeg-cuda.md.
+# PyYAML, tqdm or scikit-learn, and no install of kfvision. PYTHON picks the interpreter
+# (default: python3); arguments go to bench.gpu. The tables are printed and written to
+# build/bench/ (gpu-cuda.md: the summary; step-cuda.md, train-jpeg-cuda.md: the parts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec "${PYTHON:-python3}" -m bench.train --dataset jpeg --device cuda --images 5000 \
-    --archs resnet50 --image-size 224 --batch-size 256 --epochs 4 --rounds 1 \
-    --plain-workers 8 "$@"
+source bench/importroot.sh
+exec "${PYTHON:-python3}" -m bench.gpu "$@"

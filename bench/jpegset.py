@@ -11,7 +11,9 @@ content drawn at that size.
 
 import argparse
 import io
+import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -43,23 +45,36 @@ def _image(rng: np.random.Generator, label: int, n_classes: int,
     return Image.fromarray(img.clip(0, 255).astype(np.uint8))
 
 
+def _write(job) -> None:
+    """Image i of the set: its own generator, seeded by (seed, i), so that the images are the
+    same whichever process makes them."""
+    out, i, classes, seed, size = job
+    label = i % classes
+    folder = out / "raw" / f"class_{label:02d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    _image(np.random.default_rng([seed, i]), label, classes, size).save(buf, "JPEG", quality=90)
+    (folder / f"img_{i:05d}.jpg").write_bytes(buf.getvalue())
+
+
 def make_jpeg_set(out, images: int = 2000, classes: int = 10, seed: int = 0,
                   size: tuple | None = None) -> Path:
     """Write OUT/raw/<class>/*.jpg and convert it into the image directory OUT/data.
 
-    `size`: every image that big (e.g. PHOTO) instead of about 500x375.
+    `size`: every image that big (e.g. PHOTO) instead of about 500x375. Generated on every usable
+    core (5,000 images took 2 minutes on one: on a lent GPU machine, device time).
     """
     out = Path(out)
     if (out / "data").exists():
         return out / "data"
-    rng = np.random.default_rng(seed)
-    for i in range(images):
-        label = i % classes
-        folder = out / "raw" / f"class_{label:02d}"
-        folder.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        _image(rng, label, classes, size).save(buf, "JPEG", quality=90)
-        (folder / f"img_{i:05d}.jpg").write_bytes(buf.getvalue())
+    jobs = [(out, i, classes, seed, size) for i in range(images)]
+    processes = min(len(os.sched_getaffinity(0)), max(1, images // 64))
+    if processes > 1:
+        with ProcessPoolExecutor(processes) as pool:
+            list(pool.map(_write, jobs, chunksize=16))
+    else:
+        for job in jobs:
+            _write(job)
     convert(out / "raw", out / "data", progress=False)
     return out / "data"
 

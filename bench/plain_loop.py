@@ -2,7 +2,8 @@
 
 torchvision.datasets.ImageFolder + PIL transforms + DataLoader + eager fp32 SGD, no tricks.
 It trains the same model with the same augmentation, batch size and optimiser settings as
-`kfvision train`, and prints one JSON line: {"images_per_sec": [...per epoch...]}.
+`kfvision train`, and prints one JSON line: {"images_per_sec": [...], "epoch_seconds": [...]},
+one figure per epoch.
 
     python -m bench.plain_loop --data DIR --arch resnet18 --image-size 32 --batch-size 32 \
         --epochs 3 --workers 2
@@ -48,7 +49,7 @@ def main(argv=None):
     model = torchvision.models.get_model(args.arch, num_classes=len(ds.classes)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     loss_fn = nn.CrossEntropyLoss()
-    rates = []
+    rates, seconds = [], []
     for _ in range(args.epochs):
         model.train()
         start, n = time.perf_counter(), 0
@@ -61,8 +62,9 @@ def main(argv=None):
             n += len(y)
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        rates.append(n / (time.perf_counter() - start))
-    print(json.dumps({"images_per_sec": rates}))
+        seconds.append(time.perf_counter() - start)
+        rates.append(n / seconds[-1])
+    print(json.dumps({"images_per_sec": rates, "epoch_seconds": seconds}))
 
 
 if __name__ == "__main__":

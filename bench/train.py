@@ -18,12 +18,14 @@ epoch included, and kfvision's validation after each epoch, which the plain loop
         --batch-size 16 --images 256 --epochs 2                  # the generated JPEG set
     bash bench/gpu.sh                                            # on a GPU machine (see there)
 
-For the JPEG set on CUDA, kfvision runs twice: with its defaults, and with `--gpu-decode on`
-(JPEGs decoded and augmented on the GPU, trainer/data/devicedata.py); `--variants` picks, and
-`cpu-decode` (`--cache off --gpu-decode off`: every epoch decodes in the DataLoader workers, the
-path of data too large to cache without nvJPEG) is the baseline for `--gpu-decode`. (`--cache
-off` alone is not that baseline: on CUDA, `--gpu-decode auto` turns nvJPEG on for uncached
-JPEGs.) `cpu-decode-all-cores` is the same with a DataLoader worker on every core but one.
+For the JPEG set on CUDA, kfvision runs twice: with its defaults, and as `gpu-pipeline`
+(`--cache off --gpu-decode on`: data too large to cache, its JPEGs decoded and augmented in
+batches on the GPU every epoch, trainer/data/devicedata.py); `--variants` picks. `gpu-decode`
+is `--gpu-decode on` alone (validation images cached), and `cpu-decode` (`--cache off
+--gpu-decode off`: every epoch decodes in the DataLoader workers, the path of data too large to
+cache without nvJPEG) the baseline for the GPU pipeline. (`--cache off` alone is not that
+baseline: on CUDA, `--gpu-decode auto` turns nvJPEG on for uncached JPEGs.)
+`cpu-decode-all-cores` is the same with a DataLoader worker on every core but one.
 The JPEG set needs only torch, torchvision, pillow and numpy (the digits need scikit-learn).
 
 Prints a Markdown table of ratios (kfvision / plain loop) and writes it to build/bench/.
@@ -51,6 +53,10 @@ from bench.jpegset import make_jpeg_set
 BENCH = Path("build/bench")
 # kfvision runs compared with the plain loop: name -> extra `kfvision.trainer.train` flags
 VARIANTS = {"default": (), "gpu-decode": ("--gpu-decode", "on"),
+            # data larger than memory: decoded every epoch, on CUDA batched on the GPU (what
+            # `--gpu-decode auto` picks there for uncached JPEGs; "on" so that a CPU smoke run
+            # takes the same path)
+            "gpu-pipeline": ("--cache", "off", "--gpu-decode", "on"),
             "cpu-decode": ("--cache", "off", "--gpu-decode", "off"),
             # every core but the training process's decodes (`--workers auto` stops at 8)
             "cpu-decode-all-cores": ("--cache", "off", "--gpu-decode", "off",
@@ -93,19 +99,21 @@ def _timed(cmd) -> tuple[subprocess.CompletedProcess, float]:
     return run, time.perf_counter() - start
 
 
-def run_plain(arch, args, raw, workers) -> tuple[float, float]:
-    """(steady-state images/s, whole-run seconds) of the plain loop."""
+def run_plain(arch, args, raw, workers) -> tuple[float, float, float]:
+    """(steady-state images/s, whole-run seconds, epoch 1 seconds) of the plain loop."""
     cmd = [sys.executable, "-m", "bench.plain_loop", "--data", str(raw), "--arch", arch,
            "--workers", str(workers), "--augment", args.augment, "--device", args.device,
            *_common(args)]
     run, seconds = _timed(cmd)
     if run.returncode:
         raise SystemExit(f"the plain loop failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
-    return _steady(json.loads(run.stdout.strip().splitlines()[-1])["images_per_sec"]), seconds
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    return _steady(result["images_per_sec"]), seconds, result["epoch_seconds"][0]
 
 
-def run_kfvision(arch, args, train, val, variant="default") -> tuple[float, float]:
-    """(steady-state images/s, whole-run seconds) of `kfvision train` with `variant`'s flags."""
+def run_kfvision(arch, args, train, val, variant="default") -> tuple[float, float, float]:
+    """(steady-state images/s, whole-run seconds, epoch 1 seconds) of `kfvision train` with
+    `variant`'s flags."""
     model = BENCH / "models" / arch
     if not model.exists():
         write_untrained_model(model, arch)
@@ -120,7 +128,8 @@ def run_kfvision(arch, args, train, val, variant="default") -> tuple[float, floa
     if run.returncode:
         raise SystemExit(f"kfvision train failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
     history = json.loads((out / "metrics.json").read_text())["history"]
-    return _steady([h["train_images_per_sec"] for h in history]), seconds
+    return (_steady([h["train_images_per_sec"] for h in history]), seconds,
+            history[0]["train_seconds"])
 
 
 def main(argv=None) -> int:
@@ -139,12 +148,12 @@ def main(argv=None) -> int:
     p.add_argument("--plain-workers", type=int, nargs="+", default=[0, 2],
                    help="DataLoader workers tried for the plain loop; its best counts")
     p.add_argument("--variants", nargs="+", choices=tuple(VARIANTS), default=None,
-                   help="kfvision runs to compare (default: default, plus gpu-decode for the "
+                   help="kfvision runs to compare (default: default, plus gpu-pipeline for the "
                    "JPEG set on cuda)")
     args = p.parse_args(argv)
     args.augment = args.augment or ("light" if args.dataset == "digits" else "standard")
     gpu_jpeg = args.device == "cuda" and args.dataset == "jpeg"
-    args.variants = args.variants or (["default", "gpu-decode"] if gpu_jpeg else ["default"])
+    args.variants = args.variants or (["default", "gpu-pipeline"] if gpu_jpeg else ["default"])
     machine = describe_machine(args.device)
     print(f"{machine} {processor()}", flush=True)
     raw, train, val = prepare(args)
@@ -154,6 +163,7 @@ def main(argv=None) -> int:
     head = "".join(f" kfvision {v} s | ratio |" for v in args.variants)
     whole = [f"| whole run, {args.epochs} epochs | plain loop s (workers) |{head}",
              "|---|---|" + "---|---|" * len(args.variants)]
+    results = {}  # arch -> run -> medians (written beside the table, for bench.gpu)
     for arch in args.archs:
         plain = {w: [] for w in args.plain_workers}  # (img/s, whole-run s) per round
         ours = {v: [] for v in args.variants}
@@ -168,6 +178,8 @@ def main(argv=None) -> int:
                   "(img/s, whole-run s)", flush=True)
         rows.append(_row(arch, plain, ours, args.rounds, 0, best=max))
         whole.append(_row(arch, plain, ours, args.rounds, 1, best=min))
+        results[arch] = {"plain": {w: _medians(x) for w, x in plain.items()},
+                         **{v: _medians(x) for v, x in ours.items()}}
     table = "\n".join(rows) + "\n\n" + "\n".join(whole)
     note = (f"\n{args.epochs} epochs x {args.rounds} rounds; img/s (epochs after the first) and "
             "whole-run seconds (process start to exit) are medians over rounds; a ratio is the "
@@ -175,7 +187,14 @@ def main(argv=None) -> int:
             f"{args.plain_workers} DataLoader workers in the same round, above 1 where kfvision "
             f"is faster. {machine}")
     publish(table + "\n" + note, f"train-{args.dataset}-{args.device}.md")
+    (BENCH / f"train-{args.dataset}-{args.device}.json").write_text(json.dumps(results))
     return 0
+
+
+def _medians(runs: list) -> dict:
+    """The medians over rounds of a contender's (images/s, whole-run s, epoch 1 s)."""
+    keys = ("images_per_sec", "seconds", "epoch1_seconds")
+    return {k: statistics.median(x[i] for x in runs) for i, k in enumerate(keys)}
 
 
 def _last(runs: dict) -> dict:

@@ -73,8 +73,11 @@ class TrainConfig:
                       choices=("auto", "bf16", "off"))
     compile: str = option("off", "torch.compile the model: on or off", choices=ON_OFF)
     gpu_decode: str = option("auto", "decode and augment the training JPEGs on the device",
-                             doc="In batches; the workers only read files. auto: on for CUDA "
-                             "when most training images are JPEGs and they are not cached.",
+                             doc="nvJPEG decodes each batch, which is then cropped, resized and "
+                             "flipped as a whole on the device; the workers only read files. "
+                             "auto: on for CUDA when most training images are JPEGs and they are "
+                             "not cached (`--cache off`, or too large to cache); metrics.json's "
+                             "`fast_path` says which and why.",
                              choices=AUTO_ON_OFF)
     conv_gemm: str = option("auto", "one-pixel convolutions as one matrix multiply",
                             doc="Convolutions whose output is a single pixel (e.g. resnet's last "

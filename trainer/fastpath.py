@@ -21,9 +21,11 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
 - channels_last: on where the convolutions are faster in NHWC (CUDA, and CPU oneDNN with bf16);
 - compile: torch.compile of the model (off by default: on 2 CPU cores it costs more than it saves
   on short runs; see docs/benchmarks.md);
-- gpu_decode: the training JPEGs decoded and augmented in batches on the device, workers only read
-  files (trainer/data/devicedata.py); auto: on for CUDA when most training images are JPEGs and they
-  are not cached (decoding every epoch on the CPU is then what a GPU step waits for);
+- gpu_decode: the training JPEGs decoded (nvJPEG), cropped, resized and flipped in batches on the
+  device, workers only read files (trainer/data/devicedata.py, batchcrop.py); auto: on for CUDA
+  when most training images are JPEGs and they are not cached (`--cache off`, or too large to
+  cache: decoding every epoch on the CPU is then what a GPU step waits for); `gpu_decode_reason`
+  records why, in metrics.json and config.yaml;
 - conv_gemm: convolutions with a one-pixel output run as one matrix multiply instead of through
   oneDNN, whose per-call weight re-layouts dominate such tiny convolutions, and only the kernel
   taps such an output sees are trained (trainer/model/convgemm.py); auto: on for CPU (cuDNN has no
@@ -54,6 +56,7 @@ class FastPath:
     conv_gemm: bool = False
     dct_scaling: bool = False
     amp_reason: str = ""  # why amp is on or off, for the start-up line
+    gpu_decode_reason: str = ""  # why gpu_decode is on or off
     cpu: dict = field(default_factory=dict)  # CpuFeatures.to_dict() of the CPU that chose
 
     def to_dict(self) -> dict:
@@ -234,12 +237,24 @@ def resolve_fast_path(cfg, ctx: DistContext, decoded_bytes: int,
     else:
         amp, amp_reason = cpu_bf16_decision(cfg.image_size, cpu)
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and (cuda or amp))
-    gpu_decode = cfg.gpu_decode == "on" or (cfg.gpu_decode == "auto" and cuda and not cache
-                                            and jpeg_share > 0.5)
+    gpu_decode, gpu_decode_reason = _gpu_decode(cfg.gpu_decode, cuda, cache, jpeg_share)
     conv_gemm = cfg.conv_gemm == "on" or (cfg.conv_gemm == "auto" and not cuda)
     dct_scaling = cfg.dct_scaling == "on" and not gpu_decode
     return FastPath(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm,
-                    dct_scaling, amp_reason, cpu.to_dict())
+                    dct_scaling, amp_reason, gpu_decode_reason, cpu.to_dict())
+
+
+def _gpu_decode(setting: str, cuda: bool, cache: bool, jpeg_share: float) -> tuple[bool, str]:
+    """Whether the training JPEGs are decoded and augmented on the device, and why."""
+    if setting != "auto":
+        return setting == "on", f"--gpu-decode {setting}"
+    if not cuda:
+        return False, "auto: not CUDA (the CPU path decodes in its workers)"
+    if cache:
+        return False, "auto: the training images are cached (decoded once, on the CPU)"
+    if jpeg_share <= 0.5:
+        return False, f"auto: {jpeg_share:.0%} of the training images are JPEGs"
+    return True, "auto: CUDA, JPEGs decoded every epoch (not cached)"
 
 
 def describe(rt: FastPath) -> str:
@@ -249,7 +264,7 @@ def describe(rt: FastPath) -> str:
             f"{f' ({rt.amp_reason})' if rt.amp_reason else ''}, "
             f"{'channels_last' if rt.channels_last else 'NCHW'}"
             f"{', torch.compile' if rt.compile else ''}"
-            f"{', training JPEGs decoded on the device' if rt.gpu_decode else ''}"
+            f"{', training JPEGs decoded and augmented on the device' if rt.gpu_decode else ''}"
             f"{', one-pixel convolutions as GEMM' if rt.conv_gemm else ''}"
             f"{', JPEGs decoded at reduced size where the crops allow' if rt.dct_scaling else ''}; "
             f"{rt.cpu.get('kind', 'CPU')}{' (capped)' if rt.cpu.get('isa_cap') else ''}, "

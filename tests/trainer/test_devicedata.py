@@ -19,7 +19,6 @@ from kfvision.trainer.data.datasets import ImageDataset
 from kfvision.trainer.data.devicedata import (
     DeviceDecodeLoader,
     EncodedImages,
-    crop_boxes,
     device_decodable,
     make_device_loader,
 )
@@ -30,7 +29,6 @@ from kfvision.trainer.errors import InvalidParameterError
 from kfvision.trainer.fastpath import resolve_fast_path
 from kfvision.trainer.train import main
 from PIL import Image
-from torchvision.transforms import RandomResizedCrop
 
 
 def _image(rng, label: int, size=(48, 40)) -> Image.Image:
@@ -96,15 +94,18 @@ def test_batches_are_uint8_nchw_with_the_labels_in_order(jpeg_dirs, augment):
     assert labels == [e.label for e in imdir.images]
 
 
-def test_without_augmentation_the_pixels_are_the_cpu_paths(mixed_dir):
-    """PNG and CMYK fall back to the CPU decoder in the dataset; the rest is decoded in a batch."""
+def test_without_augmentation_the_pixels_are_the_cpu_paths_within_resampling(mixed_dir):
+    """PNG and CMYK fall back to the CPU decoder in the dataset; the rest is decoded in a batch.
+    The batched resize averages box-filtered bilinear samples where torchvision's antialiasing
+    weighs a triangle: on these noisy images (+-40 levels) they differ by a level on average."""
     ds = EncodedImages(mixed_dir)
     kinds = {ds.paths[i].name: ds[i][0].dim() for i in range(len(ds))}
     assert kinds == {"rgb.jpg": 1, "grey.jpg": 1, "cmyk.jpg": 3, "lossless.png": 3}
     (batch, labels), = list(_loader(mixed_dir, "none", batch_size=len(ds)))
     cpu = ImageDataset(mixed_dir, train_transform("none", 32))
     expected = torch.stack([cpu[i][0] for i in range(len(cpu))])
-    assert (batch.int() - expected.int()).abs().max() <= 1
+    diff = (batch.int() - expected.int()).abs()
+    assert diff.float().mean() < 1.5 and diff.max() <= 12, (diff.float().mean(), diff.max())
     assert labels.tolist() == cpu.labels
 
 
@@ -143,22 +144,6 @@ def test_only_8_bit_grey_or_colour_jpegs_go_to_the_device(make, expected):
     assert device_decodable(make(_image(np.random.default_rng(2), 0))) is expected
 
 
-def test_crops_are_drawn_like_torchvisions_random_resized_crop():
-    n, shape, scale, ratio = 3000, (375, 500), (0.08, 1.0), (3 / 4, 4 / 3)
-    ours = crop_boxes([shape] * n, scale, ratio, torch.Generator().manual_seed(0))
-    torch.manual_seed(0)
-    theirs = [RandomResizedCrop.get_params(torch.empty(3, *shape), list(scale), list(ratio))
-              for _ in range(n)]
-    for boxes in (ours, theirs):
-        assert all(min(t, left) >= 0 and t + h <= shape[0] and left + w <= shape[1]
-                   for t, left, h, w in boxes)
-    stats = [np.mean([[h * w / (shape[0] * shape[1]), np.log(w / h), (t + h / 2) / shape[0]]
-                      for t, _, h, w in boxes], axis=0) for boxes in (ours, theirs)]
-    np.testing.assert_allclose(stats[0], stats[1], atol=0.03)
-    again = crop_boxes([shape] * 5, scale, ratio, torch.Generator().manual_seed(0))
-    assert again == ours[:5]
-
-
 @pytest.mark.parametrize("augment, flips", [("standard", True), ("light", False)])
 def test_standard_flips_half_the_images_and_light_none(augment, flips):
     img = torch.arange(3 * 16 * 16, dtype=torch.int64).reshape(3, 16, 16).to(torch.uint8)
@@ -184,27 +169,30 @@ class _Cfg:
     gpu_decode, conv_gemm, dct_scaling = "auto", "auto", "on"
 
 
-@pytest.mark.parametrize("device, setting, decoded, jpeg_share, expected", [
-    ("cuda", "auto", 1 << 50, 1.0, True),   # JPEGs too big to cache: decoded on the GPU
-    ("cuda", "auto", 1 << 50, 0.2, False),  # mostly PNGs
-    ("cuda", "auto", 1 << 20, 1.0, False),  # cached: decoded once on the CPU
-    ("cuda", "off", 1 << 50, 1.0, False),
-    ("cpu", "auto", 1 << 50, 1.0, False),   # the CPU path decodes in workers already
-    ("cpu", "on", 1 << 20, 0.0, True),
+@pytest.mark.parametrize("device, setting, cache, decoded, jpeg_share, expected, why", [
+    # JPEGs too big to cache, or not to be cached: decoded and augmented on the GPU
+    ("cuda", "auto", "auto", 1 << 50, 1.0, True, "auto: CUDA, JPEGs decoded every epoch"),
+    ("cuda", "auto", "off", 1 << 20, 1.0, True, "auto: CUDA, JPEGs decoded every epoch"),
+    ("cuda", "auto", "auto", 1 << 50, 0.2, False, "auto: 20% of the training images are JPEGs"),
+    ("cuda", "auto", "auto", 1 << 20, 1.0, False, "auto: the training images are cached"),
+    ("cuda", "off", "auto", 1 << 50, 1.0, False, "--gpu-decode off"),
+    ("cpu", "auto", "auto", 1 << 50, 1.0, False, "auto: not CUDA"),  # workers decode already
+    ("cpu", "on", "auto", 1 << 20, 0.0, True, "--gpu-decode on"),
 ])
-def test_gpu_decode_auto_is_on_for_cuda_with_uncached_jpegs(monkeypatch, device, setting, decoded,
-                                                            jpeg_share, expected):
+def test_gpu_decode_auto_is_on_for_cuda_with_uncached_jpegs(monkeypatch, device, setting, cache,
+                                                            decoded, jpeg_share, expected, why):
     monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda: True)
     cfg = _Cfg()
-    cfg.gpu_decode = setting
+    cfg.gpu_decode, cfg.cache = setting, cache
     rt = resolve_fast_path(cfg, DistContext(0, 0, 1, 1, torch.device(device)), decoded, jpeg_share)
     assert rt.gpu_decode is expected
+    assert rt.gpu_decode_reason.startswith(why), rt.gpu_decode_reason
     assert rt.conv_gemm is (device == "cpu")  # cuDNN has no per-call weight re-layout to avoid
 
 
 @pytest.mark.parametrize("variant, cache, gpu_decode", [
-    ("default", True, False), ("gpu-decode", True, True), ("cpu-decode", False, False),
-    ("cpu-decode-all-cores", False, False)])
+    ("default", True, False), ("gpu-decode", True, True), ("gpu-pipeline", False, True),
+    ("cpu-decode", False, False), ("cpu-decode-all-cores", False, False)])
 def test_each_gpu_benchmark_variant_resolves_to_the_decode_it_is_named_for(monkeypatch, variant,
                                                                           cache, gpu_decode):
     """bench/gpu.sh's kfvision runs on CUDA with the JPEG set (small enough to cache): an uncached
@@ -225,25 +213,24 @@ def test_gpu_decode_on_with_cache_on_is_refused():
         TrainConfig("m", "t", "v", "o", gpu_decode="on", cache="on").validate()
 
 
-def _train(tmp_path, name, model, data, **options):
-    out = tmp_path / name
-    argv = train_argv(model, data, out, epochs=1, image_size=32, batch_size=16, lr=0.05,
-                      augment="none", print_freq=1000, workers=0, **options)
-    assert main(argv) == 0
-    final = json.loads((out / "metrics.json").read_text())["final"]
-    return torch.load(out / "weights.pt", weights_only=True), final, (out / "config.yaml")
+# the digits in 3 epochs at 32 px: what test_fastpath.py's plain_digits trains with every switch
+# off, and test_gpu.py on a GPU, both held to val top-1 > 0.9
+DIGITS = {"epochs": 3, "image_size": 32, "batch_size": 32, "lr": 0.05, "warmup_epochs": 1,
+          "augment": "light", "print_freq": 1000, "workers": 0}
 
 
-def test_training_with_gpu_decode_on_matches_the_default_path(tmp_path, resnet18_dir, jpeg_dirs):
-    plain, plain_m, plain_cfg = _train(tmp_path, "default", resnet18_dir, jpeg_dirs)
-    device, device_m, device_cfg = _train(tmp_path, "device", resnet18_dir, jpeg_dirs,
-                                          gpu_decode="on")
-    assert "gpu_decode: false" in plain_cfg.read_text()
-    assert "gpu_decode: true" in device_cfg.read_text()
-    for k in ("val_loss", "val_top1", "val_top5"):
-        assert device_m[k] == pytest.approx(plain_m[k], rel=1e-4, abs=1e-6), k
-    for k in plain:
-        torch.testing.assert_close(device[k], plain[k], rtol=1e-4, atol=1e-6)
+@pytest.mark.slow
+def test_training_through_the_batched_device_path_learns_the_digits_as_the_cpu_path_does(
+        tmp_path, resnet18_dir, digits):
+    """The digits (PNGs: decoded in the workers, then cropped in batches on the "device") reach
+    the bar the CPU path is held to on the same settings: the crops are drawn alike, not
+    identically, so the accuracy is compared, not the weights."""
+    out = tmp_path / "device"
+    assert main(train_argv(resnet18_dir, digits, out, gpu_decode="on", **DIGITS)) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    rt = metrics["fast_path"]
+    assert (rt["gpu_decode"], rt["gpu_decode_reason"]) == (True, "--gpu-decode on")
+    assert metrics["final"]["val_top1"] > 0.9, metrics["final"]
 
 
 # The GPU machines have torch, torchvision, pillow and numpy only. PyYAML and tqdm are hidden here

@@ -2,11 +2,12 @@
 the training device, so DataLoader workers only read files.
 
 On a GPU the CPU-side JPEG decode is what limits a ResNet-50 step (docs/benchmarks.md). Here
-workers hand over the encoded bytes; the training process
-decodes the whole batch with one `torchvision.io.decode_jpeg(list, device=...)` call (nvJPEG, the
-hardware decoder on A100/H100), crops, resizes and flips each image on the device as the
-`train_transform` presets of trainer/data/transforms.py do, and stacks a uint8 NCHW batch for
-`Normalizer`.
+workers hand over the encoded bytes; the training process decodes the whole batch with one
+`torchvision.io.decode_jpeg(list, device=...)` call (nvJPEG, the hardware decoder on A100/H100),
+then crops, resizes and flips the whole batch in a few batched calls (trainer/data/batchcrop.py:
+the crop boxes drawn as the `train_transform` presets of trainer/data/transforms.py draw them),
+into a uint8 NCHW batch for `Normalizer`. On CUDA a thread makes the batches ahead of the step
+(trainer/data/ahead.py).
 
 What the device cannot decode goes to the CPU, per image, never failing the batch:
 - files that are not 8-bit grey or colour JPEGs (PNG, CMYK/YCCK or 12-bit JPEG, ...) are decoded
@@ -21,9 +22,10 @@ generator) draws the same crops as one that never stopped, and the data order is
 
 import hashlib
 import logging
-import math
 
 import torch
+from kfvision.trainer.data.ahead import ahead
+from kfvision.trainer.data.batchcrop import crop_boxes, draw_flips, resized_crops
 from kfvision.trainer.data.datasets import ImageDataset, make_loader
 from kfvision.trainer.data.decode import jpeg_frame
 from kfvision.trainer.data.imagedir import ImageDirectory
@@ -31,7 +33,6 @@ from kfvision.trainer.data.transforms import CROP_PRESETS
 from kfvision.trainer.errors import check_choice
 from kfvision.trainer.presets import AUGMENTATIONS
 from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms.v2 import functional as F
 
 log = logging.getLogger("trainer")
 
@@ -99,11 +100,14 @@ class DeviceDecodeLoader:
         augment: a kfvision.trainer.presets augmentation name (standard, light, none).
         size: side of the square output images.
         device: where to decode and augment.
+        prefetch: make the batches on a thread, ahead of the step (trainer/data/ahead.py);
+            None: on CUDA.
     """
 
-    def __init__(self, loader, augment: str, size: int, device):
+    def __init__(self, loader, augment: str, size: int, device, prefetch: bool | None = None):
         check_choice("augment", augment, AUGMENTATIONS)
         self.loader, self.size, self.device = loader, size, torch.device(device)
+        self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
         self.scale, self.ratio, self.flip = CROP_PRESETS[augment]
         self.cpu_fallbacks = 0  # JPEGs the device decoder refused, decoded by load_rgb instead
 
@@ -120,6 +124,9 @@ class DeviceDecodeLoader:
         return self.loader.dataset
 
     def __iter__(self):
+        return ahead(self._batches(), self.device) if self.prefetch else self._batches()
+
+    def _batches(self):
         # derived from the loader generator's state, not drawn from it: drawing would change the
         # shuffle order, which then would no longer match the CPU path's for the same seed
         state = self.loader.generator.get_state().numpy().tobytes()
@@ -155,60 +162,25 @@ class DeviceDecodeLoader:
             return self.dataset.load(index).to(self.device, non_blocking=True)
 
     def transform(self, images: list, gen: torch.Generator) -> torch.Tensor:
-        """The preset's crop + resize (+ flip) of every image, stacked.
+        """The preset's crop + resize (+ flip) of the whole batch (trainer/data/batchcrop.py).
 
-        Every random number is drawn on the CPU and used as a Python number: a random tensor
-        copied to the GPU from pageable memory would make the CPU wait for the queued steps.
+        Every random number is drawn on the CPU from `gen`: the boxes first, then the flips.
         """
-        size = [self.size, self.size]
+        shapes = [img.shape[-2:] for img in images]
         if self.scale is None:
-            out = [F.resize(img, size, antialias=True) for img in images]
+            boxes = [(0, 0, int(h), int(w)) for h, w in shapes]
         else:
-            boxes = crop_boxes([img.shape[-2:] for img in images], self.scale, self.ratio, gen)
-            out = [F.resized_crop(img, *box, size, antialias=True)
-                   for img, box in zip(images, boxes)]
-        if self.flip:
-            flips = (torch.rand(len(out), generator=gen) < 0.5).tolist()
-            out = [img.flip(-1) if f else img for img, f in zip(out, flips)]
-        return torch.stack(out)
-
-
-def crop_boxes(shapes, scale, ratio, gen: torch.Generator, attempts: int = 10) -> list:
-    """(top, left, height, width) of a RandomResizedCrop for each (height, width) in `shapes`.
-
-    torchvision's sampling (RandomResizedCrop.get_params): up to `attempts` draws of an area
-    fraction in `scale` and a log-uniform aspect ratio in `ratio`, else the centre crop clamped to
-    `ratio`; all the batch's random numbers come from `gen` in one call.
-    """
-    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-    draws = torch.rand(len(shapes), attempts, 4, generator=gen, dtype=torch.float64).tolist()
-    boxes = []
-    for (height, width), tries in zip(shapes, draws):
-        height, width = int(height), int(width)
-        for u_area, u_ratio, u_top, u_left in tries:
-            area = height * width * (scale[0] + u_area * (scale[1] - scale[0]))
-            aspect = math.exp(log_lo + u_ratio * (log_hi - log_lo))
-            w, h = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
-            if 0 < w <= width and 0 < h <= height:
-                boxes.append((int(u_top * (height - h + 1)), int(u_left * (width - w + 1)), h, w))
-                break
-        else:
-            in_ratio = width / height
-            if in_ratio < min(ratio):
-                w, h = width, round(width / min(ratio))
-            elif in_ratio > max(ratio):
-                w, h = round(height * max(ratio)), height
-            else:
-                w, h = width, height
-            boxes.append(((height - h) // 2, (width - w) // 2, h, w))
-    return boxes
+            boxes = crop_boxes(shapes, self.scale, self.ratio, gen)
+        flips = draw_flips(len(images), gen) if self.flip else None
+        return resized_crops(images, boxes, self.size, flips)
 
 
 def make_device_loader(dataset: EncodedImages, *, augment: str, image_size: int, device,
-                       **loader_options):
-    """`make_loader` over encoded images, wrapped to decode and augment on `device`.
+                       prefetch: bool | None = None, **loader_options):
+    """`make_loader` over encoded images, wrapped to decode and augment on `device` (`prefetch`:
+    see DeviceDecodeLoader).
 
     Returns (DeviceDecodeLoader, sampler or None) like `make_loader`.
     """
     loader, sampler = make_loader(dataset, collate_fn=collate_encoded, **loader_options)
-    return DeviceDecodeLoader(loader, augment, image_size, device), sampler
+    return DeviceDecodeLoader(loader, augment, image_size, device, prefetch), sampler
