@@ -33,6 +33,13 @@ SUCCEEDED = "succeeded"
 # run-local's stand-in for a pod's own filesystem (pipelines/jobs/volumes.py): absolute paths of
 # the pod's emptyDir and ConfigMap mounts are found under it. Never set on a cluster.
 POD_ROOT = "KFVISION_POD_ROOT"
+# A job whose data, model or outputs are s3:// URIs runs the node agent (pipelines/jobs/
+# storenode.py) with the training flags: it fetches what the node's ranks read into the pod's own
+# scratch disk (mounted at SCRATCH_MOUNT, or where SCRATCH_ENV says) and sends checkpoints and
+# the model back to the store.
+STORE_COMMAND = ("python", "-m", "kfvision.pipelines.jobs.storenode")
+SCRATCH_MOUNT = "/kfvision-scratch"
+SCRATCH_ENV = "KFVISION_SCRATCH"
 # Where the boot keeps requirement environments (default: ~/.cache/kfvision/envs when writable)
 ENV_CACHE = "KFVISION_ENV_CACHE"
 
