@@ -13,10 +13,10 @@ def _convert(args) -> int:
     import tempfile
     from pathlib import Path
 
-    from kfvision.pipelines.clients.s3 import split_uri
+    from kfvision.pipelines.clients.s3 import check_bucket
     from kfvision.pipelines.clients.storepush import push_image_directory
 
-    split_uri(args.out)  # a malformed URI is said before anything is fetched or converted
+    check_bucket(args.out)  # a wrong URI is said before anything is fetched or converted
     if args.work is not None:
         Path(args.work).mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="kfvision-convert-", dir=args.work))
