@@ -4,7 +4,7 @@ machine, against a real S3 API server (moto's, on loopback); the same model as f
 import pytest
 from helpers.runs import train_argv
 
-FLAGS = {"epochs": 2, "image_size": 32, "batch_size": 8, "lr": 0.01, "augment": "light",
+FLAGS = {"epochs": 1, "image_size": 32, "batch_size": 8, "lr": 0.01, "augment": "light",
          "seed": 3, "workers": 0, "print_freq": 100}
 
 
