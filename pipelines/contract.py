@@ -13,6 +13,8 @@ writes it.
 """
 
 import json
+import os
+from pathlib import Path
 
 # Ours.
 MODEL_DIR = "KFVISION_MODEL_DIR"
@@ -60,6 +62,17 @@ SM_CURRENT_HOST = "SM_CURRENT_HOST"
 AIP_MODEL_DIR = "AIP_MODEL_DIR"
 AIP_CHECKPOINT_DIR = "AIP_CHECKPOINT_DIR"
 AIP_TENSORBOARD_LOG_DIR = "AIP_TENSORBOARD_LOG_DIR"
+
+
+def pod_path(path: str) -> Path:
+    """`path` as this pod sees it: under run-local's stand-in for the pod's own volumes when it
+    is there (POD_ROOT), else as it is."""
+    root = os.environ.get(POD_ROOT)
+    if root and path.startswith("/"):
+        local = Path(root) / path.lstrip("/")
+        if local.exists():
+            return local
+    return Path(path)
 
 
 def channel_key(name: str) -> str:

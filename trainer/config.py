@@ -91,6 +91,10 @@ class TrainConfig:
                               "image's random crop (decoded every epoch on the CPU), a cached "
                               "training image (every crop the preset can draw) and a validation "
                               "image's resize.", choices=ON_OFF)
+    checkpoint_dir: str | None = option(None, "folder of the per-epoch checkpoints a restarted "
+                                        "run resumes from", metavar="DIR", unset="OUT/checkpoints",
+                                        doc="An s3:// URI in a job: the node agent keeps them "
+                                        "there.")
     tensorboard: str | None = option(None, "write TensorBoard event files of the per-epoch "
                                      "metrics to this folder (rank 0)", metavar="DIR",
                                      unset="none")

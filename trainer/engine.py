@@ -200,6 +200,9 @@ class Trainer:
         self.model.train()
         if self.train_sampler is not None:
             self.train_sampler.set_epoch(epoch)
+        begin = getattr(self.train_loader.dataset, "begin_epoch", None)
+        if begin is not None:  # files fetched as they are read: the fetcher's cue
+            begin(epoch, self.ctx.rank)
         sums = torch.zeros(4, dtype=torch.float64, device=self.ctx.device)
         steps = len(self.train_loader)
         start = last = time.perf_counter()

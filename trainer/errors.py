@@ -87,6 +87,13 @@ class InvalidModelDirectoryError(KfvisionError):
     error (tests/trainer/test_errors.py checks every raise)."""
 
 
+class DataArrivalError(KfvisionError):
+    """An image the trainer reads from a node's fetched copy of object storage never came: the
+    fetcher failed or stalled (trainer/data/arrival.py). Another try may fetch it."""
+
+    exit_code = 69  # exitcodes.EXIT_UNAVAILABLE: what the fetcher's own transfer errors exit with
+
+
 class StorageError(KfvisionError):
     """The storage a step needs is not there: neither the run's KFP workspace nor the data PVC,
     or a PVC that is not mounted where the step must read or write it."""

@@ -9,7 +9,8 @@ docs/benchmarks.md says which choice depends on which feature.
 Every switch has an explicit on/off value in TrainConfig; `auto` picks what measured faster on that
 kind of device (docs/benchmarks.md), and is always numerically safe for training:
 - cache: decoded images kept in memory when they fit (auto: a quarter of the available memory
-  shared by this node's processes), so later epochs skip decoding;
+  shared by this node's processes, and not while the images arrive from object storage), so
+  later epochs skip decoding;
 - workers: none for cached data on CPU (augmenting cached tensors is cheap and workers would steal
   compute cores), otherwise one fewer than the cores per process, at most 8;
 - amp: bfloat16 autocast where the hardware does bf16 matrix maths natively and it pays: CUDA
@@ -210,16 +211,19 @@ def available_memory() -> int:
 
 
 def resolve_fast_path(cfg, ctx: DistContext, decoded_bytes: int,
-                      jpeg_share: float = 0.0) -> FastPath:
+                      jpeg_share: float = 0.0, arriving: bool = False) -> FastPath:
     """The concrete fast-path settings from the config's auto/on/off values and this machine.
 
     `decoded_bytes`: of the training and validation images decoded; `jpeg_share`: the fraction
-    of the training images that are JPEG files.
+    of the training images that are JPEG files; `arriving`: the images are fetched from object
+    storage as the sampler asks for them (trainer/data/arrival.py), so `--cache auto` does not
+    cache: the cache decodes every image before the first step, which would fetch the whole
+    dataset to every node first.
     """
     cuda = ctx.device.type == "cuda"
     cpu = cpu_features()
     fits = decoded_bytes <= available_memory() // (4 * ctx.local_world_size)
-    cache = cfg.cache == "on" or (cfg.cache == "auto" and fits)
+    cache = cfg.cache == "on" or (cfg.cache == "auto" and fits and not arriving)
     cpus = cpus_per_process(ctx)
     if cfg.workers >= 0:
         workers = cfg.workers

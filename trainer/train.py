@@ -66,7 +66,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     train_tf = train_transform(cfg.augment, cfg.image_size)
     cached = cache_bytes(train_dir, train_tf, cfg.dct_scaling == "on")
     rt = resolve_fast_path(cfg, ctx, cached + val_dir.decoded_bytes(),
-                           jpegs / len(train_dir.images))
+                           jpegs / len(train_dir.images),
+                           arriving=train_dir.arrival is not None or val_dir.arrival is not None)
     if ctx.device.type == "cpu":
         torch.set_num_threads(distributed.cpus_per_process(ctx))
     else:  # fixed image size: cuDNN times its algorithms once per shape, then reuses the fastest
@@ -169,7 +170,8 @@ def _checkpointer(cfg: TrainConfig, ctx, out: Path, arch: str, classes, model) -
     distributed.on_main(ctx, lambda: check_writable(out, (2 * (KEEP + 2) + 2) * model_bytes))
     settings = {**{k: getattr(cfg, k) for k in MUST_MATCH}, "world_size": ctx.world_size,
                 "arch": arch, "classes": list(classes)}
-    return Checkpointer(out / FOLDER, ctx, settings)
+    return Checkpointer(Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else out / FOLDER, ctx,
+                        settings)
 
 
 def _tracker(cfg: TrainConfig, ctx, rt, checkpointer: Checkpointer) -> Tracker | None:

@@ -125,7 +125,7 @@ def _changed(uri: str, what: str, folder: Path) -> ChangedDatasetError:
         "and run again.")
 
 
-def _stale_parts(folder: Path) -> None:
+def remove_stale_parts(folder: Path) -> None:
     """Remove temporary files a killed fetch left behind."""
     for d, _, files in os.walk(folder):
         for name in files:
@@ -167,7 +167,7 @@ def fetch(uri: str, dest, *, max_connections: int = s3.DEFAULT_CONNECTIONS,
         result = Fetched(uri, dest)
     journal = _Journal(dest, uri)
     try:
-        _stale_parts(dest)
+        remove_stale_parts(dest)
         _download_all(objects, bucket, prefix, dest, journal, result, max_connections, progress)
     finally:
         journal.close()

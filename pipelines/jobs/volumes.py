@@ -5,10 +5,10 @@ A pod's ConfigMap volume (a user's source snapshot: pipelines/script/job.py) and
 (the boot's scratch folder) are the pod's alone; a local process cannot mount them at their
 paths. So each pod gets a folder ROOT (under the run's log folder), every such mount at path P
 becomes ROOT/P (a ConfigMap's keys written there as files), and the pod's environment names ROOT
-in KFVISION_POD_ROOT, which the boot resolves its paths under (pipelines/script/boot.py:
-pod_path). /dev/shm and /tmp stay the machine's own, and PVC mounts are used at their paths, as
-for the built-in trainer. A restarted replica keeps its folder, as a container restarted in the
-same pod keeps its emptyDirs.
+in KFVISION_POD_ROOT, which the boot and the node agent resolve their paths under
+(pipelines/contract.py: pod_path). /dev/shm and /tmp stay the machine's own, and PVC mounts are
+used at their paths, as for the built-in trainer. A restarted replica keeps its folder, as a
+container restarted in the same pod keeps its emptyDirs.
 """
 
 import base64

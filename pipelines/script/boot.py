@@ -83,17 +83,6 @@ def say(text: str) -> None:
     print(f"{ranktag.tag(node_of(os.environ))}{PREFIX} {text}", file=sys.stderr, flush=True)
 
 
-def pod_path(path: str) -> Path:
-    """`path` as this pod sees it: under run-local's stand-in for the pod's own volumes when it
-    is there (contract.POD_ROOT), else as it is."""
-    root = os.environ.get(contract.POD_ROOT)
-    if root and path.startswith("/"):
-        local = Path(root) / path.lstrip("/")
-        if local.exists():
-            return local
-    return Path(path)
-
-
 def read_snapshot(where: str, sha256: str) -> bytes:
     """The archive's bytes from a file (ConfigMap or PVC) or an s3:// object, hash-checked."""
     if where.startswith("s3://"):
@@ -111,7 +100,7 @@ def read_snapshot(where: str, sha256: str) -> bytes:
             s3.download(obj, bucket, target)
             data = target.read_bytes()
     else:
-        path = pod_path(where)
+        path = contract.pod_path(where)
         try:
             data = path.read_bytes()
         except OSError as e:
@@ -305,7 +294,7 @@ def run(argv: list, cwd: Path, env: dict, rank: str = ranktag.POD, exits=None,
 
 def boot(args) -> int:
     start = time.monotonic()
-    work = pod_path(args.work)
+    work = contract.pod_path(args.work)
     src = work / "src"
     if src.exists():
         shutil.rmtree(src)  # a restarted container starts from the snapshot again
@@ -325,7 +314,7 @@ def boot(args) -> int:
         from kfvision.pipelines.script.env import ensure_env
 
         python = ensure_env(requirements, _env_cache(work), say=say)
-    state = pod_path(args.state) if args.state else work / "state"
+    state = contract.pod_path(args.state) if args.state else work / "state"
     dirs = {"model": work / contract.RESULTS["model"],
             "outputs": cwd / "outputs",  # the script's ./outputs, where it runs (--workdir)
             "checkpoints": state / "checkpoints", "tensorboard": state / "tensorboard"}

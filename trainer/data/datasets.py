@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+from kfvision.trainer.data.arrival import begin_epoch, wait_for
 from kfvision.trainer.data.decode import JPEG_SUFFIXES, decode_file, jpeg_frame
 from kfvision.trainer.data.imagedir import ImageDirectory
 from kfvision.trainer.data.pack import INDEX, open_pack
@@ -101,12 +102,19 @@ class ImageDataset(Dataset):
         if self.imdir is None:
             return read_file(str(self.paths[i]))
         e = self.imdir.images[i]
+        if self.imdir.arrival is not None:  # fetched while training reads: wait for it
+            wait_for(self.paths[i], self.imdir.arrival, str(self.paths[i]))
         try:
             data = read_file(str(self.paths[i]))
         except RuntimeError as err:
             raise self.imdir.changed(e, f"it cannot be read ({err})") from err
         self.imdir.check_bytes(e, data.numpy())
         return data
+
+    def begin_epoch(self, epoch: int, rank: int) -> None:
+        """Say which epoch `rank` reads now, where the files arrive as they are read."""
+        if self.imdir is not None and self.imdir.arrival is not None:
+            begin_epoch(self.imdir.arrival, rank, epoch)
 
     def __getitem__(self, i):
         if self.images is None and self.dct_scaling:

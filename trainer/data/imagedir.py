@@ -52,6 +52,7 @@ class ImageDirectory:
     classes: tuple[str, ...]
     images: tuple[ImageEntry, ...]
     images_root: Path | None = None  # where the images are, when not in `root` (referenced)
+    arrival: Path | None = None  # its files arrive while it is read (trainer/data/arrival.py)
 
     @property
     def labelled(self) -> bool:
@@ -145,8 +146,13 @@ def _parse_manifest(root: Path, doc) -> ImageDirectory:
         path = PurePath(e.path)
         if path.is_absolute() or ".." in path.parts:
             raise _bad(root, f"image path {e.path!r} must stay inside the directory")
+    arrival = doc.get("arrival")
+    if arrival is not None and (images_root is None or not Path(str(arrival)).is_absolute()):
+        raise _bad(root, "field 'arrival' must be an absolute folder, in a manifest with "
+                         "'images_root'")
     return ImageDirectory(root, tuple(classes), images,
-                          None if images_root is None else Path(images_root))
+                          None if images_root is None else Path(images_root),
+                          None if arrival is None else Path(arrival))
 
 
 def _holds_images(root: Path, look_at: int = 1000) -> bool:
@@ -205,7 +211,7 @@ def read_image_directory(root, *, verify: str = "size") -> ImageDirectory:
             f"{root}: class(es) {', '.join(empty)} have no images. Add images to them or remove "
             "the class folders, then convert again."
         )
-    if verify != "none":
+    if verify != "none" and imdir.arrival is None:  # arriving files are checked as they are read
         check_files(imdir, hash=verify == "hash")
     return imdir
 
@@ -246,13 +252,17 @@ def check_same_classes(train: ImageDirectory, val: ImageDirectory) -> None:
 # -----------------------------
 
 
-def write_manifest(root: Path, classes, images, images_root=None, source=None) -> None:
+def write_manifest(root: Path, classes, images, images_root=None, source=None,
+                   arrival=None) -> None:
     """Write the manifest of the image directory at `root` (classes sorted, images in order);
     `images_root`: the absolute folder of the images when they are not in `root`; `source`:
-    where they were fetched from (plain JSON data: the URI and each object's ETag)."""
+    where they were fetched from (plain JSON data: the URI and each object's ETag); `arrival`:
+    the arrival folder of images still being fetched (with `images_root`)."""
     head = {"format": FORMAT, "version": VERSION, "classes": list(classes)}
     if images_root is not None:
         head.update(version=REFERENCED_VERSION, images_root=str(images_root))
+    if arrival is not None:
+        head["arrival"] = str(arrival)
     if source is not None:
         head["source"] = source
     # One image a line, each through json's C encoder: `indent` would take the pure-Python one

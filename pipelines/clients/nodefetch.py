@@ -1,0 +1,361 @@
+"""A node's fetcher: the images of an `s3://` image directory that this node's ranks read, into the
+node's scratch disk, in the order their samplers will ask for them (trainer/data/arrival.py is the
+trainer's side: a rank waits for a file that is not there yet).
+
+    fetcher = NodeFetcher(train, val, plan, arrival)  # two Channels, a Plan, the arrival folder
+    fetcher.start()        # a thread; on a failure: fetcher.error set, arrival/failed written
+    ...
+    fetcher.stop(); fetcher.summary()   # objects and bytes per epoch and per channel
+
+What is fetched, and when:
+- epoch e's training images of this node's ranks, in their DistributedSampler's order (the same
+  sampler, seeded the same: `rank_order`), interleaved rank by rank as the ranks read in step;
+  the validation images of its ranks (every world_size-th, as EvalShard reads) after epoch 1's;
+- an image already held is never fetched again: every epoch after the first only adds what the
+  reshuffle brings that this node has not seen, until it holds the whole dataset;
+- the next epoch's images only once a rank of this node has begun that epoch (`begin_epoch`),
+  except the first `ahead` of them (read-ahead across the epoch's end, 2% of an epoch's share by
+  default), so epoch 1 fetches at most 1.02 x the node's share;
+- a file a rank has been waiting for (a `want-*` note) first, whatever the plan says: the order
+  above is a prediction, and nothing breaks where it is wrong (a one-process node reading with
+  persistent workers, a resumed run), training only waits.
+
+Each object is downloaded by pipelines/clients/s3.py's `download`: the listed ETag asked for
+(If-Match), size, ETag and MD5 checked, retried under the retry policy, written to a hidden part
+file renamed into place when whole, so a file that exists is complete and a restarted pod never
+reads half an object; the trainer then checks each image's sha256 against the manifest as it reads
+it. A full scratch disk is a ScratchFullError that says how much room the node needs.
+"""
+
+import contextlib
+import json
+import math
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kfvision.pipelines.clients import s3, s3sync
+from kfvision.trainer.data.arrival import ALIVE, FAILED, read_epochs
+from kfvision.trainer.errors import ChangedDatasetError, OutputError
+from kfvision.trainer.exitcodes import error_line
+
+AHEAD_SHARE = 0.02  # of an epoch's share: fetched before the ranks begin that epoch
+POLL_S = 0.02
+
+
+class ScratchFullError(OutputError):
+    """The node's scratch disk cannot hold what the node fetches: the message says how much room
+    it needs and which option gives it (`--scratch-size`)."""
+
+
+@dataclass
+class Channel:
+    """One image directory of the job, as this node fetches it."""
+
+    name: str  # train, val
+    uri: str  # s3://bucket/prefix/ (ends with '/')
+    paths: list  # each image's path relative to the prefix, in manifest order
+    sizes: list  # each image's bytes, in manifest order
+    folder: Path  # where the images go (the local manifest's images_root)
+    objects: dict = field(default_factory=dict)  # path -> s3.Obj, from the listing
+
+    def __post_init__(self):
+        self.index = {p: i for i, p in enumerate(self.paths)}
+
+    def list(self, max_connections: int) -> None:
+        """The listing of the prefix: every image of the manifest must be there.
+
+        Raises:
+            ChangedDatasetError: an image of the manifest is not in the store.
+        """
+        bucket, prefix = s3.split_uri(self.uri)
+        wanted = set(self.paths)
+        for obj in s3.list_objects(self.uri, max_connections):
+            rel = obj.key[len(prefix):]
+            if rel in wanted:
+                self.objects[rel] = obj
+        missing = [p for p in self.paths if p not in self.objects]
+        if missing:
+            raise ChangedDatasetError(
+                f"{self.uri}: {len(missing)} image(s) of its manifest are not in the store "
+                f"(first: {missing[0]}). Push the image directory again (`kfvision push DIR "
+                f"{self.uri}`).")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the node's ranks read: the job's world, this node's ranks, the sampler's seed."""
+
+    world_size: int
+    ranks: tuple  # the global ranks on this node
+    seed: int
+    epochs: int
+
+
+def rank_order(n: int, world_size: int, rank: int, seed: int, epoch: int) -> list:
+    """The indices `rank` trains on in `epoch`, as the trainer's loader draws them
+    (kfvision.trainer.data.datasets.make_loader): a DistributedSampler for more than one process;
+    for one, a seeded RandomSampler (fresh iterator each epoch)."""
+    import torch
+    from torch.utils.data import DistributedSampler
+
+    if world_size > 1:
+        sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True,
+                                     seed=seed, drop_last=False)
+        sampler.set_epoch(epoch)
+        return list(sampler)
+    g = torch.Generator().manual_seed(seed + rank)
+    order = []
+    for _ in range(epoch):  # each epoch's iterator: its base seed, the permutation, and (at its
+        torch.empty((), dtype=torch.int64).random_(generator=g)  # end) RandomSampler's
+        order = torch.randperm(n, generator=g).tolist()  # empty remainder, drawn all the same
+        torch.randperm(n, generator=g)
+    return order
+
+
+def node_order(orders: list) -> list:
+    """The ranks' orders interleaved position by position (the ranks read in step)."""
+    out = []
+    for i in range(max(map(len, orders), default=0)):
+        out.extend(o[i] for o in orders if i < len(o))
+    return out
+
+
+def eval_share(n: int, world_size: int, ranks) -> list:
+    """The validation indices this node's ranks read (kfvision.trainer.data.datasets.EvalShard)."""
+    return node_order([list(range(r, n, world_size)) for r in ranks])
+
+
+class NodeFetcher:
+    """See the module doc. `val` may be None."""
+
+    def __init__(self, train: Channel, val: Channel | None, plan: Plan, arrival: Path, *,
+                 max_connections: int = s3.DEFAULT_CONNECTIONS, ahead: float = AHEAD_SHARE):
+        self.train, self.val, self.plan = train, val, plan
+        self.arrival = Path(arrival)
+        self.max_connections = max_connections
+        self.ahead = ahead
+        self.held: set = set()  # (channel name, path) in place
+        self._queued: set = set()
+        self.fetched: dict = {}  # (the ranks' epoch when fetched, channel) -> [objects, bytes]
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = None
+        self._epoch_read = (-1.0, 0)
+        self._wants_read = -1.0
+        self.started = time.monotonic()
+
+    # --- the plan
+    def epoch_items(self, epoch: int) -> list:
+        n = len(self.train.paths)
+        orders = [rank_order(n, self.plan.world_size, r, self.plan.seed, epoch)
+                  for r in self.plan.ranks]
+        return [(self.train, i) for i in node_order(orders)]
+
+    def val_items(self) -> list:
+        if self.val is None:
+            return []
+        return [(self.val, i) for i in eval_share(len(self.val.paths), self.plan.world_size,
+                                                   self.plan.ranks)]
+
+    def trainer_epoch(self) -> int:
+        """The epoch every rank of this node has begun (0: not all have begun one); read from
+        the arrival folder at most every POLL_S."""
+        now = time.monotonic()
+        if now - self._epoch_read[0] >= POLL_S:
+            epochs = read_epochs(self.arrival)
+            self._epoch_read = (now, min((epochs.get(r, 0) for r in self.plan.ranks), default=0))
+        return self._epoch_read[1]
+
+    # --- running
+    def start(self) -> "NodeFetcher":
+        self.arrival.mkdir(parents=True, exist_ok=True)
+        for note in (*self.arrival.glob("epoch-*"), *self.arrival.glob("want-*"),
+                     self.arrival / FAILED):  # a previous run's, or a restarted container's
+            with contextlib.suppress(FileNotFoundError):
+                note.unlink()
+        for ch in filter(None, (self.train, self.val)):
+            s3sync.remove_stale_parts(ch.folder)
+            for p in ch.paths:
+                if (ch.folder / p).exists():  # a container restarted in the same pod
+                    self.held.add((ch.name, p))
+        self._thread = threading.Thread(target=self._run, name="node-fetch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        pool = ThreadPoolExecutor(self.max_connections, thread_name_prefix="fetch")
+        slots = threading.Semaphore(2 * self.max_connections)
+        try:
+            self._schedule(pool, slots)
+            pool.shutdown(wait=True)
+            if self.error is not None:
+                raise self.error
+        except BaseException as e:  # noqa: BLE001 (told to the readers, raised by the agent)
+            self.error = self.error or e
+            self._stop.set()
+            with contextlib.suppress(OSError):
+                (self.arrival / FAILED).write_text(error_line(self.error))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+            self.done.set()
+
+    def _schedule(self, pool, slots) -> None:
+        epoch, val_sent = 1, False
+        while epoch <= self.plan.epochs and not self._stop.is_set():
+            items = self.epoch_items(epoch)
+            ahead = math.ceil(self.ahead * len(items))
+            for pos, item in enumerate(items):
+                while not self._stop.is_set():
+                    self._serve_wants(pool, slots)
+                    begun = max(1, self.trainer_epoch())
+                    if begun > epoch:  # the ranks are past this epoch (a resumed run)
+                        break
+                    if begun == epoch or pos < ahead:
+                        self._submit(pool, slots, item)
+                        break
+                    self._idle()
+                else:
+                    return
+                if max(1, self.trainer_epoch()) > epoch:
+                    break
+            if not val_sent:
+                for item in self.val_items():
+                    self._submit(pool, slots, item)
+                val_sent = True
+            epoch = max(epoch + 1, self.trainer_epoch())
+        while not self._stop.is_set() and self.plan.epochs > 0:  # wants until told to stop
+            self._serve_wants(pool, slots)
+            self._idle()
+
+    def _idle(self) -> None:
+        self._touch()
+        time.sleep(POLL_S)
+
+    def _touch(self) -> None:
+        with contextlib.suppress(OSError):
+            (self.arrival / ALIVE).touch()
+
+    def _serve_wants(self, pool, slots) -> None:
+        now = time.monotonic()
+        if now - self._wants_read < POLL_S:
+            return
+        self._wants_read = now
+        for note in self.arrival.glob("want-*"):
+            try:
+                path = Path(note.read_text())
+            except OSError:
+                continue
+            for ch in filter(None, (self.train, self.val)):
+                with contextlib.suppress(ValueError):
+                    rel = path.relative_to(ch.folder).as_posix()
+                    if rel in ch.objects:
+                        self._submit(pool, slots, (ch, ch.index[rel]))
+
+    def _submit(self, pool, slots, item) -> None:
+        ch, i = item
+        key = (ch.name, ch.paths[i])
+        with self._lock:
+            if key in self.held or key in self._queued:
+                return
+            self._queued.add(key)
+        if self.error is not None:
+            raise self.error
+        slots.acquire()
+        self._touch()
+        pool.submit(self._fetch, ch, ch.paths[i]).add_done_callback(lambda _: slots.release())
+
+    def _fetch(self, ch: Channel, rel: str) -> None:
+        if self._stop.is_set():
+            return
+        obj = ch.objects[rel]
+        bucket, _ = s3.split_uri(ch.uri)
+        try:
+            got = s3.download(obj, bucket, ch.folder / rel, self.max_connections)
+        except OutputError as e:
+            self._fail(self.full(e))
+            return
+        except BaseException as e:  # noqa: BLE001 (the first failure stops the fetch)
+            self._fail(e)
+            return
+        epoch = max(1, self.trainer_epoch())
+        with self._lock:
+            self.held.add((ch.name, rel))
+            row = self.fetched.setdefault((epoch, ch.name), [0, 0])
+            row[0] += 1
+            row[1] += got
+
+    def _fail(self, e: BaseException) -> None:
+        with self._lock:
+            if self.error is None:
+                self.error = e
+        self._stop.set()
+
+    def full(self, e: OutputError) -> ScratchFullError:
+        need = sum(sum(ch.sizes) for ch in filter(None, (self.train, self.val)))
+        return ScratchFullError(
+            f"the node's scratch disk ({self.train.folder.parent}) is full: by the end of the run "
+            f"each node holds up to the whole dataset, {_gib(need)} ({need:,} bytes) of images, "
+            f"plus the model and its checkpoints. Give the job a larger scratch disk "
+            f"(`kfvision job render --scratch-size`, e.g. {_gib(need * 1.2 + (1 << 30))}). "
+            f"({e})")
+
+    # --- what it did
+    def summary(self) -> dict:
+        """What the node fetched: `fetched` {epoch: {channel: [objects, bytes]}}, the epoch
+        being the one the node's ranks were in (1 before they began), against `share` (epoch
+        1's training images of this node's ranks, and its validation images) and `dataset`."""
+        share = {i for _, i in self.epoch_items(1)}
+        val = {i for _, i in self.val_items()}
+        chans = {"train": self.train, "val": self.val}
+        with self._lock:
+            fetched: dict = {}
+            for (epoch, name), row in sorted(self.fetched.items()):
+                fetched.setdefault(str(epoch), {})[name] = list(row)
+            return {
+                "ranks": list(self.plan.ranks), "world_size": self.plan.world_size,
+                "dataset": {k: [len(c.sizes), sum(c.sizes)] for k, c in chans.items() if c},
+                "share": {"train": [len(share), sum(self.train.sizes[i] for i in share)],
+                          "val": [len(val), sum(self.val.sizes[i] for i in val) if self.val
+                                  else 0]},
+                "fetched": fetched,
+                "held": len(self.held),
+                "seconds": round(time.monotonic() - self.started, 3),
+                "error": None if self.error is None else error_line(self.error)}
+
+
+def write_summary(fetcher: NodeFetcher, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(fetcher.summary(), indent=1))
+    os.replace(tmp, path)
+
+
+def check_room(folder: Path, need: int) -> None:
+    """Fail before fetching when the scratch disk cannot hold `need` bytes.
+
+    Raises:
+        ScratchFullError: the free space is smaller.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise ScratchFullError(
+            f"the node's scratch disk ({folder}) has {_gib(free)} free, but by the end of the run "
+            f"this node holds {_gib(need)} ({need:,} bytes): the whole dataset, the model and "
+            "its checkpoints. Give the job a larger scratch disk (`kfvision job render "
+            f"--scratch-size`, e.g. {_gib(need * 1.2 + (1 << 30))}).")
+
+
+def _gib(n: float) -> str:
+    return f"{math.ceil(n / (1 << 30) * 10) / 10:g}Gi"
