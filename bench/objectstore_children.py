@@ -5,7 +5,7 @@ and interpreter start left out), the images and the bytes it handled.
 
     python -m bench.objectstore_children litdata-optimize DATA s3://b/litdata/
     python -m bench.objectstore_children litdata-stream s3://b/litdata/ CACHE [--workers 2]
-    python -m bench.objectstore_children fetch s3://b/imagedir/ DEST
+    python -m bench.objectstore_children fetch s3://b/imagedir/ DEST [--fetcher s3sync]
     python -m bench.objectstore_children push DATA s3://b/imagedir/
 """
 
@@ -16,12 +16,30 @@ import sys
 import time
 from pathlib import Path
 
-# Our fetch of an image directory's prefix into an empty folder. The node fetcher
-# (kfvision.pipelines.clients.nodefetch) replaces s3sync.fetch here once it is on main.
-FETCHER = "kfvision s3sync.fetch (stand-in for the node fetcher)"
+FETCHERS = {"node": "kfvision node fetcher (one node, one rank)",
+            "s3sync": "kfvision s3sync.fetch (the whole prefix)"}
 
 
-def fetch_images(uri: str, dest: Path) -> None:
+def node_fetch(uri: str, dest: Path) -> None:
+    """The node fetcher (kfvision.pipelines.clients.nodefetch) as the node agent starts it, for a
+    one-node, one-rank job of one epoch: the whole image directory, in the sampler's order,
+    into dest/data/train/images. No trainer runs: epoch 1 is fetched without waiting for one."""
+    from kfvision.pipelines.clients import nodefetch, s3
+    from kfvision.pipelines.jobs.storenode import stage_images
+
+    channel = stage_images("train", uri, dest)
+    channel.list(s3.DEFAULT_CONNECTIONS)
+    fetcher = nodefetch.NodeFetcher(channel, None, nodefetch.Plan(1, (0,), 0, 1),
+                                    dest / "arrival").start()
+    while len(fetcher.held) < len(channel.paths) and not fetcher.done.is_set():
+        time.sleep(0.01)  # it serves late requests until stopped: done once it holds them all
+    fetcher.stop()
+    if fetcher.error is not None:
+        raise fetcher.error
+
+
+def s3sync_fetch(uri: str, dest: Path) -> None:
+    """s3sync.fetch of the prefix: every object under it (the manifest too) into dest."""
     from kfvision.pipelines.clients.s3sync import fetch
 
     fetch(uri, dest, progress=False)
@@ -84,10 +102,10 @@ def litdata_stream(uri: str, cache: Path, workers: int | None) -> dict:
     return {"seconds": time.perf_counter() - start, "images": images, "bytes": size}
 
 
-def fetch(uri: str, dest: Path) -> dict:
-    """Our fetch of the prefix `uri` into the empty folder `dest`."""
+def fetch(uri: str, dest: Path, fetcher: str) -> dict:
+    """Our fetch (FETCHERS) of the image directory at `uri` into the empty folder `dest`."""
     start = time.perf_counter()
-    fetch_images(uri, dest)
+    {"node": node_fetch, "s3sync": s3sync_fetch}[fetcher](uri, dest)
     seconds = time.perf_counter() - start
     files = [p for p in dest.rglob("*") if p.is_file() and not p.name.startswith(".")]
     return {"seconds": seconds, "images": sum(p.suffix == ".jpg" for p in files),
@@ -120,6 +138,7 @@ def main(argv=None) -> int:
     f = sub.add_parser("fetch")
     f.add_argument("uri")
     f.add_argument("dest", type=Path)
+    f.add_argument("--fetcher", choices=FETCHERS, default="node", help="which of ours")
     u = sub.add_parser("push")
     u.add_argument("data", type=Path)
     u.add_argument("uri")
@@ -131,7 +150,7 @@ def main(argv=None) -> int:
     elif a.what == "litdata-stream":
         result = litdata_stream(a.uri, a.cache, a.workers)
     else:
-        result = fetch(a.uri, a.dest)
+        result = fetch(a.uri, a.dest, a.fetcher)
     print(json.dumps(result), flush=True)
     return 0
 
