@@ -54,8 +54,9 @@ def _nodes(root: Path, flags: list, *, nodes=2, nproc=2, kill_on=None, env=None)
     port = free_port()
     procs = []
     for i in range(nodes):
-        env = {**os.environ, **(env or {}), "PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": str(nproc),
-               "PET_NODE_RANK": str(i), "PET_MASTER_ADDR": "127.0.0.1",
+        env = {**os.environ, **(env or {}), "PET_NNODES": str(nodes),
+               "PET_NPROC_PER_NODE": str(nproc), "PET_NODE_RANK": str(i),
+               "PET_MASTER_ADDR": "127.0.0.1",
                "PET_MASTER_PORT": str(port), "KFVISION_SCRATCH": str(root / f"node-{i}"),
                "PYTHONUNBUFFERED": "1"}
         log = open(root / f"node-{i}.log", "w")  # noqa: SIM115 (closed below)
@@ -93,12 +94,16 @@ def test_a_2x2_job_on_object_storage_alone_trains_the_same_model(tmp_path, s3_bu
                                                                   pytorchjob_2x2):
     """Same weights, bit for bit, as the job on the folders; each node fetched its ranks' share
     in epoch 1 and never an image twice; the model and no checkpoint are left in the store."""
+    from kfvision.pipelines.cli import main
+
     uris = _upload(s3_bucket, micro_digits, resnet18_dir)
-    flags = ["--model", uris["model"], "--train", uris["train"], "--val", uris["val"],
-             "--out", s3_bucket.uri("runs/r18-1"), *FLAGS]
-    results = _nodes(tmp_path, flags)
-    for rc, text in results:
-        assert rc == 0, text[-4000:]
+    job, logs = tmp_path / "job.yaml", tmp_path / "logs"
+    assert main(["job", "render", "--name", "r18", "--image", "local", "--nodes", "2",
+                 "--nproc-per-node", "2", "--model", uris["model"], "--train", uris["train"],
+                 "--val", uris["val"], "--out", s3_bucket.uri("runs/r18-1"), *FLAGS,
+                 "-o", str(job)]) == 0
+    assert "PersistentVolumeClaim" not in job.read_text() and "claimName" not in job.read_text()
+    assert main(["job", "run-local", str(job), "--quiet", "--log-dir", str(logs)]) == 0
     model = _fetched(s3_bucket, "runs/r18-1/", tmp_path / "s3-model")
     local = pytorchjob_2x2["out"]
     assert (model / "weights.pt").read_bytes() == (local / "weights.pt").read_bytes()
@@ -110,8 +115,10 @@ def test_a_2x2_job_on_object_storage_alone_trains_the_same_model(tmp_path, s3_bu
     assert not [k for k in keys if "/checkpoints/" in k], keys
     n_train = len(json.loads((micro_digits["train"] / "kfvision-imagedir.json").read_text())
                   ["images"])
-    for i in range(2):
-        s = json.loads((tmp_path / f"node-{i}" / "fetch-summary.json").read_text())
+    summaries = sorted(logs.rglob("kfvision-scratch/fetch-summary.json"))  # each pod's
+    assert len(summaries) == 2
+    for path in summaries:
+        s = json.loads(path.read_text())
         share = s["share"]["train"][0]
         assert share == n_train // 2  # 40 images, 4 ranks, 2 a node
         assert s["fetched"]["1"]["train"][0] <= share + 1  # its share and one read ahead
@@ -156,7 +163,8 @@ def test_a_job_killed_mid_epoch_resumes_on_new_pods_from_the_stores_checkpoint(
     log = second[0][1]
     assert "checkpoint(s) from s3://" in log and "resuming from" in log, log[-3000:]
     model = _fetched(s3_bucket, "runs/resumed/", tmp_path / "model")
-    assert (model / "weights.pt").read_bytes() == (pytorchjob_2x2["out"] / "weights.pt").read_bytes()
+    baseline = pytorchjob_2x2["out"] / "weights.pt"
+    assert (model / "weights.pt").read_bytes() == baseline.read_bytes()
     assert not [k for k in _keys(s3_bucket, "runs/resumed/") if "/checkpoints/" in k]
 
 
