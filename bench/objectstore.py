@@ -223,14 +223,20 @@ def main(argv=None) -> int:
                      aws_access_key_id="bench", aws_secret_access_key="bench").create_bucket(
             Bucket=BUCKET)
         parts = summarise(run_reads(args, store, data, args.work), args.images, dataset_bytes)
-        job = None
+        report(args, parts, None, dataset_bytes, load)  # kept, should the job part fail
         if args.job:
             from bench.objectstore_job import run_jobs
 
             job = run_jobs(args, store, data, dataset(max(args.images // 20, 50), seed=1),
                            IMAGES)
+            report(args, parts, job, dataset_bytes, load)
     finally:
         store.close()
+    return 0
+
+
+def report(args, parts: dict, job: dict | None, dataset_bytes: int, load: str) -> None:
+    """Print the tables and keep them, and the JSON record."""
     cmd = (f"python -m bench.objectstore --images {args.images} --rounds {args.rounds}"
            + (f" --job --epochs {args.epochs}" if args.job else ""))
     head = (f"{args.images:,} JPEGs ({dataset_bytes / 1e6:.0f} MB, "
@@ -246,7 +252,6 @@ def main(argv=None) -> int:
     record = {"command": cmd, "images": args.images, "dataset_bytes": dataset_bytes,
               "processor": bench.processor(), "parts": parts, "job": job}
     (bench.BENCH / "objectstore.json").write_text(json.dumps(record, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
