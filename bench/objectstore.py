@@ -9,8 +9,9 @@ reader that makes the server work harder pays for it twice.
 The data: N generated JPEGs of ImageNet size (500 x 375, a quarter of them portrait; quality 90;
 smooth fields, shapes and texture: they compress like photos, about 95 KB each; bench/jpegset.py)
 in 5 classes, converted into an image directory (images inside; `kfvision convert`'s convert())
-and cached in build/bench/objectstore-jpegs-N/, then pushed under s3://bench/imagedir/ with
-s3sync.push, the manifest last. Measured, each in a child process of its own:
+and cached in build/bench/objectstore-jpegs-N/, then pushed under s3://bench/imagedir/ as
+`kfvision push` does (storepush.push_image_directory: the manifest last). Measured, each in a
+child process of its own:
 
 1. LitData: `litdata.optimize` of the same bytes + labels into its chunks under
    s3://bench/litdata/ (its conversion time, reported apart); then StreamingDataset +
@@ -61,7 +62,7 @@ LITDATA_PYTHON = Path("build/litdata-venv/bin/python")
 IMAGES, LITDATA = f"s3://{BUCKET}/imagedir/", f"s3://{BUCKET}/litdata/"
 READERS = ("litdata", "litdata-2", "node", "s3sync")  # the reads compared, in round order
 NAMES = {"litdata": "LitData stream (its defaults)", "litdata-2": "LitData stream, 2 workers",
-         **FETCHERS, "push": "upload: s3sync.push (setup)",
+         **FETCHERS, "push": "upload: kfvision push (setup)",
          "optimize": "LitData optimize (conversion)"}
 
 

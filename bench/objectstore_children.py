@@ -113,13 +113,13 @@ def fetch(uri: str, dest: Path, fetcher: str) -> dict:
 
 
 def push(data: Path, uri: str) -> dict:
-    """The image directory `data` up to `uri`, its manifest last (the store's layout)."""
-    from kfvision.pipelines.clients.s3sync import push
-    from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory
+    """The image directory `data` up to `uri` as `kfvision push` sends it, its manifest last."""
+    from kfvision.pipelines.clients.storepush import push_image_directory
+    from kfvision.trainer.data.imagedir import read_image_directory
 
     imdir = read_image_directory(data, verify="none")
     start = time.perf_counter()
-    push(data, uri, last=MANIFEST)
+    push_image_directory(data, uri, progress=False)
     return {"seconds": time.perf_counter() - start, "images": len(imdir.images),
             "bytes": sum(e.bytes for e in imdir.images)}
 
