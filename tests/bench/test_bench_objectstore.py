@@ -27,8 +27,8 @@ def test_the_bench_runs_end_to_end_at_200_images(tmp_path, monkeypatch):
     for reader in objectstore.READERS:
         assert parts[reader]["images"] == 200 and parts[reader]["images_per_s"] > 0
         assert parts[reader]["server_cpu_s"] >= 0 and parts[reader]["object_bytes"] > 0
-    for ours in ("node", "s3sync"):  # ours read each object once, one GET each
-        assert parts[ours]["object_bytes"] == record["dataset_bytes"]
+    for ours in ("node", "s3sync"):  # each image once, and the manifest (tens of KB)
+        assert 0 < parts[ours]["object_bytes"] - record["dataset_bytes"] < 100_000
     local, s3 = record["job"]["local"], record["job"]["s3"]
     assert local["served_run"] == 0 and s3["served_run"] >= record["dataset_bytes"]
     assert s3["first_step_s"] > 0 and len(s3["history"]) == 2
