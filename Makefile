@@ -9,7 +9,7 @@ TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-fast lint bench bench-smoke bench-gpu clean
+.PHONY: help setup demo test test-fast lint bench bench-smoke bench-gpu clean litdata-venv
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -38,7 +38,7 @@ test-fast: setup ## the suite without slow and distributed tests
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
 
-bench: setup ## throughput vs the usual way (input pipeline, training, serving, s3:// fetch, your own script), the manifest path at 200,000 images and program start-up, CPU
+bench: setup ## throughput vs the usual way (input pipeline, training, serving, s3:// fetch, your own script, training from object storage against LitData), the manifest path at 200,000 images and program start-up, CPU
 	$(PY) -m bench.inputs --images 1000 --rounds 3
 	$(PY) -m bench.train --dataset digits --rounds 3 --epochs 3
 	$(PY) -m bench.train --dataset jpeg --images 256 --archs resnet18 resnet50 \
@@ -49,6 +49,24 @@ bench: setup ## throughput vs the usual way (input pipeline, training, serving, 
 	$(PY) -m bench.s3 --images 1000 10000 --rounds 2
 	$(PY) -m bench.script --rounds 4 --epochs 3 --files 2000
 	$(PY) -m bench.startup --rounds 3
+	$(MAKE) litdata-venv
+	$(PY) -m bench.objectstore --images 20000 --job --epochs 2
+
+# LitData, bench.objectstore's contender, in a venv of its own that sees .venv's packages (a .pth):
+# the project's pinned environment stays as it is
+LITDATA_VENV ?= build/litdata-venv
+LITDATA_VERSION ?= 0.2.76
+
+litdata-venv: $(LITDATA_VENV)/.installed ## LitData in build/litdata-venv (bench.objectstore's contender), .venv left as it is
+
+$(LITDATA_VENV)/.installed: $(VENV)/.installed
+	test -x $(LITDATA_VENV)/bin/python || $$($(PY) -c 'import sys; print(sys._base_executable)') \
+	  -m venv $(LITDATA_VENV)
+	echo "import site; site.addsitedir('$$($(PY) -c 'import sysconfig; \
+	  print(sysconfig.get_path("purelib"))')')" > $$($(LITDATA_VENV)/bin/python -c \
+	  'import sysconfig; print(sysconfig.get_path("purelib"))')/_project_venv.pth
+	$(LITDATA_VENV)/bin/python -m pip install --quiet -c constraints.txt litdata==$(LITDATA_VERSION)
+	touch $@
 
 # Speed is never a pass/fail test: this prints the figures (and the processor) for a note
 bench-smoke: setup ## a few minutes: the training and serving ratios in small, with the processor kind (not in `make test`)
