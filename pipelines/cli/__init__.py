@@ -2,7 +2,8 @@
 
 One module per command group, and HELP below holds every command's one-line help:
     data        convert, pack, split: image directories
-    model       model (an untrained model directory), push (a model directory to s3://)
+    model       model (an untrained model directory)
+    store       push (an image directory or a model directory to s3://)
     use         score, evaluate, export
     pipeline    pipeline compile | submit | run-local (the KFP pipeline), and demo
     train       train (one process, or N with torchrun)
@@ -22,7 +23,7 @@ import argparse
 import importlib
 import sys
 
-from kfvision.pipelines.cli import data, model, use
+from kfvision.pipelines.cli import data, model, store, use
 from kfvision.pipelines.cli.pipeline import register_demo
 from kfvision.trainer.errors import KfvisionError
 from kfvision.trainer.exitcodes import error_line
@@ -47,7 +48,7 @@ HELP = {
     "pack": "add raw pixels to an image directory: fast training without decoding",
     "split": "split an image directory in two, stratified by class",
     "model": "write an untrained model directory (resnet, densenet)",
-    "push": "upload a model directory to s3://",
+    "push": "upload an image directory or a model directory to s3://",
     "score": "score an image directory with a trained model -> CSV",
     "evaluate": "metrics, report and confusion matrix of a scored CSV",
     "export": "export a trained model: ONNX, TorchScript, torch.export",
@@ -78,6 +79,7 @@ def build_parser(argv: list | None = None) -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     data.register(sub, HELP)
     model.register(sub, HELP)
+    store.register(sub, HELP)
     use.register(sub, HELP)
     register_demo(sub, HELP["demo"])
     for name in LAZY:

@@ -5,16 +5,48 @@ from kfvision.trainer.options import HelpFormatter, add_flags, options_of
 
 
 def _convert(args) -> int:
+    if not is_s3(args.out):
+        return _convert_to(args.out, args)
+    # Into object storage: converted into a local staging folder, pushed, then removed. An
+    # s3:// OUT never becomes a Path (Path("s3://b/x") is "s3:/b/x").
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from kfvision.pipelines.clients.s3 import check_bucket
+    from kfvision.pipelines.clients.storepush import push_image_directory
+
+    check_bucket(args.out)  # a wrong URI is said before anything is fetched or converted
+    if args.work is not None:
+        Path(args.work).mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="kfvision-convert-", dir=args.work))
+    try:
+        _convert_to(staging / "imagedir", args)
+        pushed = push_image_directory(staging / "imagedir", args.out,
+                                      max_connections=args.max_connections,
+                                      progress=False if args.quiet else None,
+                                      overwrite=args.overwrite)
+    finally:  # a rerun converts again; the push then sends only what the store lacks
+        shutil.rmtree(staging, ignore_errors=True)
+    print(pushed.summary())
+    return 0
+
+
+def _convert_to(out, args) -> int:
+    """`kfvision convert` into the local folder `out`."""
     from kfvision.trainer.data.convert import convert
 
     progress = False if args.quiet else None
-    src, labels, in_place, extract_to, origin = (args.src, args.labels, args.in_place,
+    # an s3:// OUT's images are pushed from where they are: no local copy of them first
+    src, labels, in_place, extract_to, origin = (args.src, args.labels,
+                                                 args.in_place or is_s3(args.out),
                                                  args.extract_to, None)
+    overwrite = args.overwrite and not is_s3(args.out)  # an s3:// OUT's is the push's
     if is_s3(args.src) or is_s3(args.labels):  # fetched once into the data place, kept there
         from kfvision.pipelines.clients.datasource import default_place, fetch_source
 
-        _check_out(args.out, args.overwrite)  # before a rerun re-extracts a fetched archive
-        place = (args.extract_to if is_s3(args.src) else None) or default_place(args.out)
+        _check_out(out, overwrite)  # before a rerun re-extracts a fetched archive
+        place = (args.extract_to if is_s3(args.src) else None) or default_place(out)
         local = fetch_source(args.src, place,
                              labels=args.labels, max_connections=args.max_connections,
                              progress=progress)
@@ -22,14 +54,14 @@ def _convert(args) -> int:
         src, labels, origin = local.src, local.labels, local.origin
         if is_s3(args.src):  # referenced where it was fetched: no second copy
             in_place, extract_to = True, local.extract_to
-    report = convert(src, args.out, labels=labels, strict=args.strict,
-                     overwrite=args.overwrite, progress=progress, in_place=in_place,
+    report = convert(src, out, labels=labels, strict=args.strict,
+                     overwrite=overwrite, progress=progress, in_place=in_place,
                      extract_to=extract_to, origin=origin)
     print(report.summary())
     if args.pack:  # the image directory is complete and valid already; the pack is an addition
         from kfvision.trainer.data.pack import write_pack
 
-        print(write_pack(args.out, progress=progress).summary())
+        print(write_pack(out, progress=progress).summary())
     return 0
 
 
@@ -68,13 +100,16 @@ def register(sub, help: dict) -> None:
                        "with one sub-folder per class (maybe under one wrapping folder), or flat "
                        "images plus --labels CSV, or loose images (an unlabelled directory, for "
                        "scoring) into kfvision's image directory format. Unreadable and non-image "
-                       "files are skipped and listed. See docs/data.md.")
+                       "files are skipped and listed. An s3:// OUT is made locally, then pushed "
+                       "as `kfvision push` does. See docs/data.md.")
     c.add_argument("src", help="source folder or archive, or an s3:// prefix or archive")
-    c.add_argument("out", help="output image directory (must not exist)")
+    c.add_argument("out", help="output image directory (must not exist), or an s3:// prefix")
     c.add_argument("--labels", metavar="CSV", help="CSV of path,label (paths relative to SRC; "
                    "a file on disk or inside SRC, or s3://BUCKET/KEY.csv)")
     c.add_argument("--strict", action="store_true", help="fail on any unreadable file")
     c.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    c.add_argument("--work", metavar="DIR", help="where an s3:// OUT is made before it is "
+                   "pushed (default: a temporary folder)")
     c.add_argument("--in-place", action="store_true", help="copy nothing: OUT's manifest "
                    "references the images where they are (docs/data.md)")
     c.add_argument("--extract-to", metavar="DIR", help="where an archive (--in-place) or s3:// "

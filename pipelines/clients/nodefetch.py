@@ -175,8 +175,10 @@ class NodeFetcher:
     # --- running
     def start(self) -> "NodeFetcher":
         self.arrival.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            (self.arrival / FAILED).unlink()
+        for note in (*self.arrival.glob("epoch-*"), *self.arrival.glob("want-*"),
+                     self.arrival / FAILED):  # a previous run's, or a restarted container's
+            with contextlib.suppress(FileNotFoundError):
+                note.unlink()
         for ch in filter(None, (self.train, self.val)):
             s3sync.remove_stale_parts(ch.folder)
             for p in ch.paths:

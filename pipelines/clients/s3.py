@@ -522,3 +522,22 @@ def delete(bucket: str, keys: list) -> None:
             batch = {"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True}
             retried(f"{SCHEME}{bucket}/", "delete from",
                     lambda b=batch: client().delete_objects(Bucket=bucket, Delete=b))
+
+
+def local_etag(path: Path) -> str:
+    """The ETag `upload(path)` gives its object where the store's ETags are MD5s (a single PUT:
+    the file's MD5; in parts: the MD5 of the parts' MD5s, "-" and their count, with the part
+    size boto3's transfer manager picks), so a push can skip an object that is already there."""
+    from boto3.s3.transfer import TransferConfig
+    from s3transfer.utils import ChunksizeAdjuster
+
+    path = Path(path)
+    size = path.stat().st_size
+    if size <= SINGLE_PUT:
+        return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
+    part = ChunksizeAdjuster().adjust_chunksize(TransferConfig().multipart_chunksize, size)
+    digests = []
+    with open(path, "rb") as f:
+        while chunk := f.read(part):
+            digests.append(hashlib.md5(chunk, usedforsecurity=False).digest())
+    return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"

@@ -18,8 +18,8 @@ def test_model_pushed_then_scored_back_from_the_cache(s3_bucket, trained_tiny, t
     keys = {o.key for o in s3.list_objects(uri)}
     assert "models/digits/model.json" in keys and "models/digits/weights.pt" in keys
     assert not any("/checkpoints/" in k for k in keys)
-    assert main(["push", str(trained_tiny), uri]) == 2  # a second push is refused
-    assert "already holds" in capsys.readouterr().err
+    assert main(["push", str(trained_tiny), uri]) == 0  # a second push sends nothing
+    assert "0 uploaded" in capsys.readouterr().out
 
     local = tmp_path / "local.csv"
     assert main(["score", "--model", str(trained_tiny), "--data", str(tiny_digits["val"]),
@@ -36,6 +36,8 @@ def test_model_pushed_then_scored_back_from_the_cache(s3_bucket, trained_tiny, t
     assert resolve_model(uri) == resolve_model(uri.rstrip("/"))
     monkeypatch.undo()
     s3_bucket.put("models/digits/metrics.json", b"{}")  # a changed model: a new cache folder
+    assert main(["push", str(trained_tiny), uri]) == 2  # another model there: refused
+    assert "already holds another model directory" in capsys.readouterr().err
     assert main(["push", str(trained_tiny), uri, "--overwrite"]) == 0
     assert (resolve_model(uri) / "model.json").is_file()
 

@@ -16,7 +16,7 @@ from helpers.runs import JOB_FLAGS
 from kfvision.pipelines.clients import nodefetch
 from kfvision.pipelines.clients.endpoints import free_port
 
-FLAGS = [*JOB_FLAGS, "--cache", "off"]
+FLAGS = JOB_FLAGS
 
 
 def test_the_fetchers_order_is_the_samplers():
@@ -101,7 +101,8 @@ def _fetched(bucket, key: str, into: Path) -> Path:
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_a_2x2_job_on_object_storage_alone_trains_the_same_model(tmp_path, s3_bucket,
-                                                                  micro_digits, resnet18_dir):
+                                                                  micro_digits, resnet18_dir,
+                                                                  pytorchjob_2x2):
     """Same weights, bit for bit, as the job on the folders; each node fetched its ranks' share
     in epoch 1 and never an image twice; the model and no checkpoint are left in the store."""
     uris = _upload(s3_bucket, micro_digits, resnet18_dir)
@@ -111,7 +112,7 @@ def test_a_2x2_job_on_object_storage_alone_trains_the_same_model(tmp_path, s3_bu
     for rc, text in results:
         assert rc == 0, text[-4000:]
     model = _fetched(s3_bucket, "runs/r18-1/", tmp_path / "s3-model")
-    local = _local_run(tmp_path, micro_digits, resnet18_dir)
+    local = pytorchjob_2x2["out"]
     assert (model / "weights.pt").read_bytes() == (local / "weights.pt").read_bytes()
     ours, theirs = (json.loads((m / "metrics.json").read_text()) for m in (model, local))
     assert ours["status"] == "completed"
