@@ -9,6 +9,7 @@ from pathlib import Path
 
 from kfvision.pipelines.cli.cluster import TARGET, add_command, add_submit, submit_command
 from kfvision.pipelines.clients.k8s import to_yaml
+from kfvision.pipelines.clients.s3 import is_s3
 from kfvision.pipelines.jobs.cluster import JobClient
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError
@@ -65,6 +66,10 @@ def _render(args) -> int:
         return _render_script(args)
     cfg = job_config_from_args(args)
     job, kind_argv = build_job(args, cfg)
+    if not args.no_check_store:  # before anything is written: a missing input is its error
+        from kfvision.pipelines.jobs.storejob import check_store
+
+        check_store(cfg.train)
     header = ("Rendered by kfvision; edit the command, not this file:\n"
               f"kfvision job render {shlex.join(kind_argv + render_argv(cfg))}")
     text = to_yaml(job, header)
@@ -76,7 +81,8 @@ def _render(args) -> int:
         print(f"wrote {job['kind']} {cfg.name} ({cfg.nodes} node(s) x {cfg.nproc} process(es), "
               f"{cfg.gpus_per_node} GPU(s) per node) to {args.output}", file=sys.stderr)
     mounts = [v.mount.rstrip("/") + "/" for v in cfg.volumes]
-    if mounts and not any(cfg.train.out.startswith(m) for m in mounts):
+    if mounts and not is_s3(cfg.train.out) and not any(cfg.train.out.startswith(m)
+                                                       for m in mounts):
         print(f"warning: --out {cfg.train.out} is not under a --pvc mount; the trained model "
               "would be lost with the Master's pod.", file=sys.stderr)
     return 0
@@ -123,12 +129,15 @@ def add_render(sub) -> None:
         description="Write a kubeflow.org/v1 PyTorchJob: Master (+ Workers when --nodes > 1), "
         "or with --kind trainjob a Kubeflow Trainer v2 TrainJob of --nodes nodes, each running "
         "`torchrun -m kfvision.trainer.train` with the training flags below. Paths are as the "
-        "pods see them (e.g. under a --pvc mount).",
+        "pods see them (e.g. under a --pvc mount), or s3:// URIs (the pods then fetch and push "
+        "through a scratch volume; each s3:// input is checked first).",
         formatter_class=HelpFormatter)
     g = r.add_argument_group("job")
     add_flags(g, JOB_OPTIONS)
     _add_kind_flags(g)
     g.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
+    g.add_argument("--no-check-store", action="store_true", help="do not check the s3:// inputs "
+                   "before writing (for a machine that cannot reach the store)")
     # --- a user's own script: pipelines/cli/jobscript.py ---
     from kfvision.pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
 

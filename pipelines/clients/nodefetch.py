@@ -44,6 +44,7 @@ from kfvision.trainer.exitcodes import error_line
 
 AHEAD_SHARE = 0.02  # of an epoch's share: fetched before the ranks begin that epoch
 POLL_S = 0.02
+NOTE, NOTE_BYTES = ".failed-note", 4096  # the failure note's room, taken before the disk fills
 
 
 class ScratchFullError(OutputError):
@@ -184,6 +185,7 @@ class NodeFetcher:
             for p in ch.paths:
                 if (ch.folder / p).exists():  # a container restarted in the same pod
                     self.held.add((ch.name, p))
+        (self.arrival / NOTE).write_bytes(b" " * NOTE_BYTES)  # see _tell_readers
         self._thread = threading.Thread(target=self._run, name="node-fetch", daemon=True)
         self._thread.start()
         return self
@@ -204,11 +206,19 @@ class NodeFetcher:
         except BaseException as e:  # noqa: BLE001 (told to the readers, raised by the agent)
             self.error = self.error or e
             self._stop.set()
-            with contextlib.suppress(OSError):
-                (self.arrival / FAILED).write_text(error_line(self.error))
+            self._tell_readers(error_line(self.error))
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             self.done.set()
+
+    def _tell_readers(self, line: str) -> None:
+        """arrival/failed with `line`, written into the note reserved at start: a full disk (the
+        usual reason to stop) has no room for a new file's first block."""
+        note = self.arrival / NOTE
+        with contextlib.suppress(OSError):
+            with open(note, "r+b") as f:
+                f.write(line.encode()[:NOTE_BYTES].ljust(NOTE_BYTES))
+            os.replace(note, self.arrival / FAILED)
 
     def _schedule(self, pool, slots) -> None:
         epoch, val_sent = 1, False

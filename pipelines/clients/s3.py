@@ -61,6 +61,12 @@ SINGLE_PUT = 8 << 20  # files up to this size go up in one PUT whose ETag is che
 AUTH_HINT = ("check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
              "AWS_SESSION_TOKEN, AWS_PROFILE, or the pod's web identity) and that they may read "
              "and write this bucket")
+# The keys of an S3 credentials Secret (the pipeline's s3_secret, a job's --s3-credentials), each
+# given to a pod as the variable of its name: boto3's standard environment (botocore 1.44.5
+# botocore/configprovider.py and credentials.py). The endpoint travels with them, never as a
+# plain value in a manifest.
+S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                  "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
 # S3 error codes that mean "these credentials are not good (enough)" (AWS S3 API reference,
 # "Error responses"; STS's ExpiredToken* for temporary credentials)
 _AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",

@@ -28,8 +28,9 @@ cluster (or a local server).
 """
 
 from kfp import compiler, dsl, kubernetes
+from kfvision.pipelines.clients.s3 import S3_SECRET_KEYS
 from kfvision.pipelines.flow import components as c
-from kfvision.pipelines.flow.storage import DATA_MOUNT, DEFAULT, S3_SECRET_KEYS, Storage
+from kfvision.pipelines.flow.storage import DATA_MOUNT, DEFAULT, Storage
 
 PIPELINE_NAME = "image-classification"
 DESCRIPTION = ("Convert labelled images to an image directory, split it, train a ResNet/DenseNet "

@@ -42,10 +42,6 @@ OUR_FOLDER = "kfvision"  # ours inside the workspace
 RUNS_FOLDER = "kfvision-runs"  # ours on the data PVC, one folder per run
 ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce")
 USER = 1000  # uid and gid of the image's user: the steps' and the job pods'
-# The keys of the s3_secret Secret, each given as the variable of its name (boto3's standard
-# environment: botocore/configprovider.py and credentials.py)
-S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                  "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,14 @@ fails bad input at once (1-127): see docs/faults.md. torchrun takes --nnodes, --
 per-process RANK/LOCAL_RANK/WORLD_SIZE itself (see ../shared/reference/README.md). So no
 `--standalone` and no rendezvous flags here.
 
+A job whose --train/--val/--model/--out is an `s3://` URI runs the node agent
+(`contract.STORE_COMMAND`) with the same flags instead, on a scratch volume and with no PVC:
+pipelines/jobs/storejob.py.
+
 Pods meet the Kubernetes "restricted" Pod Security Standard: non-root, no privilege escalation,
-all capabilities dropped, RuntimeDefault seccomp, only emptyDir and PVC volumes; the root
-filesystem is read-only (an emptyDir at /tmp takes what torchrun and Python write there).
+all capabilities dropped, RuntimeDefault seccomp, only emptyDir, generic ephemeral and PVC
+volumes; the root filesystem is read-only (an emptyDir at /tmp takes what torchrun and Python
+write there).
 """
 
 import re
@@ -27,6 +32,8 @@ from typing import NamedTuple
 
 from kfvision.pipelines.clients.cluster import namespace_option
 from kfvision.pipelines.clients.k8s import GPU_RESOURCE, dns1035_problem, dns1123_problem
+from kfvision.pipelines.contract import SCRATCH_MOUNT, STORE_COMMAND
+from kfvision.pipelines.jobs import storejob
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.jobs.pytorchjob.rules import RESTART_POLICIES
 from kfvision.trainer.config import TrainConfig
@@ -134,6 +141,24 @@ class JobConfig:
     volumes: tuple = option((), "PersistentVolumeClaim to mount in every pod", flag="--pvc",
                             many=True, parse=parse_volume, show=":".join, metavar="CLAIM:MOUNT")
     run_as_user: int = option(1000, "non-root uid (and gid) of the pods", low=1)  # 0: root
+    s3_credentials: str | None = option(
+        None, "Secret whose AWS_* keys the pods get, by reference", doc="Each of "
+        f"{', '.join(storejob.S3_SECRET_KEYS)} that the Secret holds becomes the variable of "
+        "its name (env valueFrom.secretKeyRef, optional): the endpoint and the credentials of "
+        "s3:// data, models and outputs. No value is ever written into the job.",
+        metavar="SECRET")
+    service_account: str | None = option(
+        None, "ServiceAccount of the pods", doc="For IRSA / workload identity: the role bound "
+        "to it reads and writes the s3:// paths.", metavar="NAME",
+        unset="the namespace's default")
+    scratch_size: str | None = option(
+        None, "size of each pod's scratch volume for s3:// jobs (e.g. 100Gi)", doc="Where the "
+        f"node agent keeps what it fetches and writes ({SCRATCH_MOUNT}): an emptyDir's "
+        "sizeLimit, or the request of --scratch-class's volume.", unset="no limit")
+    scratch_class: str | None = option(
+        None, "StorageClass of a per-pod volume for the scratch (needs --scratch-size)",
+        doc="A generic ephemeral volume (a PVC made and deleted with the pod) instead of the "
+        "emptyDir on the node's own disk.", metavar="CLASS", unset="an emptyDir")
     labels: tuple = ()  # extra ((key, value), ...) on the job and its pods
     env: tuple = ()  # extra ((name, value), ...) in the training container (MLflow's variables)
 
@@ -168,13 +193,14 @@ class JobConfig:
         except InvalidParameterError as e:
             raise InvalidJobError(e.template) from None
         self._check_devices()
-        for field in ("cpu", "memory", "shm_size"):
+        for field in ("cpu", "memory", "shm_size", "scratch_size"):
             value = getattr(self, field)
             if value is not None and not _QUANTITY.fullmatch(value):
                 raise InvalidJobError(f"{ref_of(JobConfig, field)} {value!r} is not a "
                                       "Kubernetes quantity (examples: 4, 500m, 16Gi, 1.5G).")
         self._check_scheduling()
         self._check_volumes()
+        self._check_store()
         return self
 
     def _check_devices(self) -> None:
@@ -204,8 +230,27 @@ class JobConfig:
             if not _LABEL_KEY.fullmatch(t.key):
                 raise InvalidJobError(f"{tolerations} key {t.key!r} is not a valid taint key.")
 
+    def _check_store(self) -> None:
+        for field in ("s3_credentials", "service_account"):
+            value = getattr(self, field)
+            if value is not None and dns1123_problem(ref_of(JobConfig, field), value, True):
+                raise InvalidJobError(dns1123_problem(ref_of(JobConfig, field), value,
+                                                      True) + ".")
+        size, cls = ref_of(JobConfig, "scratch_size"), ref_of(JobConfig, "scratch_class")
+        if self.scratch_class is not None:
+            if dns1123_problem(cls, self.scratch_class, True):
+                raise InvalidJobError(dns1123_problem(cls, self.scratch_class, True) + ".")
+            if self.scratch_size is None:
+                raise InvalidJobError(f"{cls} {self.scratch_class} needs {size}: a volume of "
+                                      f"a StorageClass is made at a size; add e.g. {size} 100Gi.")
+        given = [f for f in ("scratch_size", "scratch_class") if getattr(self, f) is not None]
+        if given and not storejob.uses_store(self.train):
+            raise InvalidJobError(f"{ref_of(JobConfig, given[0])} is for a job whose --train, "
+                                  "--val, --model or --out is an s3:// URI (its scratch volume); "
+                                  "this one has none. Drop it.")
+
     def _check_volumes(self) -> None:
-        mounts = ["/dev/shm", TMP_MOUNT]
+        mounts = ["/dev/shm", TMP_MOUNT, SCRATCH_MOUNT]
         pvc = ref_of(JobConfig, "volumes")
         for v in self.volumes:
             problem = dns1123_problem(f"{pvc} claim", v.claim, subdomain=True)
@@ -245,8 +290,16 @@ def train_flags(cfg: TrainConfig) -> list:
 
 
 def container_env(cfg: JobConfig) -> list:
-    """The container's extra `env` entries, in the given order."""
-    return [{"name": name, "value": value} for name, value in cfg.env]
+    """The container's extra `env` entries: the given values in order, then the S3 credentials
+    Secret's keys by reference."""
+    return [*({"name": name, "value": value} for name, value in cfg.env),
+            *storejob.secret_env(cfg.s3_credentials)]
+
+
+def command(cfg: JobConfig) -> list:
+    """The container's command: the trainer's launcher, or the node agent when a path is in the
+    store (it takes the same flags)."""
+    return list(STORE_COMMAND if storejob.uses_store(cfg.train) else TRAIN_COMMAND)
 
 
 def resources(cfg: JobConfig) -> dict:
@@ -262,12 +315,15 @@ def _container(cfg: JobConfig, name: str, ports: list) -> dict:
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     mounts += [{"name": f"pvc-{i}", "mountPath": v.mount} for i, v in enumerate(cfg.volumes)]
     mounts.append({"name": "tmp", "mountPath": TMP_MOUNT})
+    if storejob.uses_store(cfg.train):
+        mounts.append(storejob.scratch_mount())
+    env = container_env(cfg)
     return {
         "name": name,
         "image": cfg.image,
-        "command": list(TRAIN_COMMAND),
+        "command": command(cfg),
         "args": train_flags(cfg.train),
-        **({"env": container_env(cfg)} if cfg.env else {}),
+        **({"env": env} if env else {}),
         **({"ports": ports} if ports else {}),
         **({"resources": asked} if (asked := resources(cfg)) else {}),
         "securityContext": {"allowPrivilegeEscalation": False,
@@ -279,7 +335,8 @@ def _container(cfg: JobConfig, name: str, ports: list) -> dict:
 
 def pod_spec(cfg: JobConfig, container: str, ports: list = ()) -> dict:
     """The pod both kinds run: one training container named `container` (with `ports`), the
-    hardening of the module docstring, /dev/shm, /tmp, the PVCs, node selector, tolerations."""
+    hardening of the module docstring, /dev/shm, /tmp, the PVCs, the scratch volume of an s3://
+    job, the service account, node selector, tolerations."""
     tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
                    ] if cfg.gpus_per_node else []
     for t in cfg.tolerations:
@@ -293,6 +350,8 @@ def pod_spec(cfg: JobConfig, container: str, ports: list = ()) -> dict:
     volumes += [{"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": v.claim}}
                 for i, v in enumerate(cfg.volumes)]
     volumes.append({"name": "tmp", "emptyDir": {}})
+    if storejob.uses_store(cfg.train):
+        volumes.append(storejob.scratch_volume(cfg.scratch_size, cfg.scratch_class))
     spec = {
         "automountServiceAccountToken": False,  # training pods never call the API
         "securityContext": {"runAsNonRoot": True, "runAsUser": cfg.run_as_user,
@@ -301,6 +360,10 @@ def pod_spec(cfg: JobConfig, container: str, ports: list = ()) -> dict:
                             "fsGroupChangePolicy": "OnRootMismatch",
                             "seccompProfile": {"type": "RuntimeDefault"}},
     }
+    if cfg.service_account:
+        # IRSA's token is a projected volume its webhook adds, workload identity's the metadata
+        # server: neither needs the API token, which stays unmounted
+        spec["serviceAccountName"] = cfg.service_account
     if cfg.node_selector:
         spec["nodeSelector"] = dict(sorted(cfg.node_selector))
     if tolerations:

@@ -250,12 +250,26 @@ def _wait_gone(replicas: list, seconds: float, until=lambda: False) -> None:
 
 
 def container_env(container: dict, source: str) -> dict:
+    """The container's env here: its plain values. A Secret's key (valueFrom.secretKeyRef, as
+    --s3-credentials renders them) is not in the file and there is no cluster to ask: the
+    variable keeps this machine's own value (pod_env starts from this environment), so a job
+    that reads s3:// runs here with the AWS_* variables of the shell that runs it. A key the
+    job needs (not `optional`) that this machine does not set is refused; other valueFrom
+    sources are too."""
     env = {}
     for item in container.get("env") or []:
-        if "value" not in item:
-            raise InvalidJobError(f"{source}: env {item.get('name')!r} uses valueFrom, which "
-                                  "run-local cannot resolve (no cluster); give a plain value.")
-        env[item["name"]] = str(item["value"])
+        name, ref = item.get("name"), (item.get("valueFrom") or {}).get("secretKeyRef")
+        if "value" in item:
+            env[name] = str(item["value"])
+        elif ref is not None and (ref.get("optional") or name in os.environ):
+            continue
+        elif ref is not None:
+            raise InvalidJobError(f"{source}: env {name!r} is key {ref.get('key')!r} of Secret "
+                                  f"{ref.get('name')!r}, which run-local cannot read (no "
+                                  f"cluster); set {name} here to stand in for it.")
+        else:
+            raise InvalidJobError(f"{source}: env {name!r} uses valueFrom, which run-local "
+                                  "cannot resolve (no cluster); give a plain value.")
     return env
 
 

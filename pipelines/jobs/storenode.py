@@ -39,14 +39,14 @@ import threading
 from pathlib import Path
 
 from kfvision.pipelines import contract
-from kfvision.pipelines.clients import nodefetch, s3, s3sync
+from kfvision.pipelines.clients import nodefetch, s3, s3sync, storedirs
+from kfvision.pipelines.jobs.storejob import STORE_PATHS
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
-from kfvision.trainer.errors import InvalidDatasetError, InvalidModelDirectoryError, KfvisionError
+from kfvision.trainer.errors import KfvisionError
 from kfvision.trainer.exitcodes import error_line
 
 log = logging.getLogger("kfvision")
 NNODES, NPROC, NODE_RANK = PET_NAMES[:3]
-PATH_FLAGS = ("model", "train", "val", "out", "checkpoint_dir")
 SUMMARY = "fetch-summary.json"
 CHECKPOINTS = "checkpoints/"  # under --out when --checkpoint-dir is not given
 
@@ -92,32 +92,13 @@ def node_identity() -> tuple:
     return nnodes, int(nproc), int(os.environ.get(NODE_RANK, "0"))
 
 
-def store_manifest(uri: str, into: Path):
-    """The image directory at `uri` (its manifest, downloaded into `into`).
-
-    Raises:
-        InvalidDatasetError: no image directory there.
-    """
-    from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory
-
-    got = s3.head(prefix(uri) + MANIFEST)
-    if got is None:
-        raise InvalidDatasetError(
-            f"{uri} holds no image directory (no {MANIFEST} under it). Put one there with "
-            f"`kfvision push DIR {uri}` or `kfvision convert SRC {uri}`.")
-    bucket, _ = s3.split_uri(uri)
-    into.mkdir(parents=True, exist_ok=True)
-    s3.download(got, bucket, into / MANIFEST)
-    return read_image_directory(into, verify="none")
-
-
 def stage_images(name: str, uri: str, scratch: Path) -> nodefetch.Channel:
     """The local manifest of the image directory at `uri`, its images to arrive under
     scratch/data/NAME/images; the Channel the fetcher fills."""
     from kfvision.trainer.data.imagedir import write_manifest
 
     root = scratch / "data" / name
-    store = store_manifest(uri, root / "store")
+    store = storedirs.image_directory_at(uri)
     images = root / "images"
     images.mkdir(parents=True, exist_ok=True)
     write_manifest(root, store.classes, store.images, images_root=images.absolute(),
@@ -130,14 +111,9 @@ def stage_model(uri: str, scratch: Path, max_connections: int) -> Path:
     """The untrained model at `uri`, fetched into scratch/model.
 
     Raises:
-        InvalidModelDirectoryError: no spec.json under `uri`.
+        InvalidModelDirectoryError: no model directory at `uri` (storedirs.model_at).
     """
-    from kfvision.trainer.model.spec import SPEC_FILE
-
-    if s3.head(prefix(uri) + SPEC_FILE) is None:
-        raise InvalidModelDirectoryError(
-            f"{uri} is not a model directory (no {SPEC_FILE} under it). Put one there with "
-            f"`kfvision model ... --out DIR` then `kfvision push DIR {uri}`.")
+    storedirs.model_at(uri)
     dest = scratch / "model"
     s3sync.fetch(prefix(uri), dest, max_connections=max_connections, progress=False)
     return dest
@@ -322,7 +298,7 @@ def run(argv: list) -> int:
     from kfvision.trainer.config import config_from_args, get_args_parser
 
     cfg = config_from_args(get_args_parser().parse_args(argv))
-    uris = {k: getattr(cfg, k) for k in PATH_FLAGS if s3.is_s3(getattr(cfg, k) or "")}
+    uris = {k: getattr(cfg, k) for k in STORE_PATHS if s3.is_s3(getattr(cfg, k) or "")}
     scratch = contract.pod_path(os.environ.get(contract.SCRATCH_ENV, contract.SCRATCH_MOUNT))
     scratch.mkdir(parents=True, exist_ok=True)
     max_connections = int(os.environ.get("KFVISION_S3_CONNECTIONS", s3.DEFAULT_CONNECTIONS))

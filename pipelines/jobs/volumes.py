@@ -1,14 +1,16 @@
-"""run-local's stand-in for a pod's own volumes: the ConfigMap and emptyDir mounts of the training
-container, as folders of this machine.
+"""run-local's stand-in for a pod's own volumes: the ConfigMap, emptyDir and generic ephemeral
+mounts of the training container, as folders of this machine.
 
-A pod's ConfigMap volume (a user's source snapshot: pipelines/script/job.py) and its emptyDirs
-(the boot's scratch folder) are the pod's alone; a local process cannot mount them at their
-paths. So each pod gets a folder ROOT (under the run's log folder), every such mount at path P
-becomes ROOT/P (a ConfigMap's keys written there as files), and the pod's environment names ROOT
-in KFVISION_POD_ROOT, which the boot and the node agent resolve their paths under
-(pipelines/contract.py: pod_path). /dev/shm and /tmp stay the machine's own, and PVC mounts are
-used at their paths, as for the built-in trainer. A restarted replica keeps its folder, as a
-container restarted in the same pod keeps its emptyDirs.
+A pod's ConfigMap volume (a user's source snapshot: pipelines/script/job.py), its emptyDirs
+(the boot's scratch folder, an s3:// job's scratch) and its generic ephemeral volumes (a PVC made
+with the pod and deleted with it: `--scratch-class`) are the pod's alone; a local process cannot
+mount them at their paths. So each pod gets a folder ROOT (under the run's log folder), every
+such mount at path P becomes ROOT/P (a ConfigMap's keys written there as files), and the pod's
+environment names ROOT in KFVISION_POD_ROOT, which the boot and the node agent resolve their
+paths under (pipelines/contract.py: pod_path; contract.SCRATCH_ENV). /dev/shm and /tmp stay
+the machine's own, and PVC mounts are used at their paths, as for the built-in trainer. A
+restarted replica keeps its folder, as a container restarted in the same pod keeps its
+emptyDirs.
 """
 
 import base64
@@ -19,6 +21,7 @@ from kfvision.pipelines.contract import POD_ROOT
 from kfvision.pipelines.jobs.errors import InvalidJobError
 
 HOST_MOUNTS = ("/dev/shm", "/tmp")  # the machine's own, shared as the built-in trainer does
+POD_OWN = {"configMap", "emptyDir", "ephemeral"}  # volume kinds that are the pod's own folder
 
 
 def trainjob_pod(job: dict) -> tuple:
@@ -41,7 +44,7 @@ def trainjob_pod(job: dict) -> tuple:
 
 def materialize(volumes: list, mounts: list, config_maps: dict, root: Path,
                 source: str = "the manifest") -> dict:
-    """Lay out the pod's ConfigMap and emptyDir mounts under `root` (emptied first); the
+    """Lay out the pod's ConfigMap, emptyDir and ephemeral mounts under `root` (emptied first); the
     environment that tells the pod where ({} when it has none).
 
     Raises:
@@ -52,7 +55,7 @@ def materialize(volumes: list, mounts: list, config_maps: dict, root: Path,
     for m in mounts:
         v = by_name.get(m["name"]) or {}
         path = m["mountPath"].rstrip("/")
-        if path in HOST_MOUNTS or not ("configMap" in v or "emptyDir" in v):
+        if path in HOST_MOUNTS or not POD_OWN.intersection(v):
             continue
         local.append((path, v))
     if not local:

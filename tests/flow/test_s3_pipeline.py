@@ -7,9 +7,10 @@ import json
 import pytest
 import yaml
 from helpers.fake_kserve import READY, FakeKServe, client_for
+from kfvision.pipelines.clients.s3 import S3_SECRET_KEYS
 from kfvision.pipelines.flow.pipeline import compile_pipeline
 from kfvision.pipelines.flow.steps import deploy as step
-from kfvision.pipelines.flow.storage import S3_SECRET_KEYS, Storage, check_data_pvc_use
+from kfvision.pipelines.flow.storage import Storage, check_data_pvc_use
 from kfvision.trainer.errors import InvalidParameterError
 
 S3_STEPS = ("convert-to-image-directory", "train-pytorch-model")

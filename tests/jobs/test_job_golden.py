@@ -36,6 +36,11 @@ GOLDEN = {  # typical configurations: a laptop-sized CPU job, CPU nodes, a multi
                     "--val", "/data/imagenet/val", "--out", "/data/models/imagenet-r50",
                     "--epochs", "90", "--batch-size", "64", "--lr", "0.0005",
                     "--warmup-epochs", "5", "--workers", "8"],
+    "job-s3-2x2": ["--name", "r18-s3", "--image", IMAGE, "--nodes", "2", "--procs-per-node",
+                   "2", "--cpu", "2", "--memory", "4Gi", "--s3-credentials", "kfvision-s3",
+                   "--scratch-size", "20Gi", "--model", "s3://kfv-obj/models/r18", "--train",
+                   "s3://kfv-obj/data/train", "--val", "s3://kfv-obj/data/val", "--out",
+                   "s3://kfv-obj/runs/r18-1", "--image-size", "32", "--no-check-store"],
 }
 
 

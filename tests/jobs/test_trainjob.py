@@ -50,6 +50,12 @@ GOLDEN = {  # nodes x processes: 1x1 and 2x2 on CPU, 3x4 and 4x8 on GPUs (one no
                          "--train", "/data/imagenet/train", "--val", "/data/imagenet/val",
                          "--out", "/data/models/imagenet-r50", "--epochs", "90",
                          "--batch-size", "64", "--workers", "8"],
+    "trainjob-s3-2x2": [*KFV, "--name", "r18-s3", "--image", IMAGE, "--nodes", "2",
+                        "--procs-per-node", "2", "--service-account", "kfvision-irsa",
+                        "--scratch-size", "200Gi", "--scratch-class", "fast-ssd", "--model",
+                        "s3://kfv-obj/models/r18", "--train", "s3://kfv-obj/data/train", "--val",
+                        "s3://kfv-obj/data/val", "--out", "s3://kfv-obj/runs/r18-1",
+                        "--image-size", "32", "--no-check-store"],
 }
 RUNTIME_FILES = {"clustertrainingruntime.yaml": dict(kind="ClusterTrainingRuntime"),
                  "trainingruntime.yaml": dict(kind="TrainingRuntime", namespace="kubeflow")}

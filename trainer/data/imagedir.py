@@ -109,10 +109,10 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _bad(root: Path, what: str) -> InvalidDatasetError:
+def _bad(root, what: str) -> InvalidDatasetError:
     return InvalidDatasetError(
-        f"{root / MANIFEST}: {what}. Re-create the directory with `kfvision convert SRC {root} "
-        "--overwrite`."
+        f"{str(root).rstrip('/')}/{MANIFEST}: {what}. Re-create the directory with `kfvision "
+        f"convert SRC {root} --overwrite`."
     )
 
 
@@ -172,6 +172,32 @@ def _holds_images(root: Path, look_at: int = 1000) -> bool:
     return False
 
 
+def parse_manifest(data: bytes, root) -> ImageDirectory:
+    """The image directory whose manifest holds `data` (its bytes), checked as far as the manifest
+    alone allows (format, classes, labels, paths, no class without images); no file is read.
+
+    Args:
+        root: where the manifest is (a folder, or an `s3://` URI's text): the directory's root
+            and what the messages name.
+    Raises:
+        InvalidDatasetError: malformed manifest, no images, or a class without images.
+    """
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise _bad(root, f"not valid JSON ({e})") from e
+    imdir = _parse_manifest(root, doc)
+    if not imdir.images:
+        raise InvalidDatasetError(f"{root} holds no images. Add images and convert again.")
+    empty = [c for c, n in imdir.class_counts().items() if n == 0]
+    if empty:
+        raise InvalidDatasetError(
+            f"{root}: class(es) {', '.join(empty)} have no images. Add images to them or remove "
+            "the class folders, then convert again."
+        )
+    return imdir
+
+
 def read_image_directory(root, *, verify: str = "size") -> ImageDirectory:
     """Read and validate an image directory.
 
@@ -198,19 +224,7 @@ def read_image_directory(root, *, verify: str = "size") -> ImageDirectory:
         raise InvalidDatasetError(
             f"{root} is not a kfvision image directory (no {MANIFEST}) and holds no images. "
             "Give the OUT folder of a `kfvision convert SRC OUT`, or make one that way.")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise _bad(root, f"not valid JSON ({e})") from e
-    imdir = _parse_manifest(root, doc)
-    if not imdir.images:
-        raise InvalidDatasetError(f"{root} holds no images. Add images and convert again.")
-    empty = [c for c, n in imdir.class_counts().items() if n == 0]
-    if empty:
-        raise InvalidDatasetError(
-            f"{root}: class(es) {', '.join(empty)} have no images. Add images to them or remove "
-            "the class folders, then convert again."
-        )
+    imdir = parse_manifest(path.read_bytes(), root)
     if verify != "none" and imdir.arrival is None:  # arriving files are checked as they are read
         check_files(imdir, hash=verify == "hash")
     return imdir

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from kfvision.pipelines.clients.k8s import dns1123_problem
 from kfvision.pipelines.jobs.config import (
     LABELS,
-    TRAIN_COMMAND,
     JobConfig,
+    command,
     container_env,
     pod_spec,
     resources,
@@ -55,11 +55,10 @@ ISTIO_OFF = {"sidecar.istio.io/inject": "false"}
 @dataclass(frozen=True)
 class RuntimeRef:
     """The runtime a TrainJob references: `name` of a ClusterTrainingRuntime (or a namespaced
-    TrainingRuntime); `service_account` for the pods (None: the namespace's default)."""
+    TrainingRuntime). The pods' service account is the JobConfig's, as a PyTorchJob's."""
 
     name: str = STOCK_RUNTIME
     kind: str = "ClusterTrainingRuntime"
-    service_account: str | None = None
 
     @classmethod
     def from_flags(cls, name: str | None, kind: str | None) -> "RuntimeRef":
@@ -67,9 +66,8 @@ class RuntimeRef:
         return cls(name or cls.name, kind or cls.kind)
 
     def validate(self) -> "RuntimeRef":
-        for what, value in (("--runtime", self.name), ("service account", self.service_account)):
-            if value is not None and dns1123_problem(what, value, subdomain=True):
-                raise InvalidJobError(dns1123_problem(what, value, subdomain=True) + ".")
+        if dns1123_problem("--runtime", self.name, subdomain=True):
+            raise InvalidJobError(dns1123_problem("--runtime", self.name, subdomain=True) + ".")
         if self.kind not in RUNTIME_KINDS:
             raise InvalidJobError(f"--runtime-kind {self.kind!r} is not valid; choose one of: "
                                   f"{', '.join(RUNTIME_KINDS)}.")
@@ -95,15 +93,13 @@ def _check(cfg: JobConfig) -> None:
             f"{63 - len(host) + len(cfg.name)} characters.")
 
 
-def _patch(cfg: JobConfig, runtime: RuntimeRef) -> dict:
+def _patch(cfg: JobConfig) -> dict:
     """The runtimePatches entry: the pod settings of the PyTorchJob's pods that a TrainJob's
     `trainer` cannot carry (the schema allows only these pod and container fields)."""
     pod = pod_spec(cfg, NODE)
     (container,) = pod["containers"]
     spec = {"securityContext": pod["securityContext"]}
-    if runtime.service_account:
-        spec["serviceAccountName"] = runtime.service_account
-    for key in ("nodeSelector", "tolerations"):
+    for key in ("serviceAccountName", "nodeSelector", "tolerations"):
         if key in pod:
             spec[key] = pod[key]
     spec["volumes"] = pod["volumes"]
@@ -130,7 +126,7 @@ def build_trainjob(cfg: JobConfig, runtime: RuntimeRef = RuntimeRef()) -> dict:
     if cfg.namespace:
         metadata["namespace"] = cfg.namespace
     metadata["labels"] = {**LABELS, **dict(sorted(cfg.labels))}
-    trainer = {"image": cfg.image, "command": list(TRAIN_COMMAND), "args": train_flags(cfg.train),
+    trainer = {"image": cfg.image, "command": command(cfg), "args": train_flags(cfg.train),
                # the Training Operator sets it, the torch plugin does not: logs as they happen
                "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, *container_env(cfg)],
                "numNodes": cfg.nodes, "numProcPerNode": cfg.nproc}
@@ -140,7 +136,7 @@ def build_trainjob(cfg: JobConfig, runtime: RuntimeRef = RuntimeRef()) -> dict:
             "trainer": trainer}
     if cfg.active_deadline is not None:
         spec["activeDeadlineSeconds"] = cfg.active_deadline
-    spec["runtimePatches"] = [_patch(cfg, runtime)]
+    spec["runtimePatches"] = [_patch(cfg)]
     job = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
     return validate_trainjob(job, f"the rendered TrainJob {cfg.name!r}")
 
