@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kfvision.pipelines.clients.s3 import S3_SECRET_KEYS
 from kfvision.pipelines.flow.params import train_options
 from kfvision.pipelines.flow.pipeline import compile_pipeline, parameter_defaults
 from kfvision.pipelines.flow.steps import train as train_step
-from kfvision.pipelines.flow.storage import S3_SECRET_KEYS, Storage, check_data_pvc_use, run_prefix
+from kfvision.pipelines.flow.storage import Storage, check_data_pvc_use, run_prefix
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB
 from kfvision.trainer.errors import InvalidParameterError
 
