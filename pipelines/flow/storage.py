@@ -76,7 +76,8 @@ class Storage:
     data_uri: str = option(
         "", "s3://BUCKET/PREFIX the steps and the job pass everything through ('': none)",
         doc="No shared volume at all: the image directories, the untrained and the trained "
-        "model go to PREFIX/<run id>/ (train, val, test, untrained, model), the job reads and "
+        "model go to PREFIX/<run id>/ (source, train, val, test, untrained, model), the job "
+        "reads and "
         "writes them there (its pods fetch onto their own scratch disk; any number of nodes), "
         "and score and deploy read from there. Valid with --workspace-size '' and no "
         "--data-pvc.", metavar="URI")
@@ -85,14 +86,9 @@ class Storage:
     def workspace(self) -> bool:
         return bool(self.workspace_size)
 
-    @property
-    def shared_volume(self) -> bool:
-        """Whether the job mounts a volume the steps share (the workspace or the data PVC): not
-        with a store, where each pod fetches what it reads."""
-        return not self.data_uri and (self.workspace or bool(self.data_pvc))
-
     def validate(self) -> "Storage":
-        """For a cluster: a place for the run's data (workspace or data PVC) and valid values."""
+        """For a cluster: a place for the run's data (workspace, data PVC or store) and valid
+        values."""
         check_options(self)
         if self.data_uri:
             check_store_uri(self.data_uri)
