@@ -12,6 +12,7 @@ LOOPBACK = "127.0.0.1"
 
 def _train(args) -> int:
     from kfvision.pipelines.jobs.config import train_flags
+    from kfvision.pipelines.jobs.storejob import check_store, uses_store
     from kfvision.trainer.config import config_from_args
     from kfvision.trainer.inputs import read_inputs
 
@@ -22,9 +23,12 @@ def _train(args) -> int:
     # waits for torchrun. The manifests only: the trainer itself looks at every image file
     # (200,000 stats take seconds).
     cfg = config_from_args(args)
+    nproc = args.nproc_per_node
+    if uses_store(cfg):
+        check_store(cfg)
+        return _train_from_store(train_flags(cfg), nproc, args.scratch)
     read_inputs(cfg.model, cfg.train, cfg.val, verify="none")
     flags = train_flags(cfg)
-    nproc = args.nproc_per_node
     if nproc == 1:
         from kfvision.trainer import train
 
@@ -40,6 +44,25 @@ def _train(args) -> int:
     return subprocess.call(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def _train_from_store(flags: list, nproc: int, scratch: str | None) -> int:
+    """s3:// data, model or output: the node agent (pipelines/jobs/storenode.py) as one node of
+    `nproc` processes, as a pod of a job runs it, with `scratch` (kept) or a temporary folder
+    (removed after) as its scratch disk."""
+    import tempfile
+
+    from kfvision.pipelines import contract
+    from kfvision.pipelines.clients.endpoints import free_port
+    from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
+
+    with tempfile.TemporaryDirectory(prefix="kfvision-scratch-") as tmp:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", contract.SCRATCH_ENV: scratch or tmp,
+               **dict(zip(PET_NAMES, ("1", str(nproc), "0", LOOPBACK, str(free_port())),
+                          strict=True))}
+        env.pop(contract.POD_ROOT, None)
+        return subprocess.call([sys.executable, "-m", contract.STORE_COMMAND[-1], *flags],
+                               env=env)
+
+
 def register(sub, help: str) -> None:
     """Add `kfvision train` (the trainer's own parser as its parent)."""
     from kfvision.trainer.config import get_args_parser
@@ -50,4 +73,6 @@ def register(sub, help: str) -> None:
                        formatter_class=HelpFormatter)
     t.add_argument(NPROC_FLAG, type=int, default=1,
                    help="processes on this machine (torchrun --standalone when > 1)")
+    t.add_argument("--scratch", metavar="DIR",
+                   help="where s3:// data is fetched to (default: a temporary folder)")
     t.set_defaults(func=_train)
