@@ -41,14 +41,15 @@ def pipeline_arguments(args) -> dict:
     return {n: getattr(args, n) for n in parameter_defaults() if getattr(args, n) is not None}
 
 
-def add_storage_flags(parser: argparse.ArgumentParser) -> None:
-    """The compile-time storage flags (kfvision.pipelines.flow.storage.Storage)."""
+def add_storage_flags(parser: argparse.ArgumentParser, only: tuple = ()) -> None:
+    """The compile-time storage flags (kfvision.pipelines.flow.storage.Storage); `only`: those
+    fields alone."""
     from kfvision.pipelines.flow.storage import Storage
     from kfvision.trainer.options import options_of
 
     add_flags(parser.add_argument_group(
         "storage (compiled in: where a run's data lives on the cluster; docs/pipeline.md, "
-        "'Storage')"), options_of(Storage))
+        "'Storage')"), [o for o in options_of(Storage) if not only or o.name in only])
 
 
 def storage_of(args):
@@ -190,7 +191,7 @@ def _submit(args) -> int:
 def _run_local(args) -> int:
     from kfvision.pipelines.flow.localrun import run_local_pipeline, summary
 
-    run = run_local_pipeline(pipeline_arguments(args), args.out)
+    run = run_local_pipeline(pipeline_arguments(args), args.out, data_uri=args.data_uri)
     print(summary(run))
     return 0
 
@@ -253,6 +254,7 @@ def register(subparsers, help: str) -> None:
     r = sub.add_parser("run-local", formatter_class=fmt, help="run the whole pipeline on this "
                        "machine (KFP's local runner; training as local processes)")
     r.add_argument("--out", default="build/pipeline", help="folder for every step's outputs")
+    add_storage_flags(r, only=("data_uri",))
     add_parameter_flags(r)
     r.set_defaults(func=_run_local)
 

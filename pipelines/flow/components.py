@@ -9,7 +9,9 @@ The pipeline sets every task's image from its `image` parameter; DEFAULT_IMAGE i
 
 A component that reads or writes the run's data takes `workspace` (the pipeline passes
 dsl.WORKSPACE_PATH_PLACEHOLDER when it has a workspace, else ''): KFP mounts the workspace only
-in the tasks whose inputs name it (see kfvision.pipelines.flow.storage).
+in the tasks whose inputs name it (see kfvision.pipelines.flow.storage). A component that writes
+data into a pipeline's store takes `store` (its --data-uri, '' for none); the next one finds the
+directory by its input artifact's metadata `store_uri` (kfvision.pipelines.flow.steps.store).
 
 Components and their outputs:
     prepare-workspace            -> (nothing: makes the workspace's kfvision folder writable)
@@ -61,7 +63,7 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
                      deploy: bool, deploy_name: str,
                      deploy_service_account: str, deploy_min_accuracy: float,
                      register_name: str, register_min_accuracy: float,
-                     registry: str) -> str:
+                     registry: str, store: str = "") -> str:
     """Validate every parameter of the pipeline (fail before any heavy work); returns the
     model family ("resnet" or "densenet") of model_name."""
     params = dict(locals())  # first statement: exactly the parameters
@@ -82,16 +84,19 @@ def prepare_workspace(workspace: str):
 
 @component
 def convert_to_image_directory(source: str, image_directory: Output[Dataset],
-                               labels: str = "", workspace: str = "", run_id: str = ""):
+                               labels: str = "", workspace: str = "", run_id: str = "",
+                               store: str = "", folder: str = ""):
     """Convert to Image Directory: a folder, archive or http(s) URL of labelled images. The
     output is the manifest (and samples.jpg): images already on a volume stay there, an
-    archive is extracted once into the run's data place."""
+    archive is extracted once into the run's data place; with a store, the images go to
+    store/<run>/<folder>/."""
     from kfvision.pipelines.flow.steps.common import resolve_mode, run
     from kfvision.pipelines.flow.steps.data import convert_step
-    from kfvision.pipelines.flow.storage import data_place
+    from kfvision.pipelines.flow.storage import data_place, run_prefix
 
     place = data_place(workspace, run_id, cluster=resolve_mode("auto") == "cluster")
-    result = run(convert_step, source, image_directory.path, labels=labels, place=place)
+    result = run(convert_step, source, image_directory.path, labels=labels, place=place,
+                 store_uri=run_prefix(store, run_id, folder) if store else "")
     print(result.pop("summary"))
     image_directory.metadata.update({"source": source, **result})
 
@@ -99,14 +104,21 @@ def convert_to_image_directory(source: str, image_directory: Output[Dataset],
 @component
 def split_image_directory(image_directory: Input[Dataset], train: Output[Dataset],
                           validation: Output[Dataset], fraction: float = 0.9,
-                          random_seed: int = 1, workspace: str = ""):
+                          random_seed: int = 1, workspace: str = "", store: str = "",
+                          run_id: str = ""):
     """Split Image Directory: `fraction` of each class to train, the rest to validation (two
-    manifests over the same images)."""
+    manifests over the same images; with a store, both pushed to store/<run>/train, val)."""
     from kfvision.pipelines.flow.steps.common import run
     from kfvision.pipelines.flow.steps.data import split_step
+    from kfvision.pipelines.flow.steps.store import METADATA_KEY
+    from kfvision.pipelines.flow.storage import run_prefix
 
+    uris = (image_directory.metadata[METADATA_KEY], run_prefix(store, run_id, "train"),
+            run_prefix(store, run_id, "val")) if store else ()
     counts = run(split_step, image_directory.path, train.path, validation.path, fraction,
-                 random_seed)
+                 random_seed, store_uris=uris)
+    for side, uri in zip((train, validation), uris[1:], strict=False):
+        side.metadata.update({METADATA_KEY: uri, "images_root": uri})
     print(f"split into {counts['train_images']} training and {counts['validation_images']} "
           "validation images")
     train.metadata["images"] = counts["train_images"]
@@ -150,7 +162,8 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
                         job_kind: str = "auto", trainer_runtime: str = "torch-distributed",
                         workspace: str = "", model_uri: str = "", script_source: str = "",
                         script_entry: str = "", script_args: str = "",
-                        script_requirements: str = "", script_launcher: str = "torchrun"):
+                        script_requirements: str = "", script_launcher: str = "torchrun",
+                        store: str = "", s3_secret: str = ""):
     """Train PyTorch Model: a TrainJob or PyTorchJob (torchrun, DDP) of the built-in trainer, or
     of your own script (script_source: then `model` is not used), on the cluster inside
     Kubernetes and as local processes elsewhere; the trained model, its metrics and curves."""
@@ -159,24 +172,30 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
     from kfvision.pipelines.flow.report import curves_html, train_metrics
     from kfvision.pipelines.flow.steps.common import run, unique_run_key
     from kfvision.pipelines.flow.steps.model import push_model_step
+    from kfvision.pipelines.flow.steps.store import METADATA_KEY, job_paths
     from kfvision.pipelines.flow.steps.train import job_summary, train_step
     from kfvision.pipelines.flow.steps.trainscript import script_train_step
 
     where = dict(settings=job_settings(**params), run_key=unique_run_key(run_id, task_name),
                  mode=execution_mode, pvc_name=pvc_name, kind=job_kind, runtime=trainer_runtime,
                  workspace=workspace)
+    paths = job_paths(store, run_id, train.metadata[METADATA_KEY],
+                      validation.metadata[METADATA_KEY]) if store else None
     if script_source:
         summary = run(script_train_step, train.path, validation.path, trained_model.path,
                       job.path, script=script_settings(**params), **where)
     else:
         summary = run(train_step, model.path, train.path, validation.path, trained_model.path,
-                      job.path, options=train_options(**params), **where)
+                      job.path, options=train_options(**params), store=paths,
+                      s3_secret=s3_secret, **where)
     for key, value in train_metrics(summary).items():
         metrics.log_metric(key, value)
     with open(curves.path, "w", encoding="utf-8") as f:
         f.write(curves_html(summary))
     job.metadata.update(job_summary(job.path))
     trained_model.metadata.update({"framework": "pytorch", **summary["final"]})
+    if paths:  # where score, register and deploy find it
+        trained_model.metadata[METADATA_KEY] = paths["out"]
     if model_uri:  # for KServe and `--model s3://...`; the Model artifact keeps the lineage
         trained_model.metadata.update(run(push_model_step, trained_model.path, model_uri))
 
@@ -186,9 +205,11 @@ def score_image_model(trained_model: Input[Model], image_directory: Input[Datase
                       scored: Output[Dataset], workspace: str = ""):
     """Score Image Model: one CSV row per image, predicted label and class probabilities."""
     from kfvision.pipelines.flow.steps.common import run
+    from kfvision.pipelines.flow.steps.store import METADATA_KEY
     from kfvision.pipelines.flow.steps.use import score_step
 
-    result = run(score_step, trained_model.path, image_directory.path, scored.path)
+    result = run(score_step, trained_model.path, image_directory.path, scored.path,
+                 store_uri=image_directory.metadata.get(METADATA_KEY, ""))
     print(f"scored {result['rows']} images" + ("" if result["accuracy"] is None else
                                                f", top-1 {result['accuracy']:.4f}"))
     scored.metadata.update({"rows": result["rows"], "format": "csv"})
@@ -235,13 +256,16 @@ def deploy_model(trained_model: Input[Model], validation: Input[Dataset],
     version the register step registered, when it did, is what is served."""
     from kfvision.pipelines.flow.steps.common import run
     from kfvision.pipelines.flow.steps.deploy import deploy_step
+    from kfvision.pipelines.flow.steps.store import METADATA_KEY
 
     figures = run(deploy_step, trained_model.path, validation.path, evaluation.path,
                   deployment.path, name=deploy_name,
                   min_accuracy=deploy_min_accuracy, mode=execution_mode, image=image,
-                  pvc_name=pvc_name, run_key=run_id, model_uri=model_uri,
+                  pvc_name=pvc_name, run_key=run_id,
+                  model_uri=model_uri or trained_model.metadata.get(METADATA_KEY, ""),
                   service_account=deploy_service_account,
-                  registration_dir=registration.path)
+                  registration_dir=registration.path,
+                  val_uri=validation.metadata.get(METADATA_KEY, ""))
     for key, value in figures.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             metrics.log_metric(key, value)
@@ -259,8 +283,10 @@ def register_model(trained_model: Input[Model], evaluation: Input[Artifact],
     `registration` (a folder) tells the deploy step what was registered."""
     from kfvision.pipelines.flow.steps.common import run
     from kfvision.pipelines.flow.steps.register import register_step
+    from kfvision.pipelines.flow.steps.store import METADATA_KEY
 
     got = run(register_step, trained_model.path, evaluation.path, name=register_name,
               min_accuracy=register_min_accuracy, pipeline_run=run_id, registry=registry,
-              storage_uri=model_uri, out_dir=registration.path)
+              storage_uri=model_uri or trained_model.metadata.get(METADATA_KEY, ""),
+              out_dir=registration.path)
     registration.metadata.update({k: v for k, v in got.items() if v is not None})

@@ -12,7 +12,10 @@ kfvision.pipelines.jobs.pytorchjob.local; with trainjob a TrainJob,
 kfvision.pipelines.jobs.trainjob.local). The pipeline runs without a KFP workspace
 (kfvision.pipelines.flow.storage.LOCAL): kfp.local deletes its workspace folder when the run ends,
 and the image directories a run leaves behind reference their images, so a source folder is
-referenced where it is and an archive is extracted into the convert step's own output.
+referenced where it is and an archive is extracted into the convert step's own output. With
+`data_uri` (`kfvision pipeline run-local --data-uri s3://...`) it is the pipeline compiled with
+that store: the steps and the job pass everything through object storage, as on a cluster
+without shared volumes.
 
 kfp 2.17's local runner runs dsl.If/dsl.Else and merges *parameters* of dsl.OneOf, but refuses a
 dsl.OneOf of *artifacts* ("Expected 1 artifact in ArtifactSelectorSpec", in
@@ -23,7 +26,7 @@ the one branch that ran gives the value. Nothing else of kfp.local is changed.
 
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kfvision.trainer.errors import KfvisionError
@@ -91,8 +94,9 @@ def local_arguments(arguments: dict) -> dict:
     return arguments
 
 
-def run_local_pipeline(arguments: dict, out) -> LocalPipelineRun:
-    """Validate `arguments`, then run the whole pipeline locally; artifacts go under `out`.
+def run_local_pipeline(arguments: dict, out, data_uri: str = "") -> LocalPipelineRun:
+    """Validate `arguments`, then run the whole pipeline locally; artifacts go under `out`;
+    `data_uri`: the store the steps and the job pass everything through ('' for none).
 
     Raises:
         InvalidParameterError, InvalidDatasetError: bad arguments (nothing has run).
@@ -101,11 +105,15 @@ def run_local_pipeline(arguments: dict, out) -> LocalPipelineRun:
     from kfp import local
     from kfvision.pipelines.flow.pipeline import PIPELINE_NAME, build_pipeline, parameter_defaults
     from kfvision.pipelines.flow.steps.check import check_parameters
-    from kfvision.pipelines.flow.storage import LOCAL
+    from kfvision.pipelines.flow.storage import LOCAL, check_data_pvc_use, check_store_uri
 
     arguments = local_arguments(arguments)
     params = {**parameter_defaults(), **arguments}
     check_parameters(**params)
+    storage = LOCAL
+    if data_uri:
+        storage = replace(LOCAL, data_uri=check_store_uri(data_uri))
+        check_data_pvc_use({"script_source": params["script_source"]}, True, has_store=True)
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in out.iterdir()}
@@ -119,7 +127,7 @@ def run_local_pipeline(arguments: dict, out) -> LocalPipelineRun:
         warnings.filterwarnings("ignore", message="You may be attemping", category=RuntimeWarning)
         warnings.filterwarnings("ignore", message=".*no effect in the current local runner")
         try:
-            build_pipeline(LOCAL)(**arguments)
+            build_pipeline(storage)(**arguments)
         except RuntimeError as e:  # kfp.local's "finished with status FAILURE. Inner task ..."
             raise PipelineFailedError(f"the local pipeline run failed: {e} The failing step's "
                                       f"log is above; its outputs are under {out}.") from e

@@ -18,7 +18,8 @@ job's. Where the run's data lives on a cluster is fixed at compile time
 (kfvision.pipelines.flow.storage.Storage, docs/pipeline.md "Storage"): by default the run's KFP
 workspace, which the tasks that touch data mount (they take dsl.WORKSPACE_PATH_PLACEHOLDER), made
 writable by `prepare-workspace` first; with a data PVC (`--data-pvc`), those tasks also mount the
-PVC `pvc_name` at /kfvision-data.
+PVC `pvc_name` at /kfvision-data; with a store (`--data-uri s3://...`) they pass the image
+directories and the models through it and need neither (kfvision.pipelines.flow.steps.store).
 
 Caching: on for the steps whose outputs are a function of their inputs (split, model, train,
 score, evaluate, check), off for convert, which reads a path or URL whose contents can change,
@@ -119,27 +120,33 @@ def build_pipeline(storage: Storage = DEFAULT):
         params = dict(locals())  # first statement: every parameter, by name
         pvc = pvc_name if storage.data_pvc else None  # the data PVC, where the step reads data
         secret = s3_secret if storage.s3_credentials else None  # the steps that talk to s3://
+        store = storage.data_uri
+        # with a store, split and score fetch from it too
+        store_secret = secret if store else None
         data = {"workspace": ws}  # the inputs that make KFP mount the workspace in a task
-        check = _step(c.check_parameters(**_inputs(c.check_parameters, params)), image, pvc=pvc)
+        check = _step(c.check_parameters(**_inputs(c.check_parameters, params), store=store),
+                      image, pvc=pvc)
         first = check  # what the steps that write data wait for
         if storage.workspace:
             first = _step(c.prepare_workspace(workspace=ws), image, cache=False).after(check)
             kubernetes.set_security_context(first, run_as_user=0, run_as_group=0,
                                             run_as_non_root=False)  # to open a new volume
 
-        def convert(source, name):
+        def convert(source, name, folder):
             return _step(c.convert_to_image_directory(
-                source=source, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **data), image,
-                cache=False, pvc=pvc, name=name, secret=secret).after(first)
+                source=source, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, store=store,
+                folder=folder, **data), image, cache=False, pvc=pvc, name=name,
+                secret=secret).after(first)
 
         with dsl.If(validation_source == "", name="split-train-source"):
-            whole = convert(train_source, "convert train source")
+            whole = convert(train_source, "convert train source", "source")
             split = _step(c.split_image_directory(
                 image_directory=whole.outputs["image_directory"], fraction=fraction,
-                random_seed=random_seed, **data), image, pvc=pvc)
+                random_seed=random_seed, store=store, run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                **data), image, pvc=pvc, secret=store_secret)
         with dsl.Else(name="validation-source-given"):
-            train_dir = convert(train_source, "convert train source")
-            val_dir = convert(validation_source, "convert validation source")
+            train_dir = convert(train_source, "convert train source", "train")
+            val_dir = convert(validation_source, "convert validation source", "val")
         train_data = dsl.OneOf(split.outputs["train"], train_dir.outputs["image_directory"])
         val_data = dsl.OneOf(split.outputs["validation"], val_dir.outputs["image_directory"])
 
@@ -154,17 +161,18 @@ def build_pipeline(storage: Storage = DEFAULT):
         train = _step(c.train_pytorch_model(
             model=untrained, train=train_data, validation=val_data,
             run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-            **data, **_inputs(c.train_pytorch_model, params)), image, pvc=pvc, secret=secret)
+            store=store, **data, **_inputs(c.train_pytorch_model, params)), image, pvc=pvc,
+            secret=secret)
         trained = train.outputs["trained_model"]
 
         with dsl.If(test_source == "", name="score-validation-data"):
             on_val = _step(c.score_image_model(trained_model=trained, image_directory=val_data,
-                                               **data), image, pvc=pvc)
+                                               **data), image, pvc=pvc, secret=store_secret)
         with dsl.Else(name="score-test-source"):
-            test_dir = convert(test_source, "convert test source")
+            test_dir = convert(test_source, "convert test source", "test")
             on_test = _step(c.score_image_model(
                 trained_model=trained, image_directory=test_dir.outputs["image_directory"],
-                **data), image, pvc=pvc)
+                **data), image, pvc=pvc, secret=store_secret)
         evaluated = _step(c.evaluate_model(scored=dsl.OneOf(on_val.outputs["scored"],
                                                             on_test.outputs["scored"])), image)
 

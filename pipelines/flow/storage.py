@@ -1,4 +1,5 @@
-"""Where a run's data lives on a cluster: the run's KFP workspace, a data PVC, or both.
+"""Where a run's data lives on a cluster: the run's KFP workspace, a data PVC, both, or object
+storage alone.
 
 The dataset crosses storage once. A source folder on a PVC is referenced where it is (the image
 directories the steps pass on hold manifests, not images: kfvision.trainer.data.imagedir); an
@@ -13,6 +14,12 @@ store.
     /kfvision-data/kfvision-runs/<run>/... no workspace (--workspace-size ''): the data PVC
     (none: the image directory's folder)   a local run (no cluster): the convert step's output
 
+With a store (`--data-uri s3://BUCKET/PREFIX`) no volume is shared at all: the convert and split
+steps push the image directories to `PREFIX/<run>/<folder>` (`run_prefix`), the train step pushes
+the untrained model there and runs a job whose --train/--val/--model/--out are those URIs (its
+pods run the node agent, pipelines/jobs/storenode.py, and mount no PVC), and score, register and
+deploy read from there. A step's own disk only holds what it works on, for as long as it does.
+
 Which of these a pipeline uses is fixed when it is compiled (`Storage`, the flags of `kfvision
 pipeline compile`): KFP mounts volumes by the compiled spec, and a PVC whose name is empty at run
 time fails the task ("missing mountpath or pvc name"). The run parameter `pvc_name` names the
@@ -25,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kfvision.pipelines.clients.s3 import is_s3, split_uri
 from kfvision.trainer.errors import InvalidParameterError, OutputError
 from kfvision.trainer.options import check_options, option
 
@@ -62,20 +70,33 @@ class Storage:
         "are the standard AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
         "AWS_SESSION_TOKEN, AWS_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_REGION, "
         "AWS_DEFAULT_REGION), given as environment to exactly the steps that talk to s3:// "
-        "(convert, train): the default of the run parameter s3_secret. Without it, IRSA or a "
-        "node role still work.", metavar="NAME")
+        "(convert, train; with --data-uri also split and score, and the job's pods): the "
+        "default of the run parameter s3_secret. Without it, IRSA or a node role still work.",
+        metavar="NAME")
+    data_uri: str = option(
+        "", "s3://BUCKET/PREFIX the steps and the job pass everything through ('': none)",
+        doc="No shared volume at all: the image directories, the untrained and the trained "
+        "model go to PREFIX/<run id>/ (source, train, val, test, untrained, model), the job "
+        "reads and "
+        "writes them there (its pods fetch onto their own scratch disk; any number of nodes), "
+        "and score and deploy read from there. Valid with --workspace-size '' and no "
+        "--data-pvc.", metavar="URI")
 
     @property
     def workspace(self) -> bool:
         return bool(self.workspace_size)
 
     def validate(self) -> "Storage":
-        """For a cluster: a place for the run's data (workspace or data PVC) and valid values."""
+        """For a cluster: a place for the run's data (workspace, data PVC or store) and valid
+        values."""
         check_options(self)
-        if not self.workspace and not self.data_pvc:
+        if self.data_uri:
+            check_store_uri(self.data_uri)
+        elif not self.workspace and not self.data_pvc:
             raise InvalidParameterError(
-                "--workspace-size '' (no workspace) needs --data-pvc NAME: without a KFP "
-                "workspace, the run's extracted data and the job's model go on the data PVC.")
+                "--workspace-size '' (no workspace) needs --data-pvc NAME or --data-uri "
+                "s3://BUCKET/PREFIX: without a KFP workspace, the run's extracted data and the "
+                "job's model go on the data PVC, or through object storage.")
         if self.workspace:
             from kfp.dsl import WorkspaceConfig
 
@@ -88,7 +109,7 @@ class Storage:
     def check_arguments(self, params: dict) -> None:
         """What a run of the pipeline compiled with this storage cannot do (checked before
         submitting; the check step does the same from its mounts)."""
-        check_data_pvc_use(params, bool(self.data_pvc))
+        check_data_pvc_use(params, bool(self.data_pvc), has_store=bool(self.data_uri))
         if params.get("s3_secret") and not self.s3_credentials:
             raise InvalidParameterError(
                 f"s3_secret = {params['s3_secret']!r}, but the pipeline is compiled without an "
@@ -108,9 +129,15 @@ class Storage:
             size=self.workspace_size, kubernetes=dsl.KubernetesWorkspaceConfig(pvcSpecPatch=patch)))
 
 
-def check_data_pvc_use(params: dict, has_data_pvc: bool) -> None:
+def check_data_pvc_use(params: dict, has_data_pvc: bool, *, has_store: bool = False) -> None:
     """Without a data PVC a run cannot read a path source, mount `pvc_name` or deploy (KServe
-    serves the model from the data PVC)."""
+    serves the model from the data PVC) unless the model is in object storage (model_uri, or
+    the store a pipeline compiled with --data-uri passes everything through)."""
+    if has_store and params.get("script_source"):
+        raise InvalidParameterError(
+            "script_source with a pipeline compiled with --data-uri: your script's job reads "
+            "its channels from a volume, which such a pipeline does not have. Compile without "
+            "--data-uri (a workspace or --data-pvc), or use the built-in trainer.")
     if has_data_pvc:
         return
     import urllib.parse
@@ -128,7 +155,7 @@ def check_data_pvc_use(params: dict, has_data_pvc: bool) -> None:
             f"pvc_name = {params['pvc_name']!r}, but the pipeline is compiled without a data "
             f"PVC: add --data-pvc {params['pvc_name']} (`kfvision pipeline compile` or "
             "`submit`).")
-    if params.get("deploy") and not params.get("model_uri"):
+    if params.get("deploy") and not params.get("model_uri") and not has_store:
         raise InvalidParameterError(
             "deploy on a cluster copies the model onto the data PVC for KServe to serve: add "
             "--data-pvc NAME (`kfvision pipeline compile` or `submit`), or give model_uri "
@@ -137,6 +164,21 @@ def check_data_pvc_use(params: dict, has_data_pvc: bool) -> None:
 
 DEFAULT = Storage()  # what `kfvision pipeline compile` makes without storage flags
 LOCAL = Storage(workspace_size="", data_pvc="")  # a local run: neither (not validated)
+
+
+def check_store_uri(uri: str) -> str:
+    """`uri`, an s3:// prefix with a bucket (--data-uri)."""
+    if not is_s3(uri):
+        raise InvalidParameterError(f"--data-uri {uri!r} is not an s3:// URI: give "
+                                    "s3://BUCKET/PREFIX (or '' for none).")
+    split_uri(uri)
+    return uri
+
+
+def run_prefix(store: str, run_id: str, folder: str) -> str:
+    """`store`/<run>/<folder>/: where a run puts one of its image directories or models in the
+    store (a retried step writes to the same place; another run never does)."""
+    return f"{store.rstrip('/')}/{safe_name(run_id)}/{folder}/"
 
 
 def is_mount(path) -> bool:

@@ -75,6 +75,32 @@ def test_submit_compiles_and_starts_a_run_with_the_given_parameters(fake_kfp, ca
     assert call["pvc_default"] == args["pvc_name"] == "photos"  # compiled in, and the run's
 
 
+def test_submit_with_a_store_needs_no_volume_and_deploys_from_it(fake_kfp, capsys):
+    rc = cli.main(["pipeline", "submit", "--endpoint", fake_kfp.endpoint, "--workspace-size",
+                   "", "--data-uri", "s3://bkt/kfvision", "--train-source", "s3://bkt/photos/",
+                   "--nodes", "4", "--deploy"])
+    assert rc == 0, capsys.readouterr().err
+    (client,) = fake_kfp.made
+    assert client.calls[0]["arguments"]["nodes"] == 4
+
+
+@pytest.mark.parametrize("action, flags, message", [
+    ("submit", ["--data-uri", "bkt/kfvision"], "--data-uri 'bkt/kfvision' is not an s3:// URI"),
+    ("submit", ["--data-uri", "s3://bkt/k", "--script-source", "s3://bkt/s.tar.gz",
+                "--script-entry", "train.py"], "script_source with a pipeline compiled with "
+     "--data-uri"),
+    ("run-local", ["--data-uri", "bkt/kfvision"], "--data-uri 'bkt/kfvision' is not an s3://"),
+])
+def test_a_bad_store_is_refused_before_anything_runs(fake_kfp, capsys, tmp_path, action, flags,
+                                                     message):
+    argv = ["pipeline", action, "--train-source", "s3://bkt/photos/", *flags]
+    argv += ["--endpoint", fake_kfp.endpoint] if action == "submit" else [
+        "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 2 and fake_kfp.made == []
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--train-source", "/kfvision-data/x"], "train_source '/kfvision-data/x' is a path, but "
                                              "the pipeline is compiled without a data PVC"),

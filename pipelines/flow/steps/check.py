@@ -41,12 +41,12 @@ def _check_source(name: str, source: str, required: bool, exists: bool) -> None:
             f"{DATA_MOUNT} when the pipeline is compiled with --data-pvc NAME).")
 
 
-def check_parameters(*, check_sources: bool = True, **params) -> str:
+def check_parameters(*, check_sources: bool = True, store: str = "", **params) -> str:
     """Validate every pipeline parameter before any heavy work; return the model family.
 
     `params`: every parameter of the pipeline (kfvision.pipelines.flow.params), by name.
     check_sources: whether the sources must exist here (not when checking a cluster run from outside
-    the cluster).
+    the cluster). store: the pipeline's --data-uri ('' for none).
     Raises:
         InvalidParameterError: a value out of range or not one of the choices (the message names
             the parameter and the valid values). InvalidDatasetError: a source that is not there.
@@ -78,7 +78,7 @@ def check_parameters(*, check_sources: bool = True, **params) -> str:
 
             from kfvision.pipelines.flow.storage import check_data_pvc_use
 
-            check_data_pvc_use(params, os.path.ismount(DATA_MOUNT))
+            check_data_pvc_use(params, os.path.ismount(DATA_MOUNT), has_store=bool(store))
     except InvalidParameterError as e:  # named as the pipeline's parameters, not the fields
         raise type(e)(e.named(parameter_ref)) from e
     return family

@@ -27,7 +27,8 @@ def _fetch(url: str, dest: Path) -> Path:
     return target
 
 
-def convert_step(source: str, out, labels: str = "", place: Path | None = None) -> dict:
+def convert_step(source: str, out, labels: str = "", place: Path | None = None,
+                 store_uri: str = "") -> dict:
     """Convert a folder, archive, http(s) URL or s3:// URI of images into an image directory at
     `out`, copying no image that is already where the job can read it (see
     kfvision.pipelines.flow.storage).
@@ -41,9 +42,21 @@ def convert_step(source: str, out, labels: str = "", place: Path | None = None) 
     (kfvision.pipelines.clients.datasource). `out` also gets `samples.jpg`, a few images of each
     class, for the KFP UI.
 
+    With `store_uri` (a pipeline compiled with --data-uri: kfvision.pipelines.flow.steps.store)
+    the images go to that prefix of object storage: extracted or fetched into a scratch folder
+    of this step when there is no `place`, pushed, and the scratch folder removed; `out` keeps
+    the manifest and samples.jpg.
+
     Returns {"images", "classes", "skipped", "bytes", "images_root", "summary"} for the step's
-    log and artifact metadata.
+    log and artifact metadata ("store_uri" too with a store).
     """
+    if store_uri:
+        from kfvision.pipelines.flow.steps.store import METADATA_KEY, push_images, scratch
+
+        with scratch("convert") as tmp:
+            result = convert_step(source, out, labels, place or tmp)
+            push_images(out, store_uri)
+        return {**result, "images_root": store_uri, METADATA_KEY: store_uri}
     from kfvision.trainer.data.convert import convert
     from kfvision.trainer.use.preview import write_samples
 
@@ -89,9 +102,19 @@ def _convert_s3(source: str, out, labels: str, place):
                    extract_to=local.extract_to, origin=local.origin)
 
 
-def split_step(data, train_out, val_out, fraction: float, random_seed: int) -> dict:
+def split_step(data, train_out, val_out, fraction: float, random_seed: int, *,
+               store_uris: tuple = ()) -> dict:
     """Split an image directory (stratified) into two manifests over its images (no copies),
-    each with its samples.jpg; returns the image counts of both sides."""
+    each with its samples.jpg; returns the image counts of both sides.
+
+    `store_uris`: (the input's, train's, validation's) prefixes in object storage, for a
+    pipeline compiled with --data-uri: the input is fetched from the store instead of read at
+    `data`, and both sides pushed (kfvision.pipelines.flow.steps.store.split_in_store)."""
+    if store_uris:
+        from kfvision.pipelines.flow.steps.store import split_in_store
+
+        return split_in_store(*store_uris, train_out, val_out, lambda src, a, b: split_step(
+            src, a, b, fraction, random_seed))
     from kfvision.trainer.data.split import split
     from kfvision.trainer.use.preview import write_samples
 

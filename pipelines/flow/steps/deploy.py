@@ -44,7 +44,8 @@ FIGURES = "figures.json"
 def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
                 min_accuracy: float, mode: str = "auto", image: str = "", pvc_name: str = "",
                 run_key: str = "", connect=None, out=None, model_uri: str = "",
-                service_account: str = "", registration_dir=None, environ=None) -> dict:
+                service_account: str = "", registration_dir=None, environ=None,
+                val_uri: str = "") -> dict:
     """Gate, then deploy on the cluster or serve-and-check locally; returns the figures.
 
     `evaluation_dir`: the evaluate step's folder (its metrics.json gives the accuracy, on the
@@ -54,6 +55,8 @@ def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
     what the deployment measured. `model_uri`: where the train step pushed the model (s3://):
     then KServe fetches it from there (as `service_account`), and no PVC is needed.
     `registration_dir`: the register step's folder; a registered version is what is served.
+    `val_uri`: the validation images are in the store there (a pipeline compiled with
+    --data-uri), fetched for the local check.
     """
     out = out or sys.stdout
     out_dir = Path(out_dir)
@@ -74,12 +77,14 @@ def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
         figures.update(_deploy_on_cluster(model_dir, out_dir, isvc_cfg, copy_to, registered_uri,
                                           pvc_name, connect, out))
     elif ok:
+        from kfvision.pipelines.flow.steps.store import images_at
         from kfvision.trainer.use.score import score
 
-        score(model_dir, val_dir, out_dir / "scored.csv", progress=False)
-        figures.update(serve_and_check(model_dir, val_dir, out_dir / "scored.csv",
-                                       out_dir / "server.log", name=name), deployed=1,
-                       where="local")
+        with images_at(val_dir, val_uri) as val_dir:
+            score(model_dir, val_dir, out_dir / "scored.csv", progress=False)
+            figures.update(serve_and_check(model_dir, val_dir, out_dir / "scored.csv",
+                                           out_dir / "server.log", name=name), deployed=1,
+                           where="local")
         print(f"served {figures['images']} images locally over v1 and v2: labels equal the "
               f"scored ones ({figures['v1_images_per_s']:.1f} and "
               f"{figures['v2_images_per_s']:.1f} images/s)", file=out, flush=True)

@@ -18,6 +18,11 @@ cluster, runs a PyTorchJob as before TrainJobs.
             (kfvision.pipelines.jobs.cluster.submit: create or re-attach, wait, stream the Master's
             log), and the trained model is copied from the volume into the step's Model output, so
             lineage and the KFP UI keep working.
+    store   (a pipeline compiled with --data-uri, either of the above): nothing is staged and no
+            volume mounted. The untrained model is pushed to the store and the job's --model,
+            --train, --val and --out are the store's URIs, so its pods run the node agent
+            (kfvision.pipelines.jobs.storenode) on their own scratch disks, with any number of
+            nodes; the trained model is fetched from --out into the Model output.
 
 The job name derives from the KFP run id and task name: a retried step finds its job again. A job
 that is still running or has succeeded is re-attached to; one that failed is deleted and created
@@ -54,17 +59,19 @@ JOB_PREFIX = "kfvision-train"
 
 
 def job_config(cfg: TrainConfig, *, run_id: str, volumes: tuple = (), env: tuple = (),
-               **settings) -> JobConfig:
+               s3_secret: str = "", **settings) -> JobConfig:
     """The job of a pipeline run (settings: params.job_settings); validated. (`kfvision job
     render`'s flags give theirs through kfvision.pipelines.cli.job.job_config_from_args.)
 
     The job name derives from the run (see kfvision.pipelines.jobs.config.job_name), so a retried
     step finds its own job again. `volumes`: the PVCs (kfvision.pipelines.jobs.config.Volume)
     mounted in every pod, none in a local run; `env`: ((name, value), ...) for the training
-    container (kfvision.pipelines.flow.steps.train.tracking_env).
+    container (kfvision.pipelines.flow.steps.train.tracking_env); `s3_secret`: the Secret whose
+    AWS_* keys the pods of a job on s3:// paths get, by reference.
     """
+    store = {"s3_credentials": s3_secret} if s3_secret else {}
     return JobConfig(name=job_name(JOB_PREFIX, run_id), train=cfg, **job_options(**settings),
-                     volumes=tuple(volumes), env=tuple(env)).validate()
+                     volumes=tuple(volumes), env=tuple(env), **store).validate()
 
 
 def job_kinds(job_kind: str, mode: str) -> tuple:
@@ -85,7 +92,7 @@ STAGED_MARK = ".staged"
 def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dict,
                settings: dict, run_key: str, mode: str = "auto", pvc_name: str = "",
                kind: str = "auto", runtime: str = "torch-distributed", workspace: str = "",
-               out=None) -> dict:
+               store: dict | None = None, s3_secret: str = "", out=None) -> dict:
     """Train as a TrainJob or PyTorchJob and leave the trained model directory at `out_dir`.
 
     Args:
@@ -97,6 +104,9 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
         mode: auto, local or cluster (steps.resolve_mode); pvc_name: the data PVC (cluster).
         kind: auto, trainjob or pytorchjob (steps.job_kinds); runtime: a TrainJob's runtime.
         workspace: the run's KFP workspace as the step sees it ('' for none).
+        store: {"model", "train", "val", "out"}: the job's s3:// URIs (a pipeline compiled with
+            --data-uri; train and val already there, model pushed here, out fetched from);
+            s3_secret: the Secret the job's pods on a cluster read the store with.
     Returns:
         the trained model's metrics.json (history, best_epoch, final figures).
     Raises:
@@ -108,7 +118,9 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
     kinds = job_kinds(kind, mode)
     run_id = run_key.partition("/")[0]  # steps.unique_run_key: the run's folder, as convert's
     name = job_name(JOB_PREFIX, run_key)  # the run key alone: a retried step finds its job
-    if mode == "cluster":  # the job reads copies staged where its pods see them
+    if store:  # the job reads and writes the store; nothing is staged, no volume shared
+        paths = dict(store)
+    elif mode == "cluster":  # the job reads copies staged where its pods see them
         stage = staging_folder(workspace, run_id) / name
         paths = {"model": stage / "model", "train": stage / "train", "val": stage / "val",
                  "out": stage / "trained"}
@@ -116,8 +128,16 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
         paths = {"model": model_dir, "train": train_dir, "val": val_dir, "out": out_dir}
     cfg = TrainConfig(**{k: str(v) for k, v in paths.items()}, **options).validate()
     # built and validated once, before connecting anywhere; a cluster adds what only it knows
-    volumes = data_volumes(pvc_name) if mode == "cluster" else ()
-    job = job_config(cfg, run_id=run_key, volumes=volumes, **settings)
+    volumes = data_volumes(pvc_name) if mode == "cluster" and not store else ()
+    job = job_config(cfg, run_id=run_key, volumes=volumes, s3_secret=s3_secret if store and
+                     mode == "cluster" else "", **settings)
+    if store:
+        from kfvision.pipelines.flow.steps.store import push_untrained
+
+        push_untrained(model_dir, store["model"])
+    if mode == "cluster" and store:
+        return _train_from_store(job, kinds, store["out"], out_dir, job_yaml, runtime, run_id,
+                                 out)
     if mode == "cluster":
         return _train_on_cluster(job, kinds, stage, model_dir, train_dir, val_dir, out_dir,
                                  job_yaml, pvc_name, runtime, workspace, run_id, out)
@@ -132,6 +152,10 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
               flush=True)
         result = run_local(job, logs, source=f"{what} {name}", out=out)
     print(f"{what} {name} succeeded in {result.seconds:.1f} s", file=out, flush=True)
+    if store:
+        from kfvision.pipelines.flow.steps.store import fetch_trained
+
+        fetch_trained(store["out"], out_dir)
     return read_metrics(out_dir)
 
 
@@ -227,6 +251,23 @@ def _train_on_cluster(job: JobConfig, kinds: tuple, stage: Path, model_dir, trai
     return read_metrics(out_dir)
 
 
+def _train_from_store(job: JobConfig, kinds: tuple, trained_uri: str, out_dir, job_yaml,
+                      runtime, run_id, out) -> dict:
+    """The cluster path of a job on s3:// paths: no volume, so no access mode to check (any
+    number of nodes); the trained model fetched from `trained_uri` into `out_dir`."""
+    from kfvision.pipelines.flow.steps.store import fetch_trained
+    from kfvision.pipelines.jobs.cluster import submit
+
+    client, job_kind = cluster_client(kinds, out)
+    env = tracking_env(os.environ, kind=job_kind.kind, name=job.name, run_id=run_id,
+                       local=False, out=out)
+    manifest = render(replace(job, env=env), job_yaml, job_kind, runtime)
+    replace_failed_job(client, job.name, trained_uri)
+    submit(client, manifest, wait=True, poll_s=10.0, logs=True)
+    fetch_trained(trained_uri, out_dir)
+    return read_metrics(out_dir)
+
+
 def data_volumes(pvc_name: str) -> tuple:
     """The data PVC, when this step has it mounted (the job's pods mount it at the same path)."""
     return (Volume(pvc_name, DATA_MOUNT),) if pvc_name and is_mount(DATA_MOUNT) else ()
@@ -253,9 +294,10 @@ def job_volumes(client, workspace: str, pvc_name: str, nodes: int) -> tuple:
     return (*volumes, Volume(claim, workspace))
 
 
-def replace_failed_job(client, name: str, partial_out: Path, poll_s: float = 2.0,
+def replace_failed_job(client, name: str, partial_out, poll_s: float = 2.0,
                        timeout_s: float = 120.0) -> None:
-    """Delete a Failed job of this name (and its partial output) so submit creates it anew."""
+    """Delete a Failed job of this name (and its partial output: a folder, or an s3:// prefix
+    with the checkpoints it would resume from) so submit creates it anew."""
     from kfvision.pipelines.clients.k8s import KubernetesError
     from kfvision.pipelines.jobs.cluster import job_state
 
@@ -276,7 +318,9 @@ def replace_failed_job(client, name: str, partial_out: Path, poll_s: float = 2.0
             client.get(name)
         except KubernetesError as e:
             if e.status == 404:
-                shutil.rmtree(partial_out, ignore_errors=True)
+                from kfvision.pipelines.flow.steps.store import remove
+
+                remove(partial_out)
                 return
             raise
         time.sleep(poll_s)
