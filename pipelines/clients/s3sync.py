@@ -283,8 +283,8 @@ def push(folder, uri: str, *, max_connections: int = s3.DEFAULT_CONNECTIONS, ski
                                   "object(s): give a new prefix, or replace them (--overwrite).")
     files = sorted(p for p in folder.rglob("*") if p.is_file()
                    and p.relative_to(folder).parts[0] not in skip)
-    rest = [p for p in files if p.relative_to(folder).as_posix() != last]
-    final = [p for p in files if p not in rest]
+    final = [p for p in files if p.relative_to(folder).as_posix() == last]
+    rest = [p for p in files if p not in final]  # `final` holds one file at most: linear
     written: list[str] = []
     lock = threading.Lock()
 
