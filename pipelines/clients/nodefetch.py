@@ -149,6 +149,7 @@ class NodeFetcher:
         self._thread = None
         self._epoch_read = (-1.0, 0)
         self._wants_read = -1.0
+        self._touched = -1.0
         self.started = time.monotonic()
 
     # --- the plan
@@ -282,7 +283,10 @@ class NodeFetcher:
         if self.error is not None:
             raise self.error
         slots.acquire()
-        self._touch()
+        now = time.monotonic()
+        if now - self._touched >= POLL_S:  # a sign of life for the readers, not a write per item
+            self._touched = now
+            self._touch()
         pool.submit(self._fetch, ch, ch.paths[i]).add_done_callback(lambda _: slots.release())
 
     def _fetch(self, ch: Channel, rel: str) -> None:
