@@ -27,6 +27,8 @@ register, which writes to a registry that changes outside the run, and deploy, w
 cluster (or a local server).
 """
 
+from concurrent.futures import ThreadPoolExecutor
+
 from kfp import compiler, dsl, kubernetes
 from kfvision.pipelines.clients.s3 import S3_SECRET_KEYS
 from kfvision.pipelines.flow import components as c
@@ -65,7 +67,18 @@ def _inputs(component, params: dict) -> dict:
 
 
 def build_pipeline(storage: Storage = DEFAULT):
-    """The pipeline with `storage` (kfvision.pipelines.flow.storage.Storage) compiled in."""
+    """The pipeline with `storage` (kfvision.pipelines.flow.storage.Storage) compiled in.
+
+    Built on a thread of its own: each of kfp's task setters (set_cpu_limit and the like) calls
+    inspect.stack(), which finds the module of every frame on the stack, and a frame of Python's
+    import machinery (this module builds the default pipeline when imported) is looked for in
+    all of sys.modules every time: 7 s of CPU where torch is loaded (a test process), 0.1 s on a
+    new thread's short stack."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_build, storage).result()
+
+
+def _build(storage: Storage):
     ws = dsl.WORKSPACE_PATH_PLACEHOLDER if storage.workspace else ""
 
     @dsl.pipeline(name=PIPELINE_NAME, description=DESCRIPTION,
