@@ -136,8 +136,8 @@ def add_render(sub) -> None:
     add_flags(g, JOB_OPTIONS)
     _add_kind_flags(g)
     g.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
-    g.add_argument("--no-check-store", action="store_true", help="do not check the s3:// inputs "
-                   "before writing (for a machine that cannot reach the store)")
+    g.add_argument("--no-check-store", action="store_true",
+                   help="skip checking the s3:// inputs (this machine cannot reach the store)")
     # --- a user's own script: pipelines/cli/jobscript.py ---
     from kfvision.pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
 
