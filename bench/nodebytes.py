@@ -83,15 +83,17 @@ def run(args) -> dict:
 def table(result: dict) -> str:
     n, epochs = result["nodes"], result["epochs"]
     expected = 1 - (1 - 1 / n) ** epochs
-    rows = [f"| node | training bytes fetched, epoch 1..{epochs} (kB) | over the run | its "
-            "share of an epoch | the dataset | run / dataset |", "|---|---|---|---|---|---|"]
+    listed = ", ".join(map(str, range(1, epochs + 1)))
+    rows = [f"| node | training images (kB) fetched in epoch {listed} | over the run | its share "
+            "of an epoch | the dataset | run / dataset |",
+            "|---|---|---|---|---|---|"]
     for node, s in result["summaries"].items():
-        per_epoch = [s["fetched"].get(str(e), {}).get("train", [0, 0])[1]
-                     for e in range(1, epochs + 1)]
-        total, dataset = sum(per_epoch), s["dataset"]["train"][1]
-        rows.append(f"| {node} | {', '.join(f'{b / 1e3:.0f}' for b in per_epoch)} | "
-                    f"{total / 1e3:.0f} kB | {s['share']['train'][1] / 1e3:.0f} kB | "
-                    f"{dataset / 1e3:.0f} kB | {total / dataset:.2f} |")
+        fetched = [s["fetched"].get(str(e), {}).get("train", [0, 0]) for e in range(1, epochs + 1)]
+        images, size = sum(f[0] for f in fetched), sum(f[1] for f in fetched)
+        (share_n, share_b), (all_n, all_b) = s["share"]["train"], s["dataset"]["train"]
+        rows.append(f"| {node} | {', '.join(f'{o} ({b / 1e3:.1f})' for o, b in fetched)} | "
+                    f"{images} ({size / 1e3:.1f}) | {share_n} ({share_b / 1e3:.1f}) | "
+                    f"{all_n} ({all_b / 1e3:.1f}) | {size / all_b:.2f} |")
     rows.append(f"\nExpected share of the dataset over {epochs} epochs for 1 node of {n}: "
                 f"1 - (1 - 1/{n})^{epochs} = {expected:.2f}.")
     return "\n".join(rows)
