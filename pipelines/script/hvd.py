@@ -22,7 +22,6 @@ tensors and NCCL for CUDA tensors ("cpu:gloo,cuda:nccl" when a GPU is there).
 """
 
 import itertools
-import warnings
 
 import torch
 import torch.distributed as dist
@@ -117,27 +116,6 @@ def cross_size() -> int:
     return size() // local_size()
 
 
-def mpi_threads_supported() -> bool:
-    return False
-
-
-mpi_enabled = mpi_built = ddl_built = ccl_built = rocm_built = mpi_threads_supported
-
-
-def gloo_enabled() -> bool:
-    return True
-
-
-gloo_built = gloo_enabled
-
-
-def nccl_built() -> bool:
-    return torch.cuda.is_available()
-
-
-cuda_built = nccl_built
-
-
 class ProcessSet:
     """Only the global process set is provided."""
 
@@ -165,7 +143,7 @@ def add_process_set(*args, **kwargs):
 remove_process_set = add_process_set
 
 
-def _set(process_set) -> None:
+def global_only(process_set) -> None:
     if process_set is not global_process_set:
         not_provided("process sets")
 
@@ -219,7 +197,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                      postscale_factor=1.0, process_set=global_process_set) -> int:
     """In place: each rank's tensor times prescale_factor, reduced by `op`, times
     postscale_factor (divided by the size for Average)."""
-    op, _ = _op(op, average), _set(process_set)
+    op, _ = _op(op, average), global_only(process_set)
     _scale(tensor, prescale_factor)
     work = dist.all_reduce(tensor, op=_TORCH_OPS[op], async_op=True)
     post = postscale_factor / size() if op == Average else postscale_factor
@@ -257,7 +235,7 @@ def allreduce(tensor, average=None, name=None, compression=None, op=None, presca
               postscale_factor=1.0, process_set=global_process_set):
     """A new tensor: `tensor` reduced across the ranks (differentiable, as Horovod's)."""
     compression = compression or Compression.none
-    _set(process_set)
+    global_only(process_set)
     compressed, ctx = compression.compress(tensor)
     out = _Allreduce.apply(compressed, _op(op, average), prescale_factor, postscale_factor)
     return compression.decompress(out, ctx)
@@ -290,7 +268,7 @@ class _Allgather(torch.autograd.Function):
 
 def allgather(tensor, name=None, process_set=global_process_set):
     """Every rank's `tensor` concatenated on the first dimension (which may differ)."""
-    _set(process_set)
+    global_only(process_set)
     return _Allgather.apply(tensor)
 
 
@@ -300,7 +278,7 @@ def allgather_async(tensor, name=None, process_set=global_process_set) -> int:
 
 
 def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set) -> int:
-    _set(process_set)
+    global_only(process_set)
     with torch.no_grad():
         work = dist.broadcast(tensor.data, root_rank, async_op=True)
     return _handle([work], lambda: tensor)
@@ -321,7 +299,7 @@ def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
 def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     """Slices of dim 0 to each rank (`splits` rows each, else equal parts); what came back (and
     the received splits when `splits` was given)."""
-    _set(process_set)
+    global_only(process_set)
     n = size()
     if splits is None:
         if tensor.shape[0] % n:
@@ -344,7 +322,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 
 def barrier(process_set=global_process_set) -> None:
-    _set(process_set)
+    global_only(process_set)
     dist.barrier()
 
 
@@ -359,7 +337,7 @@ def join(device=-1) -> int:
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    _set(process_set)
+    global_only(process_set)
     box = [obj if rank() == root_rank else None]
     dist.broadcast_object_list(box, src=root_rank)
     return box[0]
@@ -396,11 +374,3 @@ class FP16Compressor:
 class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
-
-
-def start_timeline(*args, **kwargs) -> None:
-    warnings.warn("kfvision's horovod.torch keeps no timeline", stacklevel=2)
-
-
-stop_timeline = start_timeline
-

@@ -150,7 +150,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=None,  # 
     """`optimizer` whose step() first reduces the gradients across the ranks (Horovod's).
     `groups`/`num_groups` only group Horovod's calls, and every gradient is coalesced here
     anyway: accepted, with the same result."""
-    hvd._set(process_set)
+    hvd.global_only(process_set)
     if op == hvd.Adasum:
         hvd.not_provided("Adasum (op=hvd.Adasum)")
     if gradient_predivide_factor != 1.0 and op != hvd.Average:

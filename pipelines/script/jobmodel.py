@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 from kfvision.pipelines import contract
-from kfvision.pipelines.clients import registry
 from kfvision.trainer.errors import InvalidModelDirectoryError
 
 # written by `kfvision job download` into the folder it downloads into: {file or folder name:
@@ -53,18 +52,21 @@ def job_of(path: Path) -> str | None:
 def what_it_is(path: Path) -> tuple:
     """(about, servable): registry.describe_model's record of a model directory kfvision serves,
     else a record of a file or folder that only carries bytes (classes unknown)."""
+    from kfvision.pipelines.clients import registry
+
     path = Path(path)
     if not path.exists():
         raise InvalidModelDirectoryError(f"{path} does not exist: give a file or folder the job "
                                          "wrote (`kfvision job download NAME model/...`).")
+    why = "a file, not a model directory"
     if path.is_dir():
         try:
             return registry.describe_model(path), True
-        except InvalidModelDirectoryError:
-            pass
+        except InvalidModelDirectoryError as e:
+            why = str(e).splitlines()[0].rstrip(". :")
     kind = "folder" if path.is_dir() else "file"
     return {"classes": None, "image_size": None, "format_version": "1", "metrics": {},
-            "artifact": kind}, False
+            "artifact": kind, "why": why}, False
 
 
 def serve_needs(path: Path) -> str:
@@ -86,6 +88,8 @@ def register(path, name: str, *, job: str | None = None, registry_kind: str = "m
     directories as registry.register_mlflow/register_kubeflow do, anything else as a version
     marked not servable; both name `job` (else the provenance's). Returns the registry's record
     with "servable" and "job"."""
+    from kfvision.pipelines.clients import registry
+
     path = Path(path)
     about, servable = what_it_is(path)
     job = job or job_of(path)
@@ -102,7 +106,7 @@ def register(path, name: str, *, job: str | None = None, registry_kind: str = "m
         got = registry.register_kubeflow(path, name, description=description,
                                          about=None if servable else about, tags=extra,
                                          **kubeflow)
-    return {**got, "servable": servable, "job": job}
+    return {**got, "servable": servable, "job": job, "why": about.get("why")}
 
 
 def register_from_job(path, name: str, *, job: str | None, description: str = "",
@@ -121,7 +125,7 @@ def register_from_job(path, name: str, *, job: str | None, description: str = ""
                    run_id=run_id, tags=tags, artifact_path=f"{ARTIFACTS}/{name}")
     state = "registered" if got["created"] else "already registered (same content)"
     where = f"models:/{got['name']}/{got['version']}"
-    note = "" if got["servable"] else f" (not servable: {serve_needs(Path(path))})"
+    note = "" if got["servable"] else f" (not servable: {got['why']}. {serve_needs(Path(path))})"
     return {"version": got["version"], "uri": where,
             "message": f"register_model: {state}: {name} version {got['version']} from job "
                        f"{job or '(unnamed)'} as {where}{note}"}

@@ -156,7 +156,8 @@ def check_collectives(hvd, env):
     r, n = hvd.rank(), hvd.size()
     t = torch.tensor([1.0 + r, 2.0 * (r + 1)])
     ranks = torch.arange(n, dtype=torch.float32)
-    assert torch.allclose(hvd.allreduce(t), torch.tensor([1 + ranks.mean(), 2 * (ranks + 1).mean()]))
+    mean = torch.tensor([1 + ranks.mean(), 2 * (ranks + 1).mean()])
+    assert torch.allclose(hvd.allreduce(t), mean)
     assert torch.allclose(hvd.allreduce(t, op=hvd.Sum), torch.tensor([n + ranks.sum(),
                                                                       2 * (ranks + 1).sum()]))
     assert torch.allclose(hvd.allreduce(t, op=hvd.Min), torch.tensor([1.0, 2.0]))

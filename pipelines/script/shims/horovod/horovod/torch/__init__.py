@@ -2,6 +2,9 @@
 torch.distributed (kfvision.pipelines.script.hvd, hvdopt). What is not provided raises
 HorovodNotProvidedError, which lists what is."""
 
+import warnings as _warnings
+
+import torch as _torch
 from kfvision.pipelines.script.hvd import (  # noqa: F401
     PROVIDED,
     Adasum,
@@ -30,32 +33,20 @@ from kfvision.pipelines.script.hvd import (  # noqa: F401
     broadcast_async,
     broadcast_async_,
     broadcast_object,
-    ccl_built,
     cross_rank,
     cross_size,
-    cuda_built,
-    ddl_built,
     global_process_set,
-    gloo_built,
-    gloo_enabled,
     init,
     is_initialized,
     join,
     local_rank,
     local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
     not_provided,
     poll,
     rank,
     remove_process_set,
-    rocm_built,
     shutdown,
     size,
-    start_timeline,
-    stop_timeline,
     synchronize,
 )
 from kfvision.pipelines.script.hvdopt import (  # noqa: F401
@@ -63,6 +54,36 @@ from kfvision.pipelines.script.hvdopt import (  # noqa: F401
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+
+
+def mpi_threads_supported() -> bool:
+    return False
+
+
+mpi_enabled = mpi_built = ddl_built = ccl_built = rocm_built = mpi_threads_supported
+
+
+def gloo_enabled() -> bool:
+    return True
+
+
+gloo_built = gloo_enabled
+
+
+def nccl_built() -> bool:
+    return _torch.cuda.is_available()
+
+
+cuda_built = nccl_built
+
+
+def start_timeline(*args, **kwargs) -> None:
+    _warnings.warn("kfvision's horovod.torch keeps no timeline", stacklevel=2)
+
+
+stop_timeline = start_timeline
+
+
 
 _NOT_PROVIDED = {"elastic": "horovod.torch.elastic", "SyncBatchNorm": "hvd.SyncBatchNorm",
                  "grouped_allreduce": "grouped collectives", "grouped_allgather":
