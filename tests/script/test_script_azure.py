@@ -249,3 +249,21 @@ def test_the_azure_script_renders_as_both_job_kinds(tmp_path, kind):
         assert {"name": "KFVISION_JOB_NAME", "value": "fowl"} in c["env"]
         args = c.get("args") or []
         assert args[args.index("--entry") + 1] == "train.py"
+
+
+def test_a_file_a_job_wrote_registers_in_the_kubeflow_registry_not_servable(tmp_path,
+                                                                           fake_registry,
+                                                                           capsys):
+    """The FAKE Kubeflow Model Registry (tests/helpers/fake_registry.py: its OpenAPI routes)."""
+    torch.save({"weight": torch.ones(2)}, tmp_path / "state.pt")
+    assert main(["register", "--model", str(tmp_path / "state.pt"), "--name", "fowl-state",
+                 "--registry", "kubeflow", "--registry-url", fake_registry.url,
+                 "--storage-uri", "s3://bucket/runs/fowl/outputs/state.pt", "--author", "ci",
+                 "--job", "fowl-17"]) == 0
+    out = capsys.readouterr().out
+    assert "from job fowl-17" in out and "not servable: a file, not a model directory" in out
+    (version,) = fake_registry.of("ModelVersion")
+    props = version["customProperties"]
+    assert props[jobmodel.JOB_TAG]["string_value"] == "fowl-17"
+    assert props[jobmodel.SERVABLE_TAG]["string_value"] == "false"
+    assert "classes" not in props
