@@ -3,7 +3,7 @@ from its own keyed stream (trainer/data/draws.py, what the trainer does), agains
 `RandomResizedCrop.get_params` + `torch.rand` on the global generator (what it did before), in one
 process, on one core, rounds alternating; the ratio is taken within each round.
 
-    python -m bench.draws [--rounds 5 --images 300]
+    python -m bench.drawcost [--rounds 5 --images 300]
 """
 
 import argparse
