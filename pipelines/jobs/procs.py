@@ -28,6 +28,7 @@ from pathlib import Path
 from kfvision.pipelines.clients.k8s import GPU_RESOURCE
 from kfvision.pipelines.jobs import ranktag
 from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.home import CACHE_VARS
 from kfvision.pipelines.jobs.signals import STOP
 
 # Launcher variables a parent process may have set; a pod starts without them.
@@ -297,11 +298,14 @@ def gpu_env(plan, plans: list) -> dict:
 
 
 def pod_env(container: dict, source: str) -> dict:
-    """A pod's start environment here: the host's less launcher variables, this environment's
-    bin folder first on PATH, then the container's env."""
+    """A pod's start environment here: the host's (standing in for the image's, and for the
+    Secrets' keys) less launcher variables and the caller's caches (a pod has its own:
+    pipelines/jobs/home.py), this environment's bin folder first on PATH, then the container's
+    env."""
     bindir = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items()
-           if k not in _LAUNCHER_VARS and not k.startswith(("PET_", "TORCHELASTIC_"))}
+           if k not in _LAUNCHER_VARS and not k.startswith(("PET_", "TORCHELASTIC_"))
+           and (k == "HOME" or k not in CACHE_VARS)}
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env.update(container_env(container, source))
     return env
