@@ -122,7 +122,8 @@ def pod_view(pod: dict, container: dict, env: dict | None = None) -> Pod:
 
 def _protected(path: Path) -> bool:
     text = str(path)
-    prefixes = (*_SYSTEM, sys.prefix, sys.base_prefix, str(Path(__file__).parents[2]))
+    ours = Path(__file__).parents[1]  # kfvision's pipelines/ (and trainer/ beside it)
+    prefixes = (*_SYSTEM, sys.prefix, sys.base_prefix, str(ours), str(ours.parent / "trainer"))
     return len(path.parts) <= 2 or any(text == p or text.startswith(p.rstrip("/") + "/")
                                       for p in prefixes)
 
@@ -180,19 +181,23 @@ def wrap(bwrap: str, argv: list, pod: Pod, root, cwd=None) -> list:
     return [*out, "--chdir", str(cwd), "--", *argv]
 
 
-def pod_argv(bwrap: str | None, argv: list, pod: dict, container: dict, env: dict, cwd=None,
-             say=None) -> list:
-    """`argv` of one local pod: inside its filesystem when `bwrap` is given and the pod's root
-    is read-only (a writable root is not reproduced: it runs as it is, said through `say`)."""
+def pod_argv(bwrap: str | None, argv: list, pod: dict, container: dict, env: dict, say,
+             cwd=None) -> tuple:
+    """(argv, MemoryLimit or None) of one local pod: inside its filesystem when `bwrap` is given
+    and the pod's root is read-only (a writable root is not reproduced: it runs as it is, said
+    through `say`), in a memory cgroup of its limit when it has one (pipelines/jobs/memlimit.py).
+    """
     from kfvision.pipelines.contract import POD_ROOT
+    from kfvision.pipelines.jobs.memlimit import MemoryLimit
 
     if bwrap is None:
-        return argv
+        return argv, None
     view = pod_view(pod, container, {k: v for k, v in env.items()
                                      if k in {e.get("name") for e in container.get("env") or []}})
-    if not view.read_only_root:
-        if say is not None:
-            say("the pod's root filesystem is writable (no readOnlyRootFilesystem): run-local "
-                "runs it with this machine's filesystem")
-        return argv
-    return wrap(bwrap, argv, view, env.get(POD_ROOT), cwd)
+    memory = None if view.memory_limit is None else MemoryLimit.make(view.memory_limit, say)
+    if view.read_only_root:
+        argv = wrap(bwrap, argv, view, env.get(POD_ROOT), cwd)
+    else:
+        say("the pod's root filesystem is writable (no readOnlyRootFilesystem): run-local runs "
+            "it with this machine's filesystem")
+    return (argv if memory is None else memory.wrap(argv)), memory

@@ -40,4 +40,4 @@ def alone_line(marks: Path, processes: int) -> str | None:
         return None
     return (f"{processes} processes each ran the whole script: none joined a process group "
             "(torch.distributed.init_process_group), so each trained on its own; see "
-            "docs/scripts.md, \"Distributed\"")
+            "docs/scripts.md, \"Logs\"")

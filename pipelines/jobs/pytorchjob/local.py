@@ -236,11 +236,12 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
         env.update(materialize(pod.get("volumes") or [], mounts, config_maps or {},
                                log_dir / "pods" / plan.name, source, env))
         cwd = plan.container.get("workingDir")
-        argv = pod_argv(bwrap, argv, pod, plan.container, env, cwd,
-                        say=lambda text, n=plan.name: print(f"[{n}] {text}", file=sys.stderr))
+        argv, memory = pod_argv(bwrap, argv, pod, plan.container, env, cwd=cwd, say=lambda text,
+                                n=plan.name: print(f"[{n}] {text}", file=sys.stderr))
         path = log_dir / f"{plan.name}.log"
         path.write_text("")
-        procs.append(ReplicaProcess(plan.name, argv, env, path, printer, cwd=cwd))
+        procs.append(ReplicaProcess(plan.name, argv, env, path, printer, cwd=cwd,
+                                    memory=memory))
     printer.attach(procs)
     start = time.monotonic()
     with supervised(procs):

@@ -345,12 +345,14 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
         argv, env = _node_command(job, plan, plans, port, source, runtime, status)
         env.update(materialize(volumes, mounts, config_maps or {},  # ConfigMaps, emptyDirs
                                log_dir / "pods" / plan.name, source, env))
-        argv = pod_argv(bwrap, argv, {"volumes": volumes, "securityContext": security.get("pod")},
-                        {**plan.container, "volumeMounts": mounts,
-                         "securityContext": security.get("container")}, env,
-                        say=lambda text, n=plan.name: print(f"[{n}] {text}", file=sys.stderr))
+        pod = {"volumes": volumes, "securityContext": security.get("pod")}
+        container = {**plan.container, "volumeMounts": mounts,
+                     "securityContext": security.get("container")}
+        argv, memory = pod_argv(bwrap, argv, pod, container, env, say=lambda text, n=plan.name:
+                                print(f"[{n}] {text}", file=sys.stderr))
         (log_dir / f"{plan.name}.log").write_text("")
-        procs.append(ReplicaProcess(plan.name, argv, env, log_dir / f"{plan.name}.log", printer))
+        procs.append(ReplicaProcess(plan.name, argv, env, log_dir / f"{plan.name}.log", printer,
+                                    memory=memory))
     printer.attach(procs)
     start = time.monotonic()
     supervisor = _Supervisor(job, procs, policy, restart_delay_s)
