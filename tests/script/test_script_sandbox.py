@@ -69,7 +69,7 @@ def test_processes_that_join_no_group_are_told_so(tmp_path, capfd, monkeypatch):
     src = tmp_path / "src"
     src.mkdir()
     (src / "alone.py").write_text("import sys; print('args', sys.argv[1:])\n")
-    from kfvision.pipelines.script.pack import pack
+    from kfvision.pipelines.script.snapshot import pack
 
     snap = pack(src)
     (tmp_path / "snap.tar.gz").write_bytes(snap.data)
