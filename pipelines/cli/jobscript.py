@@ -61,8 +61,12 @@ def add_download(sub) -> None:
 
 def _download(args) -> int:
     from kfvision.pipelines.jobs.backends import pick
+    from kfvision.pipelines.jobs.outputs import check_path
+    from kfvision.pipelines.script.jobmodel import record_download
 
+    path = check_path(args.path)
     backend = pick(args.name, args.namespace, args.log_dir)
-    got, source = backend.download(args.name, args.path, Path(args.out))
-    print(f"downloaded {args.path.strip('/')} of job {args.name} from {source} to {got}")
+    got, source = backend.download(args.name, path, Path(args.out))
+    record_download(Path(args.out), got, job=args.name, path=path, where=source)
+    print(f"downloaded {path} of job {args.name} from {source} to {got}")
     return 0
