@@ -34,7 +34,7 @@ def test_committed_docs_are_what_make_docs_writes():
 
 def test_every_region_is_in_exactly_one_page():
     found = {}
-    for path in docgen.pages():
+    for path in docgen.files():
         for match in docgen._REGION.finditer(path.read_text(encoding="utf-8")):
             found.setdefault(match["name"], []).append(path.name)
     assert {name: len(pages) for name, pages in found.items()} == dict.fromkeys(

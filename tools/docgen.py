@@ -267,6 +267,20 @@ def demo_settings(page: str) -> str:
                           if k not in skip and not k.startswith("deploy")) + "`"
 
 
+def command_verbs(page: str) -> str:
+    """VERBS of pipelines/cli/__init__.py: each command group's verbs, from its parser, one
+    `group: verb, verb, ...` line each."""
+    from kfvision.pipelines.cli import LAZY, build_parser
+
+    lines = []
+    for name in LAZY:
+        group = _subcommand(build_parser([name]), name)
+        actions = [a for a in group._actions if isinstance(a, argparse._SubParsersAction)]
+        if actions:
+            lines.append(f"{name}: {', '.join(actions[0].choices)}")
+    return "\n".join(lines)
+
+
 REGIONS = {
     "train options": train_options,
     "job options": job_options,
@@ -281,6 +295,7 @@ REGIONS = {
     "cluster options": cluster_options,
     "range error example": range_error_example,
     "demo settings": demo_settings,
+    "command verbs": command_verbs,
 }
 
 
@@ -311,6 +326,11 @@ def pages(root: Path = REPO) -> list:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
+def files(root: Path = REPO) -> list:
+    """Every file with generated regions: the pages, and the command line's list of verbs."""
+    return [*pages(root), root / "pipelines" / "cli" / "__init__.py"]
+
+
 def generate(root: Path = REPO) -> dict:
     """{path: new text} of every page whose generated regions differ from what is there.
 
@@ -318,7 +338,7 @@ def generate(root: Path = REPO) -> dict:
         DocgenError: an unknown, unclosed, missing or repeated region.
     """
     changed, found = {}, {}
-    for path in pages(root):
+    for path in files(root):
         page = path.relative_to(root).as_posix()
         text = path.read_text(encoding="utf-8")
         for match in _REGION.finditer(text):
