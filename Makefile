@@ -103,7 +103,7 @@ manifests: setup ## regenerate manifests/pytorchjob-example.yaml with `kfvision 
 	  -o manifests/pytorchjob-example.yaml
 
 .PHONY: docs
-docs: setup ## rewrite the generated parts of README.md and docs/*.md (option tables) from the code
+docs: setup ## rewrite the generated parts of README.md, docs/*.md and kfvision --help (option tables, commands) from the code
 	$(PY) -m tools.docgen
 
 .PHONY: golden-pipeline pipeline

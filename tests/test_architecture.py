@@ -188,7 +188,7 @@ def _trees():
 
 def test_no_module_uses_another_modules_private_names():
     """`from pipelines.x import _y` and `x._y` on a module of ours imported as `x` are what
-    drifted before (STYLE.md): what a module shares, it names publicly."""
+    drifted before. The rule, stated here: what a module shares, it names publicly."""
     ours = {name for name, _ in _trees()}
     found = []
     for name, tree in _trees():

@@ -1,5 +1,6 @@
 """`kfvision job render | run-local | submit | logs | delete | status | list`: the PyTorchJob and
-TrainJob command line."""
+TrainJob command line. logs, delete, status, list and download ask the job's backend, a local
+run's or the cluster's alike (pipelines/jobs/backends.py)."""
 
 import argparse
 import shlex
@@ -135,33 +136,26 @@ def _submit(args) -> int:
 
 
 def _logs(args) -> int:
-    from kfvision.pipelines.jobs import podlogs
-    from kfvision.pipelines.jobs.jobclient import attach, connect
+    from kfvision.pipelines.jobs.backends import pick
 
     if args.all and args.replica:
         raise InvalidJobError("--all shows every replica; drop --replica (or --all).")
-    client = attach(connect(args.namespace), args.name)
+    backend = pick(args.name, args.namespace, args.log_dir)
     if args.follow:
-        replicas = None if args.all else {args.replica or client.kind.primary}
-        podlogs.Follower(client, args.name, write=lambda line: print(line, flush=True),
-                         note=lambda line: print(line, file=sys.stderr, flush=True),
-                         replicas=replicas, tag=args.all).run(args.poll)
+        backend.follow(args.name, write=lambda line: print(line, flush=True),
+                       note=lambda line: print(line, file=sys.stderr, flush=True),
+                       replica=args.replica, all=args.all, poll_s=args.poll)
         return 0
-    if args.all:
-        for line in podlogs.merged(client, args.name, tail=args.tail, previous=args.previous):
-            print(line)
-        return 0
-    sys.stdout.write(client.logs(args.name, args.replica, tail=args.tail,
-                                 previous=args.previous))
+    for line in backend.logs(args.name, args.replica, all=args.all, tail=args.tail,
+                             previous=args.previous):
+        print(line)
     return 0
 
 
 def _delete(args) -> int:
-    from kfvision.pipelines.jobs.jobclient import attach, connect
+    from kfvision.pipelines.jobs.backends import pick
 
-    client = attach(connect(args.namespace), args.name)
-    client.delete(args.name)
-    print(f"deleted {client.kind.kind} {client.namespace}/{args.name}")
+    print(f"deleted {pick(args.name, args.namespace, args.log_dir).delete(args.name)}")
     return 0
 
 
@@ -204,7 +198,10 @@ def register(subparsers, help: str) -> None:
     lg.add_argument("--tail", type=int, help="only the last N lines (of each pod)")
     lg.add_argument("--previous", action="store_true", help="the log of the container before "
                     "its last restart")
-    add_command(sub, "delete", _delete, "delete the job (and its pods)", name="job name")
+    lg.add_argument("--log-dir", help="a local run's folder (default: build/jobs/NAME)")
+    d = add_command(sub, "delete", _delete, "delete the job and its pods (a local run: stop it, "
+                    "remove its folder)", name="job name")
+    d.add_argument("--log-dir", help="a local run's folder (default: build/jobs/NAME)")
     # --- a user's own script in one step, and its outputs: pipelines/cli/jobscript.py ---
     from kfvision.pipelines.cli.jobscript import add_download, add_run
 

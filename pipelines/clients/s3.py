@@ -10,7 +10,7 @@ and Kubeflow Trainer's initializers use, it reads the standard credential chain 
 `AWS_ENDPOINT_URL_S3` itself, and its errors carry the S3 error code we map below; s3fs would add
 aiobotocore (pinned to one botocore) and an async layer for a job a thread pool does.
 
-One mapping of failures, whichever command made the call (README, "Errors"):
+One mapping of failures, whichever command made the call (docs/cli.md, "Errors"):
     no such bucket                     NoSuchBucketError           2
     no such key, nothing under prefix  NoSuchObjectError           2
     nothing answered, timed out, 5xx   EndpointUnreachableError   69  (clients/endpoints.py)

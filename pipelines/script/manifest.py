@@ -21,6 +21,7 @@ import base64
 import re
 from dataclasses import dataclass, replace
 
+from kfvision.pipelines.contract import OUTPUT_ANNOTATION, WORK_MOUNT
 from kfvision.pipelines.jobs.config import LABELS, JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.script.boot import ISOLATED
@@ -32,9 +33,8 @@ from kfvision.trainer.tracking import JOB_NAME
 BOOT_COMMAND = ("python", *ISOLATED, "kfvision.pipelines.script.boot")
 LAUNCHERS = ("torchrun", "python")
 SOURCE_VOLUME, SOURCE_MOUNT = "kfvision-source", "/kfvision/source"
-WORK_VOLUME, WORK_MOUNT = "kfvision-work", "/kfvision/work"
+WORK_VOLUME = "kfvision-work"  # mounted at contract.WORK_MOUNT
 SHA_ANNOTATION = "kfvision.dev/source-sha256"
-OUTPUT_ANNOTATION = "kfvision.dev/output-uri"  # --output-uri as given: `job download` reads it
 # Kubernetes v1.33 pkg/apis/core/types.go MaxSecretSize (1 MiB), which
 # pkg/apis/core/validation/validation.go ValidateConfigMap applies to the sum of a ConfigMap's
 # data and binaryData. We count the base64 text the manifest carries, not the decoded bytes: the

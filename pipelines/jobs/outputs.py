@@ -17,7 +17,6 @@ from pathlib import Path, PurePosixPath
 
 from kfvision.pipelines import contract
 from kfvision.pipelines.jobs.errors import JobOutputsError
-from kfvision.pipelines.script.manifest import OUTPUT_ANNOTATION, WORK_MOUNT
 
 SHOWN = 20  # files named when PATH is not there
 
@@ -49,7 +48,7 @@ def local_run(name: str, log_dir: Path) -> Path | None:
 
     pods = Path(log_dir) / "pods"
     for kind in KINDS.values():
-        work = pods / kind.primary / WORK_MOUNT.lstrip("/")
+        work = pods / kind.primary / contract.WORK_MOUNT.lstrip("/")
         if work.is_dir():
             if not (work / contract.SUCCEEDED).is_file():
                 raise JobOutputsError(f"the local run of job {name} in {log_dir} has not "
@@ -96,9 +95,9 @@ def output_uri(job: dict, where: str) -> str:
     Raises:
         JobOutputsError: it has none (not a script job, or rendered without --output-uri).
     """
-    uri = ((job.get("metadata") or {}).get("annotations") or {}).get(OUTPUT_ANNOTATION)
+    uri = ((job.get("metadata") or {}).get("annotations") or {}).get(contract.OUTPUT_ANNOTATION)
     if not uri:
-        raise JobOutputsError(f"{where} has no {OUTPUT_ANNOTATION} annotation: it was not "
+        raise JobOutputsError(f"{where} has no {contract.OUTPUT_ANNOTATION} annotation: it was not "
                               "rendered with `--source ... --output-uri URI`, so its outputs "
                               "stayed in its pods.")
     return uri
