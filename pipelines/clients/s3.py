@@ -225,7 +225,9 @@ def _getter(bucket: str, max_connections: int):
 
 def reset_clients() -> None:
     """Forget the clients made so far (after the environment's endpoint or credentials changed:
-    tests)."""
+    tests), and any backoff a throttled call asked of the process."""
+    global _throttled_until
+    _throttled_until = 0.0
     with _clients_lock:
         _clients.clear()
         _credentials.clear()
