@@ -9,7 +9,7 @@ TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-fast lint bench bench-smoke bench-gpu clean litdata-venv
+.PHONY: help setup demo test test-fast lint bench bench-smoke bench-gpu clean litdata-venv s3rver
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -51,7 +51,7 @@ bench: setup ## throughput vs the usual way (input pipeline, training, serving, 
 	$(PY) -m bench.s3 --images 1000 10000 --rounds 2
 	$(PY) -m bench.script --rounds 4 --epochs 3 --files 2000
 	$(PY) -m bench.startup --rounds 3
-	$(MAKE) litdata-venv
+	$(MAKE) litdata-venv s3rver
 	$(PY) -m bench.objectstore --images 20000 --job --epochs 2
 
 # LitData, bench.objectstore's contender, in a venv of its own that sees .venv's packages (a .pth):
@@ -68,6 +68,17 @@ $(LITDATA_VENV)/.installed: $(VENV)/.installed
 	  print(sysconfig.get_path("purelib"))')')" > $$($(LITDATA_VENV)/bin/python -c \
 	  'import sysconfig; print(sysconfig.get_path("purelib"))')/_project_venv.pth
 	$(LITDATA_VENV)/bin/python -m pip install --quiet -c constraints.txt litdata==$(LITDATA_VERSION)
+	touch $@
+
+# s3rver, bench.objectstore's S3 server that keeps connections open (moto's closes each one), from
+# the npm registry into build/s3rver (Node: /usr/bin/node)
+S3RVER_VERSION ?= 3.7.1
+
+s3rver: build/s3rver/.installed ## s3rver (npm) in build/s3rver: bench.objectstore's keep-alive S3 server
+
+build/s3rver/.installed:
+	mkdir -p build/s3rver
+	npm install --no-audit --no-fund --prefix build/s3rver s3rver@$(S3RVER_VERSION)
 	touch $@
 
 # Speed is never a pass/fail test: this prints the figures (and the processor) for a note

@@ -20,6 +20,14 @@ What is fetched, and when:
   above is a prediction, and nothing breaks where it is wrong (a one-process node reading with
   persistent workers, a resumed run), training only waits.
 
+Requests in flight: `max_connections` (the job's `--max-connections`) downloads at once, each a
+thread blocked on its own kept-alive connection, and as many queued behind them; a 503 SlowDown
+pauses every request of the process for its backoff (pipelines/clients/s3.py's `retried`). A
+small GET (up to HEDGE_BYTES) that has run HEDGE_FACTOR times longer than the median of the last
+ones (and at least `hedge_after` seconds) is asked again once beside it: whichever copy lands
+first is kept (a stalled connection or a slow server thread does not hold a rank up), the other
+one's bytes are counted apart (`hedged` in the summary).
+
 Each object is downloaded by pipelines/clients/s3.py's `download`: the listed ETag asked for
 (If-Match), size, ETag and MD5 checked, retried under the retry policy, written to a hidden part
 file renamed into place when whole, so a file that exists is complete and a restarted pod never
@@ -31,8 +39,10 @@ import contextlib
 import json
 import math
 import os
+import statistics
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +55,9 @@ from kfvision.trainer.exitcodes import error_line
 AHEAD_SHARE = 0.02  # of an epoch's share: fetched before the ranks begin that epoch
 POLL_S = 0.02
 NOTE, NOTE_BYTES = ".failed-note", 4096  # the failure note's room, taken before the disk fills
+HEDGE_BYTES = 8 << 20  # a GET this small is asked again when it takes far longer than its peers
+HEDGE_FACTOR = 8.0  # "far longer": this many times the median of the last GETs
+HEDGE_AFTER_S = 1.0  # and never sooner than this
 
 
 class ScratchFullError(OutputError):
@@ -121,8 +134,15 @@ class NodeFetcher:
     """See the module doc. `val` may be None."""
 
     def __init__(self, train: Channel, val: Channel | None, plan: Plan, arrival: Path, *,
-                 max_connections: int = s3.DEFAULT_CONNECTIONS, ahead: float = AHEAD_SHARE):
+                 max_connections: int = s3.DEFAULT_CONNECTIONS, ahead: float = AHEAD_SHARE,
+                 hedge_after: float = HEDGE_AFTER_S):
         self.train, self.val, self.plan = train, val, plan
+        self.hedge_after = hedge_after
+        self._running: dict = {}  # (channel, path) -> (Channel, time.monotonic() at its start)
+        self._hedged: set = set()
+        self._took: deque = deque(maxlen=256)  # seconds of the last small GETs
+        self.second_copies = 0  # bytes of the hedged GETs' copies that landed second
+        self._pool = None
         self.arrival = Path(arrival)
         self.max_connections = max_connections
         self.ahead = ahead
@@ -184,7 +204,8 @@ class NodeFetcher:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        pool = ThreadPoolExecutor(self.max_connections, thread_name_prefix="fetch")
+        pool = self._pool = ThreadPoolExecutor(self.max_connections + 4,  # + hedges
+                                               thread_name_prefix="fetch")
         slots = threading.Semaphore(2 * self.max_connections)
         try:
             self._schedule(pool, slots)
@@ -239,6 +260,21 @@ class NodeFetcher:
     def _idle(self) -> None:
         self._touch()
         time.sleep(POLL_S)
+        self._hedge(self._pool)
+
+    def _hedge(self, pool) -> None:
+        """Ask again, once, for each small GET that has run far longer than its peers."""
+        if pool is None or len(self._took) < 8:
+            return
+        limit = max(self.hedge_after, HEDGE_FACTOR * statistics.median(self._took))
+        now = time.monotonic()
+        with self._lock:
+            late = [(key, ch) for key, (ch, t) in self._running.items()
+                    if now - t > limit and key not in self._hedged and key not in self.held
+                    and ch.objects[key[1]].size <= HEDGE_BYTES]
+            self._hedged.update(key for key, _ in late)
+        for (_, rel), ch in late:
+            pool.submit(self._fetch, ch, rel)
 
     def _touch(self) -> None:
         with contextlib.suppress(OSError):
@@ -269,7 +305,10 @@ class NodeFetcher:
             self._queued.add(key)
         if self.error is not None:
             raise self.error
-        slots.acquire()
+        while not slots.acquire(timeout=POLL_S):  # all in flight: look for a late one
+            self._hedge(pool)
+            if self.error is not None:
+                raise self.error
         now = time.monotonic()
         if now - self._touched >= POLL_S:  # a sign of life for the readers, not a write per item
             self._touched = now
@@ -279,18 +318,28 @@ class NodeFetcher:
     def _fetch(self, ch: Channel, rel: str) -> None:
         if self._stop.is_set():
             return
-        obj = ch.objects[rel]
+        obj, key = ch.objects[rel], (ch.name, rel)
         bucket, _ = s3.split_uri(ch.uri)
+        start = time.monotonic()
+        with self._lock:
+            self._running.setdefault(key, (ch, start))
         try:
             got = s3.download(obj, bucket, ch.folder / rel, self.max_connections)
         except OutputError as e:
             self._fail(self.full(e))
             return
         except BaseException as e:  # noqa: BLE001 (the first failure stops the fetch)
-            self._fail(e)
+            if key not in self.held:  # the other copy of a hedged GET may have landed
+                self._fail(e)
             return
         epoch = max(1, self.trainer_epoch())
         with self._lock:
+            self._running.pop(key, None)
+            if obj.size <= HEDGE_BYTES:
+                self._took.append(time.monotonic() - start)
+            if key in self.held:  # the second copy of a hedged GET
+                self.second_copies += got
+                return
             self.held.add((ch.name, rel))
             row = self.fetched.setdefault((epoch, ch.name), [0, 0])
             row[0] += 1
@@ -331,6 +380,7 @@ class NodeFetcher:
                                   else 0]},
                 "fetched": fetched,
                 "held": len(self.held),
+                "hedged": {"gets": len(self._hedged), "second_copy_bytes": self.second_copies},
                 "seconds": round(time.monotonic() - self.started, 3),
                 "error": None if self.error is None else error_line(self.error)}
 

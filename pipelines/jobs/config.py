@@ -151,15 +151,17 @@ class JobConfig:
     service_account: str | None = option(
         None, "ServiceAccount of the pods", doc="For IRSA / workload identity: the role bound "
         "to it reads and writes the s3:// paths.", metavar="NAME",
-        unset="the namespace's default")
+        unset="the namespace's default", pipeline=True)
     scratch_size: str | None = option(
         None, "size of each pod's scratch volume for s3:// jobs (e.g. 100Gi)", doc="Where the "
         f"node agent keeps what it fetches and writes ({SCRATCH_MOUNT}): an emptyDir's "
-        "sizeLimit, or the request of --scratch-class's volume.", unset="no limit")
+        "sizeLimit, or the request of --scratch-class's volume.", unset="no limit",
+        pipeline=True)
     scratch_class: str | None = option(
         None, "StorageClass of a per-pod volume for the scratch (needs --scratch-size)",
         doc="A generic ephemeral volume (a PVC made and deleted with the pod) instead of the "
-        "emptyDir on the node's own disk.", metavar="CLASS", unset="an emptyDir")
+        "emptyDir on the node's own disk.", metavar="CLASS", unset="an emptyDir",
+        pipeline=True)
     labels: tuple = ()  # extra ((key, value), ...) on the job and its pods
     env: tuple = ()  # extra ((name, value), ...) in the training container (MLflow's variables)
 

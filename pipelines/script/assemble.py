@@ -113,7 +113,7 @@ def ship(snap, transport, output: str | None) -> str:
     if transport.how == "s3":
         import tempfile
 
-        from kfvision.pipelines.clients import s3
+        from kfvision.pipelines.clients import s3, s3put
 
         if s3.head(transport.where) is not None:
             return f"at {transport.where} (already there)"
@@ -121,7 +121,7 @@ def ship(snap, transport, output: str | None) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "source.tar.gz"
             path.write_bytes(snap.data)
-            s3.upload(path, bucket, key)
+            s3put.upload(path, bucket, key)
         return f"uploaded to {transport.where}"
     target = Path(transport.where)
     if not target.parent.is_dir():

@@ -191,13 +191,13 @@ def test_a_trainjob_with_pet_names_in_trainer_env_is_refused(tmp_path):
 
 
 def test_a_big_tree_goes_to_the_store_and_is_uploaded_once(tmp_path, monkeypatch):
-    from kfvision.pipelines.clients import s3
+    from kfvision.pipelines.clients import s3, s3put
 
     root = tree(tmp_path / "src", {"train.py": "", "w.bin": random.Random(1).randbytes(900_000)})
     uploads, present = [], set()
     monkeypatch.setattr(s3, "head", lambda uri: object() if uri in present else None)
-    monkeypatch.setattr(s3, "upload", lambda path, b, k: (uploads.append(f"s3://{b}/{k}"),
-                                                          present.add(f"s3://{b}/{k}")))
+    monkeypatch.setattr(s3put, "upload", lambda path, b, k: (uploads.append(f"s3://{b}/{k}"),
+                                                             present.add(f"s3://{b}/{k}")))
     for _ in range(2):
         docs = render(tmp_path, "--source", str(root), "--entry", "train.py",
                       "--source-store", "s3://bucket/src/", [])
