@@ -17,8 +17,9 @@ from kfvision.pipelines.jobs.errors import InvalidJobError
 # the built-in trainer's flags a script job takes too: its MLflow run (pipelines/script/track.py)
 TRACKING = ("tracking_uri", "experiment")
 SCRIPT_FLAGS = ("source", "entry", "module", "requirements", "workdir", "launcher", "input",
+                "collect",
                 "output_uri", "source_store", "source_pvc", "include_secret", "env",
-                "progress_total", "no_progress_reports")
+                "progress_total", "no_progress_reports", "no_check_requirements")
 
 
 def _pair(flag: str):
@@ -50,6 +51,8 @@ def add_script_flags(parser, *, positional: bool = True) -> None:
     g.add_argument("--input", type=_pair("--input"), action="append", default=[],
                    metavar="NAME=URI", help="data channel: s3://, pvc://CLAIM/PATH or a pod "
                    "path (repeatable)")
+    g.add_argument("--collect", action="append", default=[], metavar="DIR", help="a folder the "
+                   "script writes where it runs, kept under outputs/ (repeatable)")
     g.add_argument("--output-uri", metavar="URI", help="where model/ and outputs/ go after "
                    "success: s3://, pvc://CLAIM/PATH or a pod path")
     g.add_argument("--source-store", metavar="S3_URI", help="object-store prefix for a "
@@ -65,6 +68,8 @@ def add_script_flags(parser, *, positional: bool = True) -> None:
                    "(epochs=10, total_steps=5000): progress percentage and time left")
     g.add_argument("--no-progress-reports", action="store_true", help="no progress reports "
                    "from kfvision (the script posts its own)")
+    g.add_argument("--no-check-requirements", action="store_true", help="do not check the "
+                   "requirements against the image's pinned torch and torchvision")
     if positional:
         g.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS",
                        help="the script's own arguments, after --")
@@ -111,11 +116,30 @@ def _script_config(args, snap):
 
     start = resolve(snap.files, source=args.source, entry=args.entry, module=args.module,
                     requirements=args.requirements, workdir=args.workdir)
+    if start["requirements"]:
+        check_requirements(Path(args.source), start["requirements"],
+                           not args.no_check_requirements)
+    from kfvision.pipelines.script.collect import check_collect
+
     return ScriptConfig(source=args.source, **start, args=tuple(args.script_args),
+                        collect=tuple(check_collect(d) for d in args.collect),
                         launcher=args.launcher, inputs=tuple(args.input),
                         output_uri=args.output_uri,
                         env=(*args.env, *tracking_env(args, {n for n, _ in args.env}),
                              *progress_env(args)))
+
+
+def check_requirements(source: Path, requirements: str, pins: bool) -> None:
+    """Read the job's requirements file as the pod will (its local paths inside the source) and,
+    with `pins`, refuse a line the image's torch or torchvision cannot meet: said now, not by
+    every pod at its start."""
+    from kfvision.pipelines.script import requirements as reqfile
+    from kfvision.pipelines.script.env import pins as image_pins
+
+    reqs = reqfile.read(source / requirements, source)
+    if pins:
+        reqfile.check_pins(reqs.third_party, dict(p.split("==", 1) for p in image_pins()),
+                           f"{requirements} (--source {source})")
 
 
 def progress_env(args) -> tuple:
@@ -193,13 +217,21 @@ def ship(snap, transport, output: str | None) -> str:
     return f"at {transport.where}"
 
 
+def made_here(args) -> list:
+    """What kfvision writes for this job (its YAML, its local run's folder): never packed."""
+    made = [getattr(args, "output", None), getattr(args, "log_dir", None)]
+    if getattr(args, "submit", None) is not None and not args.log_dir:  # `job run`'s default
+        made.append(Path("build") / "jobs" / args.name)
+    return [Path(p) for p in made if p not in (None, "-")]
+
+
 def script_parts(args) -> tuple:
     """(snapshot, ScriptConfig, Transport) of the script flags: the source packed and checked;
     nothing shipped yet."""
     from kfvision.pipelines.script.job import choose_transport
     from kfvision.pipelines.script.pack import pack
 
-    snap = pack(args.source, include=args.include_secret)
+    snap = pack(args.source, include=args.include_secret, exclude=made_here(args))
     script = _script_config(args, snap)
     return snap, script, choose_transport(snap, args.source_store, args.source_pvc)
 
@@ -232,6 +264,9 @@ def script_job(args, build_kind, then: str = "the job") -> tuple:
     said = [f"source {args.source}: {len(snap.files)} file(s), {snap.size:,} bytes packed "
             f"({encoded_size(snap):,} as base64), sha256 {snap.sha256}; "
             f"{ship(snap, transport, getattr(args, 'output', None))}"]
+    said.append(f"requirements: {script.requirements or 'none'}" + (
+        " (at the source's root)" if script.requirements == "requirements.txt" and
+        script.entry and "/" in script.entry else ""))
     if snap.left_out:
         said.append(f"left out as secrets: {', '.join(snap.left_out)} (--include-secret PATH "
                     "packs one anyway)")

@@ -69,6 +69,7 @@ class ScriptConfig:
     inputs: tuple = ()  # ((name, uri), ...)
     output_uri: str | None = None
     env: tuple = ()  # ((name, value), ...)
+    collect: tuple = ()  # folders the script writes, kept under ./outputs
 
     @property
     def target(self) -> str:
@@ -200,6 +201,8 @@ def _boot_args(cfg: JobConfig, script: ScriptConfig, transport: Transport, sha25
         args += ["--state", f"{cfg.volumes[0].mount.rstrip('/')}/kfvision/{cfg.name}"]
     for name, uri in script.inputs:
         args += ["--input", f"{name}={_location(uri, cfg, '--input')}"]
+    for folder in script.collect:
+        args += ["--collect", folder]
     if script.output_uri:
         args += ["--output-uri", _location(script.output_uri, cfg, "--output-uri")]
     args += ["--hosts", ",".join(hosts), "--gpus", str(cfg.gpus_per_node)]
