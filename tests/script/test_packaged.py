@@ -121,8 +121,9 @@ def _said(capfd) -> tuple:
 def test_each_job_imports_its_own_packed_package_never_a_cached_or_live_one(
         tmp_path, capfd, monkeypatch):
     """`-e .` run from a folder outside the project, then from inside it after an edit, then
-    `.` after another edit, then a second project with the same requirements text: each job prints the version and the
-    file of the package it imported, which must be its own snapshot's (under its own WORK)."""
+    `.` after another edit, then a second project with the same requirements text: each job
+    prints the version and the file of the package it imported, which must be its own
+    snapshot's (under its own WORK)."""
     one = tree(tmp_path / "one", SRC_PROJECT)
     two = tree(tmp_path / "two", {**SRC_PROJECT, "src/mypkg/__init__.py": "VERSION = 'two'\n"})
     runs = [("outside", tmp_path, one, "-e .\n", None, "v1"),
