@@ -16,10 +16,10 @@ from kfvision.pipelines.jobs.errors import InvalidJobError
 
 # the built-in trainer's flags a script job takes too: its MLflow run (pipelines/script/track.py)
 TRACKING = ("tracking_uri", "experiment")
-SCRIPT_FLAGS = ("source", "entry", "module", "requirements", "workdir", "launcher", "input",
-                "collect",
-                "output_uri", "source_store", "source_pvc", "include_secret", "env",
-                "progress_total", "no_progress_reports", "no_check_requirements")
+SCRIPT_FLAGS = ("source", "entry", "module", "console_script", "requirements", "workdir",
+                "launcher", "input", "collect", "output_uri", "source_store", "source_pvc",
+                "include_secret", "env", "progress_total", "no_progress_reports",
+                "no_check_requirements")
 
 
 def _pair(flag: str):
@@ -42,6 +42,8 @@ def add_script_flags(parser, *, positional: bool = True) -> None:
                    "into the job")
     g.add_argument("--entry", metavar="FILE", help="the script to run, relative to --source")
     g.add_argument("-m", "--module", metavar="NAME", help="or the module to run (python -m)")
+    g.add_argument("--console-script", metavar="NAME", help="or a script of the source's "
+                   "pyproject.toml [project.scripts]")
     g.add_argument("--requirements", metavar="FILE", help="pip requirements, relative to "
                    "--source (default: requirements.txt beside the entry)")
     g.add_argument("--workdir", metavar="DIR", help="folder to run in, relative to --source "
@@ -111,17 +113,24 @@ def check_mode(args) -> bool:
 
 
 def _script_config(args, snap):
-    from kfvision.pipelines.script.entry import resolve
+    from kfvision.pipelines.script.entry import console_script, resolve
     from kfvision.pipelines.script.job import ScriptConfig
 
-    start = resolve(snap.files, source=args.source, entry=args.entry, module=args.module,
+    module, call = args.module, None
+    if args.console_script:
+        if args.entry or args.module:
+            raise InvalidJobError("give the script as one of --entry, --module or "
+                                  "--console-script.")
+        module, call = console_script(Path(args.source), args.console_script)
+    start = resolve(snap.files, source=args.source, entry=args.entry, module=module,
                     requirements=args.requirements, workdir=args.workdir)
     if start["requirements"]:
         check_requirements(Path(args.source), start["requirements"],
                            not args.no_check_requirements)
     from kfvision.pipelines.script.collect import check_collect
 
-    return ScriptConfig(source=args.source, **start, args=tuple(args.script_args),
+    return ScriptConfig(source=args.source, **start, args=tuple(args.script_args), call=call,
+                        console_script=args.console_script if call else None,
                         collect=tuple(check_collect(d) for d in args.collect),
                         launcher=args.launcher, inputs=tuple(args.input),
                         output_uri=args.output_uri,

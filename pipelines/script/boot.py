@@ -201,6 +201,10 @@ def command(args, python: Path, node: str, work: Path, src: Path | None = None) 
     imports")."""
     entry = str(src / args.entry) if src is not None and args.entry else args.entry
     target = ["-m", args.module] if args.module else [entry]
+    if args.call:  # a console script: what pip's generated wrapper does, argv[0] its name
+        target = ["-c", f"import sys; sys.argv[0] = {args.console_script or args.call!r}; "
+                  f"from {args.module} import {args.call.split('.')[0]}; "
+                  f"sys.exit({args.call}())"]
     if args.launcher == "torchrun":
         tee = ["--tee", "3", "--log-line-prefix-template", ranktag.torchrun_template(node),
                "--log-dir", str(work / "logs")]
@@ -234,13 +238,12 @@ def relay(stream, node: str, rank: str, out, seen=None, on_line=None) -> None:
             out.flush()
 
     for raw in iter(stream.readline, b""):
-        line = raw.decode("utf-8", errors="replace").rstrip("\n")
-        if seen is not None:
-            seen(line)
-        tagged = ranktag.tagged(last_state(line), node, rank)
-        write(bars.feed(tagged))
-        if on_line is not None:
-            on_line(ranktag.tagged(line, node, rank))
+        for line in ranktag.split_glued(raw.decode("utf-8", errors="replace").rstrip("\n")):
+            if seen is not None:
+                seen(line)
+            write(bars.feed(ranktag.tagged(last_state(line), node, rank)))
+            if on_line is not None:
+                on_line(ranktag.tagged(line, node, rank))
     write(bars.flush())
     stream.close()
 
@@ -281,7 +284,7 @@ def boot(args) -> int:
         shutil.rmtree(src)  # a restarted container starts from the snapshot again
     (work / contract.SUCCEEDED).unlink(missing_ok=True)
     files = unpack(read_snapshot(args.snapshot, args.sha256), src)
-    target = args.module or args.entry
+    target = f"{args.module}:{args.call}" if args.call else (args.module or args.entry)
     say(f"source {args.sha256[:12]}: {len(files)} file(s) into {src}")
     if args.entry and not (src / args.entry).is_file():
         raise InvalidSourceError(f"--entry {args.entry} is not in the source snapshot.")
@@ -347,7 +350,8 @@ def write_provenance(model_dir: Path, args, tracker) -> None:
 
     if not any(model_dir.iterdir()):  # the script saved no model there
         return
-    record = {"source_sha256": args.sha256, "entry": args.module or args.entry,
+    record = {"source_sha256": args.sha256, "entry": f"{args.module}:{args.call}" if args.call
+              else args.module or args.entry,
               "args": list(args.script_args)}
     if tracker is not None and not tracker.off:
         record.update(mlflow_run_id=tracker.run_id, mlflow_tracking_uri=tracker.uri)
@@ -363,6 +367,8 @@ def get_parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--entry", help="the script, relative to the source folder")
     where.add_argument("-m", "--module", help="the module to run (python -m)")
+    p.add_argument("--call", help="with --module: the function to call (a console script)")
+    p.add_argument("--console-script", help="with --call: its name (the script's argv[0])")
     p.add_argument("--requirements", help="requirements file, relative to the source folder")
     p.add_argument("--workdir", help="the folder the script runs in, relative to the source "
                    "folder (default: the source folder)")

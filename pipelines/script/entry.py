@@ -83,3 +83,32 @@ def default_requirements(files, entry: str | None) -> str | None:
     files = set(files)
     beside = str(Path(entry or "x").parent / REQUIREMENTS).removeprefix("./")
     return next((f for f in (beside, REQUIREMENTS) if f in files), None)
+
+
+def console_script(source: Path, name: str, flag: str = "--console-script") -> tuple:
+    """(module, attribute) of the console script `name` that the project at `source` declares
+    in its pyproject.toml's `[project.scripts]` (`train = "mypkg.train:main"`), read as pip's
+    generated wrapper reads it (PyPA's entry points specification: `module:attr.attr`).
+
+    Raises:
+        InvalidJobError: no pyproject.toml, no such script, or a malformed reference.
+    """
+    import tomllib
+
+    path = Path(source) / "pyproject.toml"
+    try:
+        scripts = tomllib.loads(path.read_text(encoding="utf-8")).get("project", {}).get(
+            "scripts", {})
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise InvalidJobError(f"{flag} {name}: cannot read [project.scripts] of {path}: {e}") \
+            from e
+    ref = scripts.get(name) if isinstance(scripts, dict) else None
+    if not isinstance(ref, str):
+        known = ", ".join(sorted(scripts)) if isinstance(scripts, dict) else ""
+        raise InvalidJobError(f"{flag} {name} is not in [project.scripts] of {path} (it has: "
+                              f"{known or 'none'}).")
+    module, sep, attr = ref.partition(":")
+    attr = attr.split("[", 1)[0].strip()  # extras, as in `main [gui]`, are not ours to install
+    if not sep or not module.strip() or not attr:
+        raise InvalidJobError(f"{flag} {name} = {ref!r} in {path} is not `module:function`.")
+    return module.strip(), attr

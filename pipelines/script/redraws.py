@@ -12,7 +12,8 @@ torchrun's tee reads each rank's output in text mode, so a `\\r` arrives as a li
 is known by tqdm's own format (`45%|████▌     | 9/20 [00:01<00:01,  6.1it/s]`), and a line
 that still holds `\\r` (the `--launcher python` path) keeps what follows the last one. A bar's
 last state is written before the next other line of its rank, when it completes (`20/20`), and
-at the end; the progress reader (pipelines/script/progress.py) still sees every line.
+at the end; a rank's blank line (what a bar's clearing leaves, split at its `\r`s) is dropped. The
+progress reader (pipelines/script/progress.py) still sees every line.
 """
 
 import re
@@ -43,7 +44,10 @@ class Redraws:
         """The lines to write now for `line` (tagged, its `\r`s taken out: `last_state`)."""
         tag = ranktag.TAGGED.match(line)
         key = tag.group(0) if tag else ""
-        bar = BAR.search(line[tag.end():] if tag else line)
+        text = line[tag.end():] if tag else line
+        if tag and not text.strip():
+            return []  # what a bar's clearing (`\r` + spaces + `\r`) leaves of a rank's line
+        bar = BAR.search(text)
         if bar is None:
             before = self.pending.pop(key, None)
             return [before, line] if before is not None else [line]
