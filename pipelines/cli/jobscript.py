@@ -389,7 +389,8 @@ def _download(args) -> int:
     work = None if args.namespace else outputs.local_run(args.name, log_dir)
     if work is not None:
         got = outputs.from_local(work, path, Path(args.out))
-        print(f"downloaded {path} of job {args.name} from its local run in {log_dir} to {got}")
+        print(outputs.empty_note(work, path, got) or
+              f"downloaded {path} of job {args.name} from its local run in {log_dir} to {got}")
         return 0
     from kfvision.pipelines.jobs.cluster import attach, connect
     from kfvision.pipelines.jobs.podstatus import job_state
