@@ -226,3 +226,42 @@ def test_folders_the_script_wrote_beside_itself_are_named_or_collected(tmp_path)
     with pytest.raises(InvalidSourceError):
         collect.check_collect("../up")
 
+
+
+CONSOLE = {**SRC_PROJECT, "pyproject.toml": SRC_PROJECT["pyproject.toml"] +
+           '\n[project.scripts]\ntrain-it = "mypkg.train:main"\n'}
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize("target, boot_args", [
+    (["--module", "mypkg.train"], ["--module", "mypkg.train"]),
+    (["--entry", "src/mypkg/train.py"], ["--entry", "src/mypkg/train.py"]),
+    (["--console-script", "train-it"], ["--module", "mypkg.train", "--call", "main",
+                                        "--console-script", "train-it"])])
+def test_a_src_project_renders_three_ways_as_both_kinds(tmp_path, kind, target, boot_args):
+    import yaml
+    from kfvision.pipelines.cli import main
+
+    src = tree(tmp_path / "p", CONSOLE)
+    extra = ["--runtime", "kfvision-torch"] if kind == "trainjob" else []
+    assert main(["job", "render", "--name", "s", "--image", "local", "--kind", kind, *extra,
+                 "--nodes", "2", "--nproc-per-node", "2", "--source", str(src), *target,
+                 "--collect", "runs", "-o", str(tmp_path / "job.yaml")]) == 0
+    job = list(yaml.safe_load_all((tmp_path / "job.yaml").read_text()))[-1]
+    text = " ".join(str(a) for a in _args(job))
+    assert " ".join(boot_args) in text
+    assert "--requirements requirements.txt" in text and "--collect runs" in text
+
+
+def _args(job: dict) -> list:
+    if job["kind"] == "PyTorchJob":
+        pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        return pod["containers"][0]["args"]
+    return job["spec"]["trainer"]["args"]
+
+
+def test_a_console_script_that_is_not_declared_names_the_ones_that_are(tmp_path):
+    src = tree(tmp_path / "p", CONSOLE)
+    assert entry.console_script(src, "train-it") == ("mypkg.train", "main")
+    with pytest.raises(InvalidJobError, match=r"not in \[project.scripts\].*it has: train-it"):
+        entry.console_script(src, "nope")
