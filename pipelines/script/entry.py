@@ -93,13 +93,15 @@ def console_script(source: Path, name: str, flag: str = "--console-script") -> t
     Raises:
         InvalidJobError: no pyproject.toml, no such script, or a malformed reference.
     """
-    import tomllib
-
+    tomllib = toml_module()
+    if tomllib is None:
+        raise InvalidJobError(f"{flag} {name}: reading pyproject.toml needs Python 3.11 (tomllib) "
+                              "or the tomli package; give --module MODULE instead.")
     path = Path(source) / "pyproject.toml"
     try:
         scripts = tomllib.loads(path.read_text(encoding="utf-8")).get("project", {}).get(
             "scripts", {})
-    except (OSError, tomllib.TOMLDecodeError) as e:
+    except (OSError, ValueError) as e:  # TOMLDecodeError is a ValueError
         raise InvalidJobError(f"{flag} {name}: cannot read [project.scripts] of {path}: {e}") \
             from e
     ref = scripts.get(name) if isinstance(scripts, dict) else None
@@ -112,3 +114,15 @@ def console_script(source: Path, name: str, flag: str = "--console-script") -> t
     if not sep or not module.strip() or not attr:
         raise InvalidJobError(f"{flag} {name} = {ref!r} in {path} is not `module:function`.")
     return module.strip(), attr
+
+
+def toml_module():
+    """The standard library's TOML reader (Python 3.11), else tomli (its source), else None."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            return None
+    return tomllib

@@ -75,9 +75,9 @@ def _site_packages(path: Path) -> Path:
     return path / "lib" / f"python{v.major}.{v.minor}" / "site-packages"
 
 
-def _layered_venv(path: Path, below: list) -> None:
+def _layered_venv(path: Path, below: list) -> list:
     """A venv at `path` (no pip) that sees, after its own site-packages, the folders `below`
-    and the running interpreter's site folders, in that order."""
+    and the running interpreter's site folders, in that order; those folders."""
     if path.exists():
         shutil.rmtree(path)  # a build that was killed half-way, or the last job's layer
     venv.EnvBuilder(system_site_packages=True, with_pip=False, symlinks=True).create(path)
@@ -85,16 +85,17 @@ def _layered_venv(path: Path, below: list) -> None:
                if p.endswith("site-packages") and Path(p).is_dir()]
     lines = [f"import site; site.addsitedir({p!r})" for p in dict.fromkeys([*below, *parents])]
     (_site_packages(path) / "_kfvision_parent.pth").write_text("\n".join(lines) + "\n")
+    return list(dict.fromkeys([*below, *parents]))
 
 
-def _pip(path: Path, lines, constraints, cwd: Path, what: str) -> list:
+def _pip(path: Path, lines, constraints, cwd: Path, what: str, extra=()) -> list:
     """pip installs `lines` into the venv `path`, the pins and `constraints` as constraints;
     its argv."""
     (path / "constraints.txt").write_text("".join(c + "\n" for c in (*pins(), *constraints)))
     (path / "requirements.txt").write_text("".join(f"{line}\n" for line in lines))
     argv = [sys.executable, "-m", "pip", "--python", str(_python(path)), "install",
             "--disable-pip-version-check", "--no-input", "--progress-bar", "off",
-            "-c", str(path / "constraints.txt"), "-r", str(path / "requirements.txt")]
+            *extra, "-c", str(path / "constraints.txt"), "-r", str(path / "requirements.txt")]
     proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, cwd=cwd)
     if proc.returncode != 0:
@@ -122,12 +123,60 @@ def local_layer(reqs, base: Path | None, path: Path, cwd: Path, what: str, say=p
         RequirementsInstallError: pip failed.
     """
     below = [str(_site_packages(base.parent.parent))] if base is not None else []
-    _layered_venv(path, below)
+    sites = _layered_venv(path, below)
     said = ", ".join(f"{x.written} -> {x.path}" for x in reqs.local)
+    here = backends_here([x.path for x in reqs.local], sites)
     say(f"requirements: {what}: {len(reqs.local)} from the snapshot, installed for this job "
-        f"into {path}: {said}")
-    _pip(path, [x.line for x in reqs.local], reqs.constraints, cwd, what)
+        f"into {path}: {said}" + (" (built with the build backend already installed)" if here
+                                  else ""))
+    lines = [x.line for x in reqs.local]
+    try:
+        _pip(path, lines, reqs.constraints, cwd, what, ["--no-build-isolation"] if here else [])
+    except RequirementsInstallError:
+        if not here:
+            raise
+        say("requirements: that build failed; again in pip's own isolated build environment")
+        _layered_venv(path, below)
+        _pip(path, lines, reqs.constraints, cwd, what)
     return _python(path)
+
+
+def backends_here(projects, sites: list) -> bool:
+    """Whether every local project (a folder) can be built with what `sites` hold: each of its
+    `[build-system] requires` (pyproject.toml; setuptools without one, as pip assumes) installed
+    there in a version that meets it. Then pip builds with those (`--no-build-isolation`)
+    rather than installing them into a build environment of its own for every project and job,
+    about half of a layer's time (docs/benchmarks.md)."""
+    from importlib import metadata
+
+    from kfvision.pipelines.script.entry import toml_module
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    tomllib = toml_module()
+    if tomllib is None:
+        return False  # Python 3.10 without tomli: pip's default
+    for project in projects:
+        if not Path(project).is_dir():
+            return False  # an archive or a wheel: pip's default
+        try:
+            data = tomllib.loads((Path(project) / "pyproject.toml").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            data = {}
+        except (OSError, ValueError):
+            return False
+        system = data.get("build-system")
+        requires = system.get("requires") if isinstance(system, dict) else ["setuptools>=40.8.0"]
+        for text in requires if isinstance(requires, list) else [None]:
+            try:
+                req = Requirement(text)
+            except (InvalidRequirement, TypeError):
+                return False
+            if req.marker is not None and not req.marker.evaluate():
+                continue
+            dist = next(iter(metadata.distributions(name=req.name, path=sites)), None)
+            if dist is None or not req.specifier.contains(dist.version, prereleases=True):
+                return False
+    return True
 
 
 def ensure_env(reqs, cache_root: Path, what: str, say=print) -> Path:
