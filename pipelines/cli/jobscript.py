@@ -125,8 +125,9 @@ def _script_config(args, snap):
     start = resolve(snap.files, source=args.source, entry=args.entry, module=module,
                     requirements=args.requirements, workdir=args.workdir)
     if start["requirements"]:
-        check_requirements(Path(args.source), start["requirements"],
-                           not args.no_check_requirements)
+        from kfvision.pipelines.script.requirements import check_file
+
+        check_file(Path(args.source), start["requirements"], not args.no_check_requirements)
     from kfvision.pipelines.script.collect import check_collect
 
     return ScriptConfig(source=args.source, **start, args=tuple(args.script_args), call=call,
@@ -136,19 +137,6 @@ def _script_config(args, snap):
                         output_uri=args.output_uri,
                         env=(*args.env, *tracking_env(args, {n for n, _ in args.env}),
                              *progress_env(args)))
-
-
-def check_requirements(source: Path, requirements: str, pins: bool) -> None:
-    """Read the job's requirements file as the pod will (its local paths inside the source) and,
-    with `pins`, refuse a line the image's torch or torchvision cannot meet: said now, not by
-    every pod at its start."""
-    from kfvision.pipelines.script import requirements as reqfile
-    from kfvision.pipelines.script.env import pins as image_pins
-
-    reqs = reqfile.read(source / requirements, source)
-    if pins:
-        reqfile.check_pins(reqs.third_party, dict(p.split("==", 1) for p in image_pins()),
-                           f"{requirements} (--source {source})")
 
 
 def progress_env(args) -> tuple:

@@ -184,3 +184,19 @@ def check_pins(lines, pins: dict, where: str) -> None:
             f"keeps the image's {name}): drop the line or allow {version}; another version of "
             f"{name} needs an image that has it (--image); --no-check-requirements skips this "
             "check.")
+
+
+def check_file(source: Path, requirements: str, pins: bool) -> None:
+    """Read a job's requirements file (`requirements`, relative to the source folder `source`)
+    as the pod will, its local paths inside the source, and with `pins` refuse a line the
+    image's torch or torchvision cannot meet (`check_pins`): said at render, not by every pod.
+
+    Raises:
+        InvalidSourceError: a path leaves the source, or a line cannot be met.
+    """
+    from kfvision.pipelines.script.env import pins as image_pins
+
+    reqs = read(Path(source) / requirements, Path(source))
+    if pins:
+        check_pins(reqs.third_party, dict(p.split("==", 1) for p in image_pins()),
+                   f"{requirements} (--source {source})")
