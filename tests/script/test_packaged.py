@@ -117,7 +117,7 @@ def _said(capfd) -> tuple:
     return printed, got.err
 
 
-@pytest.mark.slow  # pip builds the package in every job: about 10 s each on 2 idle cores
+@pytest.mark.slow  # pip builds the package in every job: 68 s for the 4 jobs here (load ~20)
 def test_each_job_imports_its_own_packed_package_never_a_cached_or_live_one(
         tmp_path, capfd, monkeypatch):
     """`-e .` run from a folder outside the project, then from inside it after an edit, then
