@@ -11,7 +11,7 @@ the others are named with their size, with how to collect them, since they stay 
 import shutil
 from pathlib import Path, PurePosixPath
 
-from kfvision.pipelines.script.pack import InvalidSourceError
+from kfvision.pipelines.script.snapshot import InvalidSourceError
 
 SHOWN = 5  # folders named one by one
 

@@ -186,7 +186,7 @@ def ensure_env(reqs, cache_root: Path, what: str, say=print) -> Path:
     Raises:
         RequirementsInstallError: pip failed (its last lines are in the message).
     """
-    from kfvision.pipelines.script.pack import tag_made
+    from kfvision.pipelines.script.snapshot import tag_made
 
     cache_root = Path(cache_root)
     cache_root.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from kfvision.pipelines import contract
-from kfvision.pipelines.script.pack import InvalidSourceError
+from kfvision.pipelines.script.snapshot import InvalidSourceError
 
 # Accelerate's switch to its CPU path (huggingface/accelerate src/accelerate/state.py,
 # PartialState.__init__: parse_flag_from_env("ACCELERATE_USE_CPU"))

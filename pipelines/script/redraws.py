@@ -13,7 +13,7 @@ is known by tqdm's own format (`45%|████▌     | 9/20 [00:01<00:01,  6.
 that still holds `\\r` (the `--launcher python` path) keeps what follows the last one. A bar's
 last state is written before the next other line of its rank, when it completes (`20/20`), and
 at the end; a rank's blank line (what a bar's clearing leaves, split at its `\r`s) is dropped. The
-progress reader (pipelines/script/progress.py) still sees every line.
+progress reader (pipelines/script/reporter.py) still sees every line.
 """
 
 import re

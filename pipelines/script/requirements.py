@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from kfvision.pipelines.script.pack import InvalidSourceError
+from kfvision.pipelines.script.snapshot import InvalidSourceError
 
 _VCS = ("git+", "hg+", "svn+", "bzr+")
 _NAME_AT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*(?:\[[^\]]*\])?)\s*@\s*(\S+)(.*)$")

@@ -11,8 +11,8 @@ from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.jobs.metriclines import progress_pairs
 from kfvision.pipelines.jobs.progress import Progress
 from kfvision.pipelines.script import boot, collect, entry, requirements
-from kfvision.pipelines.script.pack import CACHEDIR_TAG, InvalidSourceError, pack, tag_made
 from kfvision.pipelines.script.redraws import Redraws, last_state
+from kfvision.pipelines.script.snapshot import CACHEDIR_TAG, InvalidSourceError, pack, tag_made
 
 
 def tree(root: Path, files: dict) -> Path:
