@@ -45,7 +45,7 @@ def add_script_flags(parser, *, positional: bool = True) -> None:
     g.add_argument("--console-script", metavar="NAME", help="or a script of the source's "
                    "pyproject.toml [project.scripts]")
     g.add_argument("--requirements", metavar="FILE", help="pip requirements, relative to "
-                   "--source (default: requirements.txt beside the entry, else the source's)")
+                   "--source (default: requirements.txt beside the entry, or at --source)")
     g.add_argument("--workdir", metavar="DIR", help="folder to run in, relative to --source "
                    "(a Dockerfile's WORKDIR)")
     g.add_argument("--launcher", choices=LAUNCHERS, default="torchrun",
