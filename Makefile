@@ -24,6 +24,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	  "device', free some space (old clones, /tmp/pytest-of-*) and run it again." >&2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	@command -v bwrap >/dev/null || echo "make setup: bwrap is missing: \`job run-local\` cannot" \
+	  "run the pods inside their filesystem (apt-get install bubblewrap; .ci/run installs it)" >&2
 	touch $@
 
 demo: setup ## the whole KFP pipeline on the digits, locally (KFP local runner), deploy on; prints the evaluation and the served figures

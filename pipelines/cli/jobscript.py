@@ -9,7 +9,7 @@ pipelines/cli/flags.py's; its job is assembled by pipelines/script/assemble.py (
 from pathlib import Path
 
 from kfvision.pipelines.cli.clusterargs import add_cluster_flags, add_command, waiting_flags
-from kfvision.pipelines.cli.flags import add_kind_flags, add_script_flags
+from kfvision.pipelines.cli.flags import add_kind_flags, add_no_sandbox, add_script_flags
 from kfvision.pipelines.jobs.fromflags import JOB_OPTIONS
 from kfvision.pipelines.script.assemble import TRACKING
 
@@ -39,6 +39,7 @@ def add_run(sub, func) -> None:
                    "running here")
     w.add_argument("--log-dir", help="here: per-replica logs (default: build/jobs/NAME)")
     w.add_argument("--quiet", action="store_true", help="here: logs to files only")
+    add_no_sandbox(w)
     from kfvision.pipelines.jobs.jobclient import JobClient
 
     add_cluster_flags(r.add_argument_group("with --submit (its namespace: --namespace above)"),

@@ -52,7 +52,7 @@ from pathlib import Path
 from kfvision.pipelines import contract
 from kfvision.pipelines.jobs import ranktag
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
-from kfvision.pipelines.script import bridges, collect, prepare, track
+from kfvision.pipelines.script import bridges, collect, prepare, ranks, track
 from kfvision.pipelines.script.exits import Exits
 from kfvision.pipelines.script.redraws import Redraws, last_state
 from kfvision.pipelines.script.reporter import Reporter
@@ -215,6 +215,13 @@ def command(args, python: Path, node: str, work: Path, src: Path | None = None) 
     return [str(python), *target, *args.script_args]
 
 
+def _job_processes(args, env: dict) -> int:
+    """How many processes the whole job runs: the pods times each pod's."""
+    if args.launcher == "python":
+        return int(env.get("WORLD_SIZE") or env.get(_NNODES) or 1)
+    return int(env.get(_NNODES) or 1) * processes_per_pod(args, env)
+
+
 def say_setup(args, python: Path, env: dict) -> None:
     """Which kfvision and which python run, and each process's threads: what to look at when a
     job imports the wrong module or runs slow."""
@@ -316,6 +323,7 @@ def boot(args) -> int:
     for line in lines:
         say(line)
     bridges.apply(env, add)
+    env = ranks.rank_env(env, work / "groups")
     argv = command(args, python, node, work, src if cwd != src else None)
     say_setup(args, python, env)
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
@@ -332,6 +340,9 @@ def boot(args) -> int:
         track.close_run(tracker, False, {})
         return code
     say(f"node {node}: {target} succeeded in {took:.1f} s")
+    alone = ranks.alone_line(work / "groups", _job_processes(args, env))
+    if node == "0" and alone:
+        say(alone)
     if node == "0":
         kept = collect.collect(cwd, args.collect, dirs["outputs"], say)
         left = collect.made(cwd, before, dirs["outputs"], kept)
