@@ -92,6 +92,10 @@ def _run_local(args) -> int:
     job, config_maps = read_manifest(args.manifest)  # ConfigMaps: a user's script's source
     name = job["metadata"]["name"]
     log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
+    from kfvision.pipelines.script.snapshot import tag_made
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    tag_made(log_dir)  # a source folder that holds it never packs it
     print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
           f"machine's programs); logs in {log_dir}/", file=sys.stderr)
     try:  # --grace is a PyTorchJob's (a TrainJob's nodes must all succeed)
@@ -216,6 +220,11 @@ def register(subparsers, help: str) -> None:
 def _run_script(args) -> int:
     if args.source is not None:
         check_mode(args)
+    if not args.output:
+        from kfvision.pipelines.script.snapshot import tag_made
+
+        (Path("build") / "jobs").mkdir(parents=True, exist_ok=True)
+        tag_made(Path("build") / "jobs")  # never packed by a `--source .`
     args.output = args.output or str(Path("build") / "jobs" / f"{args.name}.yaml")
     then = run_args(args)
     _render_script(args)

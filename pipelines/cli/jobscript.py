@@ -67,7 +67,7 @@ def _download(args) -> int:
 
     path = check_path(args.path)
     backend = pick(args.name, args.namespace, args.log_dir)
-    got, source = backend.download(args.name, path, Path(args.out))
+    got, source, note = backend.download(args.name, path, Path(args.out))
     record_download(Path(args.out), got, job=args.name, path=path, where=source)
-    print(f"downloaded {path} of job {args.name} from {source} to {got}")
+    print(note or f"downloaded {path} of job {args.name} from {source} to {got}")
     return 0

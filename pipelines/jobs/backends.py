@@ -63,8 +63,8 @@ class JobBackend(abc.ABC):
 
     @abc.abstractmethod
     def download(self, name: str, path: str, out: Path) -> tuple:
-        """(the local copy, where it came from) of `path` (model/..., outputs/...) of a script
-        job's outputs."""
+        """(the local copy, where it came from, a note to print instead of "downloaded" or None)
+        of `path` (model/..., outputs/...) of a script job's outputs."""
 
     def wait(self, name: str, timeout_s: float | None = None, poll_s: float = POLL_S) -> dict:
         """The view once the job has ended; JobTimeoutError after `timeout_s`."""
@@ -188,8 +188,9 @@ class LocalJobs(JobBackend):
         if work is None:
             raise JobOutputsError(f"job {name} has no local run in {self.folder(name)} "
                                   "(--log-dir).")
-        return outputs.from_local(work, outputs.check_path(path), out), \
-            f"its local run in {self.folder(name)}"
+        path = outputs.check_path(path)
+        got = outputs.from_local(work, path, out)
+        return got, f"its local run in {self.folder(name)}", outputs.empty_note(work, path, got)
 
 
 class ClusterJobs(JobBackend):
@@ -251,7 +252,7 @@ class ClusterJobs(JobBackend):
         if state != client.kind.succeeded:
             raise JobOutputsError(f"{what} is {state}, not {client.kind.succeeded}: node 0 "
                                   f"copies its outputs to {uri} after success.")
-        return outputs.from_uri(uri, path, out), f"{what} ({uri})"
+        return outputs.from_uri(uri, path, out), f"{what} ({uri})", None
 
 
 def pick(name: str | None, namespace: str | None, log_dir=None, root=LOG_ROOT) -> JobBackend:

@@ -89,6 +89,28 @@ def from_local(work: Path, path: str, out: Path) -> Path:
     return target
 
 
+def empty_note(work: Path, path: str, got: Path) -> str | None:
+    """What to say when `path` of a local run came as an empty folder: it is empty, what the
+    job did keep, and the folders its script left in the pod (node 0's marker names them)."""
+    if not got.is_dir() or any(got.iterdir()):
+        return None
+    folders = result_folders(work)
+    have = sorted(f"{name}/{p.relative_to(work / sub).as_posix()}"
+                  for name, sub in folders.items() for p in (work / sub).rglob("*")
+                  if p.is_file())
+    shown = ", ".join(have[:SHOWN]) + (f" and {len(have) - SHOWN} more" if len(have) > SHOWN
+                                       else "")
+    note = f"{path} is empty: the script wrote nothing there. The job kept: {shown or 'nothing'}."
+    try:
+        left = json.loads((work / contract.SUCCEEDED).read_text()).get("left") or {}
+    except (OSError, ValueError, AttributeError):
+        left = {}
+    if left:
+        note += (f" Left in the pod: {', '.join(f'{n}/' for n in left)}; render with --collect "
+                 f"{next(iter(left))} to keep it, or write it under ./outputs.")
+    return note
+
+
 def output_uri(job: dict, where: str) -> str:
     """The --output-uri a rendered job carries.
 

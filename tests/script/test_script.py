@@ -253,12 +253,18 @@ def test_render_without_source_still_needs_the_trainer_paths(capsys):
 
 # --- the boot ---
 
+def _reqs(folder: Path):
+    from kfvision.pipelines.script.requirements import read
+
+    return read(folder / "requirements.txt", folder)
+
+
 def test_a_requirement_that_does_not_exist_is_a_named_error_with_pips_lines(tmp_path,
                                                                             monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # no index: fails at once, the same way
     (tmp_path / "requirements.txt").write_text("no-such-package-kfvision==1.0\n")
     with pytest.raises(env.RequirementsInstallError) as e:
-        env.ensure_env(tmp_path / "requirements.txt", tmp_path / "cache", say=lambda s: None)
+        env.ensure_env(_reqs(tmp_path), tmp_path / "cache", "requirements.txt", say=lambda s: None)
     assert e.value.exit_code == 2
     assert "pip could not install requirements.txt" in str(e.value)
     assert "no-such-package-kfvision" in str(e.value)
@@ -268,10 +274,11 @@ def test_a_requirement_that_does_not_exist_is_a_named_error_with_pips_lines(tmp_
 def test_the_environment_pins_torch_and_a_second_setup_installs_nothing(tmp_path):
     (tmp_path / "requirements.txt").write_text("torch\n")  # a stray torch line: already met
     t = time.monotonic()
-    python = env.ensure_env(tmp_path / "requirements.txt", tmp_path / "c", say=lambda s: None)
+    python = env.ensure_env(_reqs(tmp_path), tmp_path / "c", "requirements.txt",
+                            say=lambda s: None)
     first = time.monotonic() - t
     t = time.monotonic()
-    assert env.ensure_env(tmp_path / "requirements.txt", tmp_path / "c",
+    assert env.ensure_env(_reqs(tmp_path), tmp_path / "c", "requirements.txt",
                           say=lambda s: None) == python
     assert time.monotonic() - t < 0.5 < first
     assert "torch==" in (python.parent.parent / "constraints.txt").read_text()
