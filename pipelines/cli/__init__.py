@@ -57,7 +57,7 @@ HELP = {
     "export": "export a trained model: ONNX, TorchScript, torch.export",
     "demo": "the whole KFP pipeline, run locally, on scikit-learn's digits",
     "train": "train a model (one process, or N with --nproc-per-node)",
-    "job": "Kubeflow training jobs (PyTorchJob, TrainJob)",
+    "job": "PyTorchJob or TrainJob",
     "pipeline": "the Kubeflow Pipelines pipeline, images to a registered, deployed model",
     "serve": "serve a trained model with KServe's model server (v1 and v2 protocols)",
     "deploy": "deploy a trained model on KServe (an InferenceService)",
