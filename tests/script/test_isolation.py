@@ -95,7 +95,15 @@ def install(request) -> tuple:
         python = request.getfixturevalue("wheel_python")
         ours = site_packages(python) / "kfvision"
         return python, ours / "trainer" / "__init__.py", ours / "pipelines"
-    return Path(sys.executable), REPO / "trainer" / "__init__.py", REPO / "pipelines"
+    # the paths this interpreter imports them from: the repository's folders, through the link
+    # tree `make setup` writes for static tools (tools/linktree.py) when there is one
+    import kfvision.pipelines
+    import kfvision.trainer
+
+    ours, pipelines = Path(kfvision.trainer.__file__), Path(kfvision.pipelines.__file__).parent
+    assert (ours.resolve(), pipelines.resolve()) == (REPO / "trainer" / "__init__.py",
+                                                     REPO / "pipelines")
+    return Path(sys.executable), ours, pipelines
 
 
 def write_tree(root: Path, files: dict, dist: Path) -> Path:
