@@ -223,7 +223,7 @@ class Tracker:
 
     def log_points(self, points: list) -> bool:
         """Log metric points (name, value, step, time in ms), in batches of MLflow's limit
-        (a user's script's printed metrics: pipelines/script/progress.py). Whether they went."""
+        (a user's script's printed metrics: pipelines/script/reporter.py). Whether they went."""
         def send():
             from mlflow.entities import Metric
 

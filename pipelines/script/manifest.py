@@ -14,7 +14,7 @@ source snapshot's transport:
                             args=("--epochs", "3")), snap, transport, kind=PYTORCHJOB)
     # -> [ConfigMap, PyTorchJob] (or [PyTorchJob] when the snapshot travels another way)
 
-Pure functions, no I/O: `choose_transport` decides, the CLI uploads (pipelines/cli/jobscript.py).
+Pure functions, no I/O: `choose_transport` decides, pipelines/script/assemble.py ships.
 """
 
 import base64
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from kfvision.pipelines.jobs.config import LABELS, JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.script.boot import ISOLATED
-from kfvision.pipelines.script.pack import ARCHIVE_NAME, Snapshot
+from kfvision.pipelines.script.snapshot import ARCHIVE_NAME, Snapshot
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.options import ref_of
 
