@@ -73,6 +73,7 @@ def litdata_optimize(data: Path, uri: str, workers: int | None) -> dict:
     into LitData's chunks at `uri`, its defaults otherwise (chunk_bytes is required: 64MB, as
     LitData's README writes it)."""
     import litdata
+
     from kfvision.trainer.data.imagedir import read_image_directory
 
     imdir = read_image_directory(data, verify="none")

@@ -14,6 +14,7 @@ import pytest
 import torch
 from helpers.runs import jpeg_digits, run_job, train_argv
 from helpers.s3bucket import FAST_RETRIES, S3Bucket
+
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.pipelines.flow.demo import write_digits
 from kfvision.trainer.data.convert import convert

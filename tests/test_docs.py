@@ -12,10 +12,10 @@ import sys
 import pytest
 from helpers.parsers import _sample, command_parser, parse, sub_commands
 from helpers.paths import REPO
+
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.options import options_of
-
 from tools import docgen
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers.paths import REPO
+
 from kfvision.pipelines.flow import components
 from kfvision.pipelines.jobs.config import TRAIN_COMMAND, JobConfig
 from kfvision.trainer.config import TrainConfig

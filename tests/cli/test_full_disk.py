@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from helpers.machine import fill, free_up
 from helpers.paths import REPO
+
 from kfvision.pipelines.clients import s3, s3sync
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.errors import OutputError

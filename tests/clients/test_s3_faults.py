@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers.s3proxy import KINDS, FaultProxy, Rule
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients import s3, s3sync
 from kfvision.trainer.data.imagedir import MANIFEST

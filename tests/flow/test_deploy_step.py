@@ -6,6 +6,7 @@ import json
 import pytest
 import yaml
 from helpers.fake_kserve import NOT_READY, READY, FakeKServe, client_for
+
 from kfvision.pipelines.flow.params import parameter_name
 from kfvision.pipelines.flow.pipeline import parameter_defaults
 from kfvision.pipelines.flow.steps import deploy as step

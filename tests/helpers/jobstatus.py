@@ -60,9 +60,10 @@ def running_progress(views: list) -> list:
 def mlflow_history(tracking: str, name: str, log_dir, metric: str) -> list:
     """(step, value) of `metric` in the MLflow run node 0's boot opened for the local run of
     job `name` (its id in the provenance file of node 0's model folder)."""
+    from mlflow.tracking import MlflowClient
+
     from kfvision.pipelines import contract
     from kfvision.pipelines.script.outputs import local_run
-    from mlflow.tracking import MlflowClient
 
     work = local_run(name, log_dir)
     run_id = contract.read_provenance(work / contract.RESULTS["model"])["mlflow_run_id"]

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers.runs import run_job
+from test_trainjob_local import make_trainjob
+
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
 from kfvision.pipelines.jobs.procs import proc_table
@@ -26,7 +28,6 @@ from kfvision.pipelines.jobs.pytorchjob.build import build_pytorchjob
 from kfvision.pipelines.jobs.pytorchjob.local import ReplicaPlan, operator_env, run_local
 from kfvision.pipelines.jobs.trainjob.local import run_local as run_trainjob_local
 from kfvision.trainer.config import TrainConfig
-from test_trainjob_local import make_trainjob
 
 TRAIN = TrainConfig(model="/m", train="/t", val="/v", out="/o")
 

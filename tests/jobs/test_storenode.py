@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers.runs import JOB_FLAGS
+
 from kfvision.pipelines.clients import nodefetch
 from kfvision.pipelines.clients.endpoints import free_port
 
@@ -23,6 +24,7 @@ def test_the_fetchers_order_is_the_samplers():
     """rank_order is what the trainer's loaders draw: DistributedSampler per rank, and the
     seeded RandomSampler of one process (a fresh iterator each epoch, as with no workers)."""
     import torch
+
     from kfvision.trainer.data.datasets import make_loader
 
     data = torch.utils.data.TensorDataset(torch.arange(37))

@@ -6,6 +6,7 @@ import re
 import textwrap
 
 import pytest
+
 from kfvision.pipelines.cli import main
 
 # The rank that the file argv[1] names raises once every rank has done a few collectives; the

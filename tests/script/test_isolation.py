@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from helpers.paths import REPO
 from helpers.wheelinstall import site_packages, write_wheel
+
 from kfvision.pipelines import contract
 
 # Each process of the script says where each module it imports came from, which kfvision it

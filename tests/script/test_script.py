@@ -18,6 +18,7 @@ import yaml
 from helpers.jobstatus import local_status
 from helpers.k8s_checks import crd_schema, job_pods, restricted_problems, unknown_fields
 from helpers.paths import REPO
+
 from kfvision.pipelines import contract
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs.errors import InvalidJobError
@@ -489,6 +490,7 @@ def _fake_cluster_with_config_maps():
 
 def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch, capsys):
     from helpers.fake_k8s import fake_connect
+
     from kfvision.pipelines.jobs import jobclient
 
     fake = _fake_cluster_with_config_maps()
@@ -509,6 +511,7 @@ def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch,
 
 def test_job_run_submit_renders_says_where_and_submits(tmp_path, monkeypatch, capsys):
     from helpers.fake_k8s import fake_connect
+
     from kfvision.pipelines.jobs import jobclient
 
     fake = _fake_cluster_with_config_maps()

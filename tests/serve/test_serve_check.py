@@ -5,6 +5,7 @@ import csv
 import json
 
 import pytest
+
 from kfvision.pipelines.flow.steps.common import accuracy_gate
 from kfvision.pipelines.serve.selfcheck import ServedLabelsDifferError, serve_and_check
 from kfvision.trainer.errors import EvaluationError

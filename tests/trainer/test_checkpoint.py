@@ -20,6 +20,7 @@ import pytest
 import torch
 from helpers.paths import REPO
 from helpers.runs import train_argv
+
 from kfvision.trainer.checkpoint import (
     FOLDER,
     Checkpointer,

@@ -12,6 +12,8 @@ import pytest
 import torch
 from helpers.paths import REPO
 from helpers.runs import train_argv
+from PIL import Image
+
 from kfvision.trainer.config import TrainConfig, config_from_args, get_args_parser
 from kfvision.trainer.cpus import usable_cpus
 from kfvision.trainer.data.convert import convert
@@ -28,7 +30,6 @@ from kfvision.trainer.distributed import DistContext
 from kfvision.trainer.errors import InvalidParameterError
 from kfvision.trainer.fastpath import resolve_fast_path
 from kfvision.trainer.train import main
-from PIL import Image
 
 
 def _image(rng, label: int, size=(48, 40)) -> Image.Image:

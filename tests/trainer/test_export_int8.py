@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.machine import fake_cpu
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.serve.client import Server, request, v1_body, v2_body
 from kfvision.trainer.data.imagedir import read_image_directory

@@ -9,6 +9,12 @@ import pytest
 import torch
 from helpers.machine import fake_cpu
 from helpers.runs import train_argv
+from PIL import Image
+from PIL.JpegImagePlugin import JpegImageFile
+from torchvision.io import read_file
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.datasets import ImageDataset, cache_bytes
 from kfvision.trainer.data.decode import dct_factor, load_rgb, load_rgb_crop
@@ -28,11 +34,6 @@ from kfvision.trainer.fastpath import (
 )
 from kfvision.trainer.presets import AUGMENTATIONS
 from kfvision.trainer.train import main
-from PIL import Image
-from PIL.JpegImagePlugin import JpegImageFile
-from torchvision.io import read_file
-from torchvision.transforms import v2
-from torchvision.transforms.v2 import functional as F
 
 BASE = {"epochs": 2, "image_size": 32, "batch_size": 16, "lr": 0.05, "augment": "light",
         "print_freq": 1000, "workers": 0}
@@ -279,6 +280,7 @@ def test_the_normalizer_is_the_textbook_normalisation(layout, out_format):
 
 def test_the_fused_sgd_step_is_the_textbook_sgd_step():
     import torchvision
+
     from kfvision.trainer.engine import make_sgd
 
     torch.manual_seed(0)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers.imagefiles import image_bytes, write
 from helpers.runs import train_argv
+
 from kfvision.pipelines.cli import main as kfvision
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.datasets import ImageDataset

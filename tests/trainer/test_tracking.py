@@ -16,6 +16,7 @@ import uuid
 import pytest
 from helpers.paths import REPO
 from helpers.runs import train_argv
+
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.trainer.tracking import Tracker, failure
 from kfvision.trainer.train import main

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 from helpers.runs import train_argv
+
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.engine import EarlyStopping, lr_factor

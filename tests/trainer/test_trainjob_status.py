@@ -23,6 +23,7 @@ import yaml
 from helpers.paths import REPO, SHARED_REFERENCE
 from helpers.runs import train_argv
 from helpers.statusserver import SCHEMA, StatusServer
+
 from kfvision.trainer.trainjob_status import StatusReporter, trainer_status
 from kfvision.trainer.upstream import TRAINER_SERVER_URL
 

@@ -24,6 +24,8 @@ import hashlib
 import logging
 
 import torch
+from torchvision.io import ImageReadMode, decode_jpeg
+
 from kfvision.trainer.data.ahead import ahead
 from kfvision.trainer.data.batchcrop import crop_boxes, draw_flips, resized_crops
 from kfvision.trainer.data.datasets import ImageDataset, make_loader
@@ -32,7 +34,6 @@ from kfvision.trainer.data.imagedir import ImageDirectory
 from kfvision.trainer.data.transforms import CROP_PRESETS
 from kfvision.trainer.errors import check_choice
 from kfvision.trainer.presets import AUGMENTATIONS
-from torchvision.io import ImageReadMode, decode_jpeg
 
 log = logging.getLogger("trainer")
 
