@@ -9,7 +9,7 @@ TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-fast lint pyright bench bench-smoke bench-gpu clean litdata-venv
+.PHONY: help setup demo test test-fast test-stress lint pyright bench bench-smoke bench-gpu clean litdata-venv
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -30,11 +30,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup ## the whole KFP pipeline on the digits, locally (KFP local runner), deploy on; prints the evaluation and the served figures
 	$(VENV)/bin/kfvision demo --out $(DEMO_DIR)
 
-test: setup ## run the whole test suite (what CI runs), in TEST_WORKERS (2) parallel workers
+test: setup ## the whole suite but its stress tests (what CI runs), in TEST_WORKERS (2) workers
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-test-fast: setup ## the suite without slow and distributed tests
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not distributed"
+test-fast: setup ## the loop while writing code: only the unmarked tests (no torch process, at most 5 s of CPU each)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not distributed and not process"
+
+test-stress: setup ## the stress tests alone (full rounds of the failure line and of Ctrl-C): run before changing run-local's stopping or failure reports
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m stress
 
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .

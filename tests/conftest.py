@@ -20,6 +20,9 @@ from kfvision.pipelines.flow.demo import write_digits
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.model.arch import write_untrained_model
 
+# helpers.cost: markers by cost (an unmarked test that costs too much fails); pytester for its test
+pytest_plugins = ["helpers.cost", "pytester"]
+
 # kfvision has one import name: its folders are kfvision.trainer and kfvision.pipelines, from the
 # install (setup.py). The repository root is on sys.path for bench/ and tools/, which would also
 # make the folders importable as `trainer` and `pipelines`, a second copy of every module: an
@@ -76,9 +79,15 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device. Under pytest-xdist
-    (`--dist loadfile` hands out whole files), the files with slow or distributed tests come
-    first, so that the workers finish together rather than one waiting on a long file last."""
+    """Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device; `stress` tests run
+    only when `-m` names them. Under pytest-xdist (`--dist loadfile` hands out whole files), the
+    files with slow or distributed tests come first, so that the workers finish together rather
+    than one waiting on a long file last."""
+    if "stress" not in (config.getoption("markexpr") or ""):  # only when asked: make test-stress
+        stress = [item for item in items if item.get_closest_marker("stress")]
+        if stress:
+            config.hook.pytest_deselected(items=stress)
+            items[:] = [item for item in items if not item.get_closest_marker("stress")]
     if WORKERS:
         heavy = {item.module.__name__ for item in items
                  if item.get_closest_marker("slow") or item.get_closest_marker("distributed")}

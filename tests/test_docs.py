@@ -70,6 +70,7 @@ def test_links_are_relative_to_the_page():
     assert docgen._link("docs/jobs.md#render", "README.md") == "docs/jobs.md#render"
 
 
+@pytest.mark.process
 def test_generating_the_docs_does_not_import_torch():
     code = ("import sys; from tools import docgen; docgen.generate(); "
             "assert 'torch' not in sys.modules, 'torch imported'")

@@ -61,6 +61,7 @@ def test_dockerfile_copies_everything_the_package_build_needs(dockerfile):
     assert needed <= copied, needed - copied
 
 
+@pytest.mark.slow
 def test_the_pytorchjobs_command_exists_here():
     exe = shutil.which(TRAIN_COMMAND[0], path=str(Path(sys.executable).parent))
     assert exe, f"{TRAIN_COMMAND[0]} is not installed next to {sys.executable}"

@@ -72,6 +72,7 @@ def test_each_fault_alone_is_retried_to_the_right_bytes(s3_bucket, proxy, policy
     assert not list((tmp_path / "f").rglob(f"{s3.PART}*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [200, pytest.param(1000, marks=pytest.mark.slow)])
 def test_a_fetch_with_a_tenth_of_requests_faulted_equals_a_clean_one(s3_bucket, proxy, tmp_path,
                                                                      n):

@@ -135,6 +135,7 @@ def test_the_pipelines_first_step_refuses_bad_parameters_before_any_other_runs(t
     assert ran <= {"check-parameters"}  # nothing converted, built or trained
 
 
+@pytest.mark.process
 def test_run_local_command_reports_a_bad_source_in_one_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "kfvision.pipelines.cli", "pipeline", "run-local",
                           "--train-source", str(tmp_path / "nowhere"), "--out",

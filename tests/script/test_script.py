@@ -254,6 +254,7 @@ def test_render_without_source_still_needs_the_trainer_paths(capsys):
 
 # --- the boot ---
 
+@pytest.mark.process
 def test_a_requirement_that_does_not_exist_is_a_named_error_with_pips_lines(tmp_path,
                                                                             monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # no index: fails at once, the same way
@@ -266,6 +267,7 @@ def test_a_requirement_that_does_not_exist_is_a_named_error_with_pips_lines(tmp_
     assert list((tmp_path / "cache").glob("*/bin")) == []  # nothing half-built is kept
 
 
+@pytest.mark.slow
 def test_the_environment_pins_torch_and_a_second_setup_installs_nothing(tmp_path):
     (tmp_path / "requirements.txt").write_text("torch\n")  # a stray torch line: already met
     t = time.monotonic()

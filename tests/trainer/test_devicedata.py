@@ -255,6 +255,7 @@ _GPU_MACHINE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_bench_and_trainer_run_without_kfp_sklearn_kubernetes_yaml_tqdm(tmp_path, resnet18_dir,
                                                                         jpeg_dirs):
     run = subprocess.run(

@@ -240,6 +240,7 @@ def _train(tmp_path, name, model, data, **options):
     return torch.load(out / "weights.pt", weights_only=True), metrics["final"]
 
 
+@pytest.mark.slow
 def test_cache_on_and_off_train_the_identical_model(tmp_path, resnet18_dir, tiny_digits):
     on, _ = _train(tmp_path, "on", resnet18_dir, tiny_digits, cache="on")
     off, _ = _train(tmp_path, "off", resnet18_dir, tiny_digits, cache="off")
@@ -326,6 +327,7 @@ def test_the_whole_fast_path_reaches_the_accuracy_of_the_plain_path_on_the_digit
     assert abs(fast["val_top1"] - plain_digits["val_top1"]) <= 0.03, (plain_digits, fast)
 
 
+@pytest.mark.slow
 def test_bf16_asked_for_where_it_is_emulated_trains_and_says_so(tmp_path, resnet18_dir,
                                                                  micro_digits):
     """`--amp bf16` with oneDNN limited to AVX2, as on an AVX2-only CPU such as an EPYC Milan

@@ -61,6 +61,7 @@ def _train(tmp_path, name, data, model, **options):
     return torch.load(out / "weights.pt", weights_only=True)
 
 
+@pytest.mark.slow
 def test_training_from_the_pack_gives_the_identical_model(tmp_path, tiny_digits, resnet18_dir,
                                                          monkeypatch):
     packed = {s: shutil.copytree(tiny_digits[s], tmp_path / s) for s in ("train", "val")}

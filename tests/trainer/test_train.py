@@ -94,6 +94,7 @@ def _metrics(out):
     return json.loads((out / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_output_is_the_best_epochs_weights_with_history(tmp_path, resnet18_dir,
                                                             tiny_digits):
     out = tmp_path / "out"
@@ -119,6 +120,7 @@ def test_the_output_is_the_best_epochs_weights_with_history(tmp_path, resnet18_d
     assert m["fast_path"]["amp"] is False and m["fast_path"]["workers"] >= 0  # 32 px: fp32 anywhere
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_model_and_another_seed_does_not(tmp_path, resnet18_dir,
                                                                   tiny_digits, capsys):
     states = {}
