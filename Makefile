@@ -25,6 +25,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
 	$(PY) -m tools.linktree  # kfvision.* for pyright, mypy, jedi: a link tree and a .pth in .venv
+	@command -v bwrap >/dev/null || echo "make setup: bwrap is missing: \`job run-local\` cannot" \
+	  "run the pods inside their filesystem (apt-get install bubblewrap; .ci/run installs it)" >&2
 	touch $@
 
 demo: setup ## the whole KFP pipeline on the digits, locally (KFP local runner), deploy on; prints the evaluation and the served figures

@@ -106,7 +106,14 @@ def run_args(args) -> argparse.Namespace:
     return argparse.Namespace(manifest=args.output, namespace=args.namespace, wait=args.wait,
                               timeout=args.timeout, keep_on_timeout=args.keep_on_timeout,
                               poll=args.poll, no_logs=False, log_dir=args.log_dir,
-                              quiet=args.quiet, grace=30.0, fault=[])
+                              quiet=args.quiet, grace=30.0, fault=[],
+                              no_sandbox=args.no_sandbox)
+
+
+def add_no_sandbox(group) -> None:
+    """`--no-sandbox` of `job run-local` and `job run` (pipelines/jobs/sandbox.py)."""
+    group.add_argument("--no-sandbox", action="store_true", help="run the pods with this "
+                       "machine's filesystem and user, not inside the pod's (bwrap)")
 
 
 def job_render_parser() -> argparse.ArgumentParser:

@@ -95,7 +95,8 @@ def _run_local(args) -> int:
           f"machine's programs); logs in {log_dir}/", file=sys.stderr)
     try:  # --grace is a PyTorchJob's (a TrainJob's nodes must all succeed)
         result = run_local(job, log_dir, source=args.manifest, quiet=args.quiet,
-                           grace_s=args.grace, faults=args.fault, config_maps=config_maps)
+                           grace_s=args.grace, faults=args.fault, config_maps=config_maps,
+                           sandbox=False if args.no_sandbox else None)
     except KeyboardInterrupt:
         return _stopped(name)  # run_local raised Interrupted once every process was stopped
     print(f"job {name} succeeded in {result.seconds:.1f} s ({result.restarts} restart(s)); "
@@ -185,6 +186,9 @@ def register(subparsers, help: str) -> None:
                    metavar="TARGET:SIGNAL:PATTERN",
                    help="fault drill (repeatable): on a log line matching PATTERN, send SIGNAL "
                    "to TARGET")
+    from kfvision.pipelines.cli.flags import add_no_sandbox
+
+    add_no_sandbox(r)
     r.set_defaults(func=_run_local)
     s = add_submit(sub, JobClient, _submit, "create the job on the cluster (re-attach if it "
                    "exists)", manifest="PyTorchJob or TrainJob YAML ('-': standard input)")

@@ -9,7 +9,7 @@ pipelines/cli/flags.py's; its job is assembled by pipelines/script/assemble.py (
 from pathlib import Path
 
 from kfvision.pipelines.cli.clusterargs import add_cluster_flags, add_command, waiting_flags
-from kfvision.pipelines.cli.flags import add_kind_flags, add_script_flags
+from kfvision.pipelines.cli.flags import add_kind_flags, add_no_sandbox, add_script_flags
 from kfvision.pipelines.jobs.fromflags import JOB_OPTIONS
 from kfvision.pipelines.script.assemble import TRACKING
 
@@ -39,6 +39,7 @@ def add_run(sub, func) -> None:
                    "running here")
     w.add_argument("--log-dir", help="here: per-replica logs (default: build/jobs/NAME)")
     w.add_argument("--quiet", action="store_true", help="here: logs to files only")
+    add_no_sandbox(w)
     from kfvision.pipelines.jobs.jobclient import JobClient
 
     add_cluster_flags(r.add_argument_group("with --submit (its namespace: --namespace above)"),
@@ -63,12 +64,14 @@ def _download(args) -> int:
     from kfvision.pipelines.clients.k8s import KubernetesError
     from kfvision.pipelines.jobs.errors import JobOutputsError
     from kfvision.pipelines.script import outputs
+    from kfvision.pipelines.script.jobmodel import record_download
 
     path = outputs.check_path(args.path)
     log_dir = Path(args.log_dir or Path("build") / "jobs" / args.name)
     work = None if args.namespace else outputs.local_run(args.name, log_dir)
     if work is not None:
         got = outputs.from_local(work, path, Path(args.out))
+        record_download(Path(args.out), got, job=args.name, path=path, where=str(log_dir))
         print(f"downloaded {path} of job {args.name} from its local run in {log_dir} to {got}")
         return 0
     from kfvision.pipelines.jobs.jobclient import attach, connect
@@ -89,5 +92,6 @@ def _download(args) -> int:
         raise JobOutputsError(f"{what} is {state}, not {client.kind.succeeded}: node 0 copies "
                               f"its outputs to {uri} after success.")
     got = outputs.from_uri(uri, path, Path(args.out))
+    record_download(Path(args.out), got, job=args.name, path=path, where=what)
     print(f"downloaded {path} of {what} from {uri} to {got}")
     return 0

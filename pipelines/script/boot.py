@@ -52,12 +52,13 @@ from pathlib import Path
 from kfvision.pipelines import contract
 from kfvision.pipelines.jobs import ranktag
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
-from kfvision.pipelines.script import track
+from kfvision.pipelines.script import bridges, ranks, track
 from kfvision.pipelines.script.exits import Exits
 from kfvision.pipelines.script.reporter import Reporter
 from kfvision.pipelines.script.snapshot import ARCHIVE_NAME, InvalidSourceError, unpack, verify
 from kfvision.trainer import cpus, exitcodes
 from kfvision.trainer.errors import KfvisionError
+from kfvision.trainer.tracking import JOB_NAME
 
 PREFIX = "[kfvision script]"
 # How kfvision's own processes in the pod start (the boot: pipelines/script/manifest.py; the
@@ -237,6 +238,13 @@ def command(args, python: Path, node: str, work: Path, src: Path | None = None) 
     return [str(python), *target, *args.script_args]
 
 
+def _job_processes(args, env: dict) -> int:
+    """How many processes the whole job runs: the pods times each pod's."""
+    if args.launcher == "python":
+        return int(env.get("WORLD_SIZE") or env.get(_NNODES) or 1)
+    return int(env.get(_NNODES) or 1) * processes_per_pod(args, env)
+
+
 def say_setup(args, python: Path, env: dict) -> None:
     """Which kfvision and which python run, and each process's threads: what to look at when a
     job imports the wrong module or runs slow."""
@@ -331,6 +339,11 @@ def boot(args) -> int:
     if cwd != src and args.module:  # python -m finds it in the source folder, not in cwd
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
     track.script_env(tracker, env, dirs["outputs"])
+    add, lines = bridges.plan(src, python, env)  # Azure's Run, horovod.torch: when theirs lacks
+    for line in lines:
+        say(line)
+    bridges.apply(env, add)
+    env = ranks.rank_env(env, work / "groups")
     argv = command(args, python, node, work, src if cwd != src else None)
     say_setup(args, python, env)
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
@@ -347,6 +360,9 @@ def boot(args) -> int:
         track.close_run(tracker, False, {})
         return code
     say(f"node {node}: {target} succeeded in {took:.1f} s")
+    alone = ranks.alone_line(work / "groups", _job_processes(args, env))
+    if node == "0" and alone:
+        say(alone)
     if node == "0":
         results = {"model": dirs["model"], "outputs": dirs["outputs"]}
         write_provenance(dirs["model"], args, tracker)
@@ -368,7 +384,7 @@ def write_provenance(model_dir: Path, args, tracker) -> None:
     if not any(model_dir.iterdir()):  # the script saved no model there
         return
     record = {"source_sha256": args.sha256, "entry": args.module or args.entry,
-              "args": list(args.script_args)}
+              "args": list(args.script_args), "job": os.environ.get(JOB_NAME)}
     if tracker is not None and not tracker.off:
         record.update(mlflow_run_id=tracker.run_id, mlflow_tracking_uri=tracker.uri)
     (model_dir / contract.PROVENANCE).write_text(json.dumps(record, indent=1) + "\n",

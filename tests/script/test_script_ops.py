@@ -24,6 +24,7 @@ from test_script import render, tree
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs import jobclient, ranktag
 from kfvision.pipelines.jobs.podlogs import time_key
+from kfvision.pipelines.script.jobmodel import JOB_RECORD
 
 # --- logs ---
 
@@ -211,7 +212,8 @@ def test_kfvision_opens_the_scripts_mlflow_run_and_register_records_its_snapshot
     model = tmp_path / "results" / "model"
     made = json.loads((model / PROVENANCE).read_text())
     assert made == {"source_sha256": sha, "entry": "train.py", "args": ["--lr", "0.5"],
-                    "mlflow_run_id": run.info.run_id, "mlflow_tracking_uri": mlflow_server}
+                    "job": "demo", "mlflow_run_id": run.info.run_id,
+                    "mlflow_tracking_uri": mlflow_server}
     # the model folder, copied out by --output-uri, registers with its snapshot and run
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     assert main(["register", "--model", str(model), "--name", "script-tracked"]) == 0
@@ -289,7 +291,9 @@ def test_download_from_a_cluster_jobs_output_uri(tmp_path, monkeypatch, capsys, 
     assert (got / "model.pt").read_text() == "net"
     assert main(["job", "download", "digits", "outputs", "--out", str(got)]) == 0
     assert (got / "outputs" / "a" / "b.txt").read_text() == "b"
-    assert [p.name for p in got.iterdir() if p.name.startswith(".")] == []
+    # no temporary folder left; the record of where they came from (`register` reads it)
+    assert [p.name for p in got.iterdir() if p.name.startswith(".")] == [JOB_RECORD]
+    assert json.loads((got / JOB_RECORD).read_text())["model.pt"]["job"] == "digits"
     assert main(["job", "download", "digits", "model/other.pt"]) == 2
     assert "which hold 2 file(s): model/model.pt, outputs/a/b.txt" in capsys.readouterr().err
     fake.script = [RUNNING]
