@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from helpers.cost import _Meter, verdict
+from helpers.workunits import work_units
 
 
 def test_a_cheap_unmarked_test_passes_and_a_costly_one_is_told_its_marker():
@@ -79,3 +80,32 @@ def test_a_test_that_costs_more_than_its_markers_allow_fails_saying_which_marker
     result.stdout.fnmatch_lines(["*test_starts_a_process: it started processes*mark.process*",
                                  "*test_spins: it cost*mark.slow*"])
 
+
+
+def test_a_heavy_test_is_a_unit_of_its_own_unless_it_shares_a_module_fixture(pytester):
+    """The units pytest-xdist hands out (helpers/workunits.py), on a file of each kind of test."""
+    items = pytester.getitems("""
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def shared():
+            return 1
+
+        def test_quick():
+            pass
+
+        @pytest.mark.slow
+        def test_heavy():
+            pass
+
+        @pytest.mark.distributed
+        def test_heavy_sharing(shared):
+            pass
+
+        def test_asks_the_server(served_digits):
+            pass
+    """)
+    units = {item.name: unit for item, unit in work_units(items).items()}
+    file = items[0].nodeid.split("::")[0]
+    assert units == {"test_quick": file, "test_heavy": f"{file}::test_heavy",
+                     "test_heavy_sharing": file, "test_asks_the_server": "served_digits"}
