@@ -83,6 +83,7 @@ def pytest_configure(config):
         os.environ[UNITS_FILE] = str(Path(tempfile.mkdtemp(prefix="kfvision-units-")) / "u.json")
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it (-p no:xdist) unused
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` hands out a heavy test alone (helpers/workunits.py)."""
     if config.getvalue("dist") == "loadfile":
