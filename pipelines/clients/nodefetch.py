@@ -8,8 +8,8 @@ trainer's side: a rank waits for a file that is not there yet).
     fetcher.stop(); fetcher.summary()   # objects and bytes per epoch and per channel
 
 What is fetched, and when:
-- epoch e's training images of this node's ranks, in their DistributedSampler's order (the same
-  sampler, seeded the same: `rank_order`), interleaved rank by rank as the ranks read in step;
+- epoch e's training images of this node's ranks, in their sampler's order (the same
+  order, keyed the same: `rank_order`), interleaved rank by rank as the ranks read in step;
   the validation images of its ranks (every world_size-th, as EvalShard reads) after epoch 1's;
 - an image already held is never fetched again: every epoch after the first only adds what the
   reshuffle brings that this node has not seen, until it holds the whole dataset;
@@ -97,24 +97,11 @@ class Plan:
 
 
 def rank_order(n: int, world_size: int, rank: int, seed: int, epoch: int) -> list:
-    """The indices `rank` trains on in `epoch`, as the trainer's loader draws them
-    (kfvision.trainer.data.datasets.make_loader): a DistributedSampler for more than one process;
-    for one, a seeded RandomSampler (fresh iterator each epoch)."""
-    import torch
-    from torch.utils.data import DistributedSampler
+    """The indices `rank` trains on in `epoch`, as the trainer's sampler deals them
+    (kfvision.trainer.data.draws.epoch_order, for any world size)."""
+    from kfvision.trainer.data.draws import epoch_order
 
-    if world_size > 1:
-        sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True,
-                                     seed=seed, drop_last=False)
-        sampler.set_epoch(epoch)
-        return list(sampler)
-    g = torch.Generator().manual_seed(seed + rank)
-    order = []
-    for _ in range(epoch):  # each epoch's iterator: its base seed, the permutation, and (at its
-        torch.empty((), dtype=torch.int64).random_(generator=g)  # end) RandomSampler's
-        order = torch.randperm(n, generator=g).tolist()  # empty remainder, drawn all the same
-        torch.randperm(n, generator=g)
-    return order
+    return epoch_order(n, seed, epoch, rank, world_size)
 
 
 def node_order(orders: list) -> list:

@@ -21,19 +21,20 @@ FLAGS = JOB_FLAGS
 
 
 def test_the_fetchers_order_is_the_samplers():
-    """rank_order is what the trainer's loaders draw: DistributedSampler per rank, and the
-    seeded RandomSampler of one process (a fresh iterator each epoch, as with no workers)."""
-    import torch
-
+    """rank_order is what the trainer's loaders draw, for one process or several."""
     from kfvision.trainer.data.datasets import make_loader
+    from kfvision.trainer.data.draws import split_key
 
-    data = torch.utils.data.TensorDataset(torch.arange(37))
+    class Indices(list):  # what the dataset was asked for, as the trainer's datasets read it
+        def __getitem__(self, item):
+            return (split_key(item)[0],)
+
+    data = Indices(range(37))
     for world, rank in ((1, 0), (4, 0), (4, 3)):
         loader, sampler = make_loader(data, batch_size=5, workers=0, shuffle=True, seed=7,
                                       rank=rank, world_size=world)
         for epoch in (1, 2, 3):
-            if sampler is not None:
-                sampler.set_epoch(epoch)
+            sampler.set_epoch(epoch)
             seen = [int(i) for (batch,) in loader for i in batch]
             assert seen == nodefetch.rank_order(37, world, rank, 7, epoch), (world, rank, epoch)
     assert nodefetch.node_order([[1, 2, 3], [4, 5]]) == [1, 4, 2, 5, 3]
@@ -94,8 +95,10 @@ def _fetched(bucket, key: str, into: Path) -> Path:
 def test_a_2x2_job_on_object_storage_alone_trains_the_same_model(tmp_path, s3_bucket,
                                                                   micro_digits, resnet18_dir,
                                                                   pytorchjob_2x2):
-    """Same weights, bit for bit, as the job on the folders; each node fetched its ranks' share
-    in epoch 1 and never an image twice; the model and no checkpoint are left in the store."""
+    """Same weights, bit for bit, as the job on the folders, every loading option at its default
+    (there: cached, no workers; here: uncached, a worker a process); each node fetched its ranks'
+    share in epoch 1 and never an image twice; the model and no checkpoint are left in the
+    store."""
     from kfvision.pipelines.cli import main
 
     uris = _upload(s3_bucket, micro_digits, resnet18_dir)
@@ -111,6 +114,8 @@ def test_a_2x2_job_on_object_storage_alone_trains_the_same_model(tmp_path, s3_bu
     assert (model / "weights.pt").read_bytes() == (local / "weights.pt").read_bytes()
     ours, theirs = (json.loads((m / "metrics.json").read_text()) for m in (model, local))
     assert ours["status"] == "completed"
+    assert (ours["fast_path"]["cache"], theirs["fast_path"]["cache"]) == (False, True)
+    assert ours["fast_path"]["workers"] >= 1 and theirs["fast_path"]["workers"] == 0
     assert [h["val_loss"] for h in ours["history"]] == [h["val_loss"] for h in theirs["history"]]
     keys = [o["Key"] for o in s3_bucket.client.list_objects_v2(
         Bucket=s3_bucket.name, Prefix="runs/r18-1/").get("Contents", [])]
