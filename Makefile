@@ -9,7 +9,7 @@ TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-fast lint bench bench-smoke bench-gpu clean litdata-venv s3rver
+.PHONY: help setup demo test test-fast test-stress lint pyright bench bench-smoke bench-gpu clean litdata-venv s3rver
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -24,6 +24,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	  "device', free some space (old clones, /tmp/pytest-of-*) and run it again." >&2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m tools.linktree  # kfvision.* for pyright, mypy, jedi: a link tree and a .pth in .venv
 	@command -v bwrap >/dev/null || echo "make setup: bwrap is missing: \`job run-local\` cannot" \
 	  "run the pods inside their filesystem (apt-get install bubblewrap; .ci/run installs it)" >&2
 	touch $@
@@ -31,14 +32,30 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup ## the whole KFP pipeline on the digits, locally (KFP local runner), deploy on; prints the evaluation and the served figures
 	$(VENV)/bin/kfvision demo --out $(DEMO_DIR)
 
-test: setup ## run the whole test suite (what CI runs), in TEST_WORKERS (2) parallel workers
+test: setup ## the whole suite but its stress tests (what CI runs), in TEST_WORKERS (2) workers
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-test-fast: setup ## the suite without slow and distributed tests
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not distributed"
+test-fast: setup ## the loop while writing code: only the unmarked tests (no torch process, at most 5 s of CPU each)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not distributed and not process"
+
+test-stress: setup ## the stress tests alone (full rounds of the failure line and of Ctrl-C): run before changing run-local's stopping or failure reports
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m stress
 
 lint: setup ## ruff
 	$(VENV)/bin/ruff check .
+
+# pyright from the npm registry, pinned, in build/ (never global); `make pyright` installs it
+PYRIGHT_VERSION ?= 1.1.414
+PYRIGHT_DIR ?= build/pyright
+PYRIGHT := $(PYRIGHT_DIR)/node_modules/.bin/pyright
+
+$(PYRIGHT_DIR)/.installed-$(PYRIGHT_VERSION):
+	npm install --prefix $(PYRIGHT_DIR) --no-audit --no-fund --loglevel=error pyright@$(PYRIGHT_VERSION)
+	touch $@
+
+pyright: setup $(PYRIGHT_DIR)/.installed-$(PYRIGHT_VERSION) ## pyright (npm, pinned): every kfvision import resolves (its other type errors counted, not checked)
+	$(PY) -m tools.linktree  # (a .venv made before it had none)
+	$(PY) -m tools.pyright_imports $(PYRIGHT)
 
 bench: setup ## throughput vs the usual way (input pipeline, training, serving, s3:// fetch, your own script, training from object storage against LitData), the manifest path at 200,000 images and program start-up, CPU
 	$(PY) -m bench.inputs --images 1000 --rounds 3

@@ -22,11 +22,11 @@ import time
 
 import torch
 import torchvision
+
+from bench import publish
 from kfvision.trainer.engine import make_sgd
 from kfvision.trainer.fastpath import cpu_bf16_decision
 from kfvision.trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
-
-from bench import publish
 
 # name -> (bf16 autocast, channels_last, one-pixel convolutions as GEMM)
 VARIANTS = {"fp32": (False, False, True), "bf16": (True, True, True),

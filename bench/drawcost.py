@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 
 import torch
-from kfvision.trainer.data.datasets import ImageDataset
-from kfvision.trainer.data.draws import Sample
-from kfvision.trainer.data.imagedir import read_image_directory
-from kfvision.trainer.data.transforms import Normalizer, TrainCrop
 from torchvision.transforms import RandomResizedCrop
 
 from bench import BENCH
 from bench.jpegset import make_jpeg_set
+from kfvision.trainer.data.datasets import ImageDataset
+from kfvision.trainer.data.draws import Sample
+from kfvision.trainer.data.imagedir import read_image_directory
+from kfvision.trainer.data.transforms import Normalizer, TrainCrop
 
 
 class GlobalDrawCrop(TrainCrop):

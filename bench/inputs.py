@@ -30,15 +30,15 @@ from pathlib import Path
 
 import torch
 import torchvision
+from torchvision import transforms
+
+from bench import BENCH, publish
+from bench.jpegset import PHOTO, make_jpeg_set
 from kfvision.trainer.data.datasets import ImageDataset
 from kfvision.trainer.data.draws import Sample
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.data.pack import write_pack
 from kfvision.trainer.data.transforms import Normalizer, train_transform
-from torchvision import transforms
-
-from bench import BENCH, publish
-from bench.jpegset import PHOTO, make_jpeg_set
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 EPOCHS = 5  # kfvision train's default

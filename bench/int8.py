@@ -37,12 +37,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from kfvision.trainer.fastpath import int8_reduce_range
-from kfvision.trainer.use.quantize import quantize_onnx
 
 import bench
 from bench.jpegset import make_jpeg_set
 from bench.serve import bench_model
+from kfvision.trainer.fastpath import int8_reduce_range
+from kfvision.trainer.use.quantize import quantize_onnx
 
 BENCH = bench.BENCH / "int8"
 

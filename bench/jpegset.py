@@ -17,8 +17,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from kfvision.trainer.data.convert import convert
 from PIL import Image, ImageDraw, ImageFilter
+
+from kfvision.trainer.data.convert import convert
 
 PHOTO = (4032, 3024)
 

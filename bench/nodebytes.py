@@ -18,10 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.objectstore import Store
 from kfvision.pipelines.contract import SCRATCH_MOUNT
 from kfvision.pipelines.jobs.storenode import SUMMARY
-
-from bench.objectstore import Store
 
 BUCKET = "nodebytes"
 

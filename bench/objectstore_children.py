@@ -85,6 +85,7 @@ def litdata_optimize(data: Path, uri: str, workers: int | None) -> dict:
     into LitData's chunks at `uri`, its defaults otherwise (chunk_bytes is required: 64MB, as
     LitData's README writes it)."""
     import litdata
+
     from kfvision.trainer.data.imagedir import read_image_directory
 
     imdir = read_image_directory(data, verify="none")
@@ -121,10 +122,11 @@ def litdata_raw(data: Path, uri: str, cache: Path, batch: int = 64) -> dict:
     worker process: as the node fetcher reads, one process), the bytes counted, not decoded.
     Its file list is given from the manifest (an indexer of ours): its own lists the prefix
     through s3fs, which neither venv has, and stores the list zstd-compressed."""
-    from kfvision.trainer.data.imagedir import read_image_directory
     from litdata.raw.dataset import StreamingRawDataset
     from litdata.raw.indexer import BaseIndexer, FileMetadata
     from torch.utils.data import DataLoader
+
+    from kfvision.trainer.data.imagedir import read_image_directory
 
     imdir = read_image_directory(data, verify="none")
     files = [FileMetadata(uri + imdir.file(e).relative_to(data).as_posix(), e.bytes)
@@ -150,6 +152,7 @@ def litdata_raw(data: Path, uri: str, cache: Path, batch: int = 64) -> dict:
 def fetch(uri: str, dest: Path, fetcher: str) -> dict:
     """Our fetch (FETCHERS) of the image directory at `uri` into the empty folder `dest`."""
     import torch  # noqa: F401 (the node agent's, once: not a cost of reading)
+
     from kfvision.pipelines.clients import nodefetch, s3sync  # noqa: F401
 
     start = _now()

@@ -16,9 +16,10 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
-from kfvision.trainer.model.trained import load_trained_model
 from PIL import Image
 from torchvision import transforms
+
+from kfvision.trainer.model.trained import load_trained_model
 
 
 def make_handler(model, classes, preprocess):

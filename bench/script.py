@@ -27,14 +27,13 @@ import sys
 import time
 from pathlib import Path
 
+from bench import publish
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.pipelines.contract import ENV_CACHE
 from kfvision.pipelines.script.env import ensure_env
 from kfvision.pipelines.script.requirements import read
 from kfvision.pipelines.script.snapshot import pack
 from kfvision.trainer.fastpath import describe_cpu
-
-from bench import publish
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tests" / "script" / "styles" / "torchrun_ddp"

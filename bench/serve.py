@@ -52,14 +52,14 @@ import time
 from pathlib import Path
 
 import torch
+
+import bench
+from bench.jpegset import PHOTO, make_jpeg_set
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.pipelines.serve.client import Server, request
 from kfvision.trainer.model.arch import build_model, write_untrained_model
 from kfvision.trainer.model.spec import WEIGHTS_FILE, read_model_spec
 from kfvision.trainer.model.trained import atomic_torch_save, write_model_files
-
-import bench
-from bench.jpegset import PHOTO, make_jpeg_set
 
 BENCH = bench.BENCH / "serve"
 

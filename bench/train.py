@@ -42,13 +42,13 @@ from pathlib import Path
 
 import torch
 import torchvision
+
+from bench import processor, publish
+from bench.jpegset import make_jpeg_set
 from kfvision.trainer.cpus import usable_cpus
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.split import split
 from kfvision.trainer.model.arch import write_untrained_model
-
-from bench import processor, publish
-from bench.jpegset import make_jpeg_set
 
 BENCH = Path("build/bench")
 # kfvision runs compared with the plain loop: name -> extra `kfvision.trainer.train` flags

@@ -14,10 +14,15 @@ import pytest
 import torch
 from helpers.runs import jpeg_digits, run_job, train_argv
 from helpers.s3bucket import FAST_RETRIES, S3Bucket
+from helpers.workunits import UNITS_FILE, HeavyAloneScheduling, heavy, work_units, write_units
+
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.pipelines.flow.demo import write_digits
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.model.arch import write_untrained_model
+
+# helpers.cost: markers by cost (an unmarked test that costs too much fails); pytester for its test
+pytest_plugins = ["helpers.cost", "pytester"]
 
 # kfvision has one import name: its folders are kfvision.trainer and kfvision.pipelines, from the
 # install (setup.py). The repository root is on sys.path for bench/ and tools/, which would also
@@ -72,16 +77,37 @@ def pytest_configure(config):
     xdist/scheduler/loadscope.py's LoadScopeScheduling.schedule, which loadfile inherits."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    if not WORKERS and getattr(config.option, "numprocesses", None):  # the controller
+        import tempfile
+
+        os.environ[UNITS_FILE] = str(Path(tempfile.mkdtemp(prefix="kfvision-units-")) / "u.json")
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it (-p no:xdist) unused
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` hands out a heavy test alone (helpers/workunits.py)."""
+    if config.getvalue("dist") == "loadfile":
+        return HeavyAloneScheduling(config, log)
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device. Under pytest-xdist
-    (`--dist loadfile` hands out whole files), the files with slow or distributed tests come
-    first, so that the workers finish together rather than one waiting on a long file last."""
+    """Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device; `stress` tests run
+    only when `-m` names them. Under pytest-xdist the heavy units come first (a heavy test alone,
+    else whole files: helpers/workunits.py), so that the workers finish together rather than
+    one waiting on a long file last."""
+    if "stress" not in (config.getoption("markexpr") or ""):  # only when asked: make test-stress
+        stress = [item for item in items if item.get_closest_marker("stress")]
+        if stress:
+            config.hook.pytest_deselected(items=stress)
+            items[:] = [item for item in items if not item.get_closest_marker("stress")]
     if WORKERS:
-        heavy = {item.module.__name__ for item in items
-                 if item.get_closest_marker("slow") or item.get_closest_marker("distributed")}
-        items.sort(key=lambda item: item.module.__name__ not in heavy)  # stable: order kept within
+        units = work_units(items)
+        order = {unit: i for i, unit in enumerate(dict.fromkeys(
+            [units[i] for i in items if units[i] == i.nodeid]
+            + [units[i] for i in items if heavy(i)] + [units[i] for i in items]))}
+        items.sort(key=lambda item: order[units[item]])  # stable: order kept within a unit
+        write_units(units)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False here "

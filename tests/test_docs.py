@@ -12,10 +12,10 @@ import sys
 import pytest
 from helpers.parsers import _sample, command_parser, parse, sub_commands
 from helpers.paths import REPO
+
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.options import options_of
-
 from tools import docgen
 
 
@@ -72,6 +72,7 @@ def test_links_are_relative_to_the_page():
     assert docgen._link("docs/jobs.md#render", "README.md") == "docs/jobs.md#render"
 
 
+@pytest.mark.process
 def test_generating_the_docs_does_not_import_torch():
     code = ("import sys; from tools import docgen; docgen.generate(); "
             "assert 'torch' not in sys.modules, 'torch imported'")

@@ -8,6 +8,7 @@ from dataclasses import MISSING
 
 import pytest
 from helpers.parsers import every_parser
+
 from kfvision.pipelines.flow import components
 from kfvision.pipelines.flow.params import (
     JOB_OPTIONS,

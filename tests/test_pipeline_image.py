@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers.paths import REPO
+
 from kfvision.pipelines.flow import components
 from kfvision.pipelines.jobs.config import TRAIN_COMMAND, JobConfig
 from kfvision.trainer.config import TrainConfig
@@ -60,6 +61,7 @@ def test_dockerfile_copies_everything_the_package_build_needs(dockerfile):
     assert needed <= copied, needed - copied
 
 
+@pytest.mark.slow
 def test_the_pytorchjobs_command_exists_here():
     exe = shutil.which(TRAIN_COMMAND[0], path=str(Path(sys.executable).parent))
     assert exe, f"{TRAIN_COMMAND[0]} is not installed next to {sys.executable}"

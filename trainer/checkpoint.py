@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+
 from kfvision.trainer.distributed import DistContext, broadcast_object, on_main
 from kfvision.trainer.errors import CheckpointMismatchError, OutputError
 from kfvision.trainer.model.trained import atomic_torch_save

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
 from kfvision.trainer import cpus
 from kfvision.trainer.errors import DeviceError, KfvisionError, check_choice
-from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ import math
 import time
 
 import torch
+from torch import nn
+
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.data.transforms import Normalizer
 from kfvision.trainer.distributed import (
@@ -26,7 +28,6 @@ from kfvision.trainer.errors import NonFiniteLossError
 from kfvision.trainer.fastpath import FastPath
 from kfvision.trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
 from kfvision.trainer.rng import capture_rng, restore_rng
-from torch import nn
 
 log = logging.getLogger("trainer")
 

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
 from kfvision.trainer.distributed import DistContext, cpus_per_process
 from kfvision.trainer.presets import CPU_BF16_MIN_IMAGE_SIZE
 

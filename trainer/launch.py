@@ -104,8 +104,9 @@ def _peer_lost(e: BaseException) -> int:
 
 
 if __name__ == "__main__":
-    from kfvision.trainer.heap import freeze_imports
     from torch.distributed import run  # noqa: F401  (main's imports, made before the freeze)
+
+    from kfvision.trainer.heap import freeze_imports
 
     freeze_imports()
     sys.exit(main())

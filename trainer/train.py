@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
+
 from kfvision.trainer import distributed, exitcodes
 from kfvision.trainer.checkpoint import (
     FOLDER,

@@ -65,6 +65,7 @@ def _render(args) -> int:
 
 def _submit(args) -> int:
     import yaml
+
     from kfvision.pipelines.serve import deployclient
 
     text = sys.stdin.read() if args.manifest == "-" else Path(args.manifest).read_text()

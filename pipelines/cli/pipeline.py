@@ -154,6 +154,7 @@ def _submit(args) -> int:
     import warnings
 
     import kfp
+
     from kfvision.pipelines.clients.endpoints import probe, talking_to
     from kfvision.pipelines.flow.pipeline import compile_pipeline
 

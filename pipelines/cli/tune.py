@@ -175,6 +175,7 @@ def _read_experiment(path: str) -> tuple:
     """(the Experiment, [ConfigMap, ...]) of a file `tune render` wrote (a script's source
     ConfigMap comes before its Experiment)."""
     import yaml
+
     from kfvision.pipelines.jobs.errors import InvalidJobError
     from kfvision.pipelines.tune.katib_rules import validate_experiment
 

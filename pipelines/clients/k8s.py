@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
 from kfvision.pipelines.clients.endpoints import EndpointAuthError, EndpointError, endpoint_error
 from kfvision.trainer.errors import KfvisionError
 

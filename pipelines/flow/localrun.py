@@ -103,6 +103,7 @@ def run_local_pipeline(arguments: dict, out, data_uri: str = "") -> LocalPipelin
         PipelineFailedError: a step failed.
     """
     from kfp import local
+
     from kfvision.pipelines.flow.pipeline import PIPELINE_NAME, build_pipeline, parameter_defaults
     from kfvision.pipelines.flow.steps.check import check_parameters
     from kfvision.pipelines.flow.storage import LOCAL, check_data_pvc_use, check_store_uri

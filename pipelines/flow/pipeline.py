@@ -30,6 +30,7 @@ cluster (or a local server).
 from concurrent.futures import ThreadPoolExecutor
 
 from kfp import compiler, dsl, kubernetes
+
 from kfvision.pipelines.clients.s3 import S3_SECRET_KEYS
 from kfvision.pipelines.flow import components as c
 from kfvision.pipelines.flow.storage import DATA_MOUNT, DEFAULT, Storage

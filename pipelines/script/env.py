@@ -149,8 +149,9 @@ def backends_here(projects, sites: list) -> bool:
     about half of a layer's time (docs/benchmarks.md)."""
     from importlib import metadata
 
-    from kfvision.pipelines.script.entry import toml_module
     from packaging.requirements import InvalidRequirement, Requirement
+
+    from kfvision.pipelines.script.entry import toml_module
 
     tomllib = toml_module()
     if tomllib is None:

@@ -25,6 +25,7 @@ import itertools
 
 import torch
 import torch.distributed as dist
+
 from kfvision.trainer.distributed import launcher_env
 from kfvision.trainer.errors import KfvisionError
 

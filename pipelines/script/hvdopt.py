@@ -8,8 +8,9 @@ import warnings
 from contextlib import contextmanager
 
 import torch
-from kfvision.pipelines.script import hvd
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from kfvision.pipelines.script import hvd
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):

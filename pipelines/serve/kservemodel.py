@@ -25,12 +25,13 @@ import uuid
 
 import torch
 from grpc_interceptor.exceptions import ResourceExhausted
-from kfvision.pipelines.serve.batcher import Batcher, QueueFull
-from kfvision.pipelines.serve.metrics import ABANDONED, REFUSED, timed_decode
-from kfvision.trainer.use.predict import InvalidImageError, Predictor
 from kserve import Model
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+
+from kfvision.pipelines.serve.batcher import Batcher, QueueFull
+from kfvision.pipelines.serve.metrics import ABANDONED, REFUSED, timed_decode
+from kfvision.trainer.use.predict import InvalidImageError, Predictor
 
 MAX_INSTANCES = 64  # images in one request at most (docs/serving.md)
 V1_EXAMPLE = '{"instances": [{"image": {"b64": "<base64 of an image file>"}}]}'

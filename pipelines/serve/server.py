@@ -178,11 +178,12 @@ def serve(model, *, http_port: int = ServeOptions.http_port,
     check_options(ServeOptions(str(model), http_port=http_port, grpc_port=grpc_port))
     classifier = build_model(model, **options)
     from fastapi.exceptions import RequestValidationError
+    from kserve.model_server import app
+
     from kfvision.pipelines.serve.admission import RefuseWhenFull
     from kfvision.pipelines.serve.disconnects import CancelOnDisconnect
     from kfvision.pipelines.serve.kservemodel import Overloaded
     from kfvision.pipelines.serve.protocol import V2DataPlane
-    from kserve.model_server import app
 
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(Overloaded, _overloaded)

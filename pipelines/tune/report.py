@@ -5,10 +5,11 @@ import csv
 import math
 from pathlib import Path
 
+from PIL import Image, ImageDraw
+
 from kfvision.pipelines.tune.experiment import Search
 from kfvision.trainer.fileio import atomic_write_json
 from kfvision.trainer.use.plot import load_font
-from PIL import Image, ImageDraw
 
 PANEL, MARGIN = 260, 36
 DOT = {"COMPLETE": (8, 48, 107), "PRUNED": (200, 120, 0), "FAIL": (180, 0, 0)}

@@ -52,6 +52,7 @@ def test_train_help_shows_the_defaults():
         assert text in out
 
 
+@pytest.mark.slow
 def test_convert_model_train_score_end_to_end(tmp_path, tiny_digits):
     raw = tiny_digits["raw"]
     run = kfvision("convert", raw / "train", tmp_path / "train")
@@ -93,6 +94,7 @@ def test_a_bad_model_name_lists_the_choices():
 @pytest.mark.parametrize("command, heavy", [
     ([], []), (["convert"], []), (["train"], []), (["job"], []), (["pipeline"], ["kfp"]),
     (["model"], [])])
+@pytest.mark.process
 def test_the_command_line_loads_torch_and_kfp_only_for_the_commands_that_need_them(command,
                                                                                     heavy):
     # building the parser for `kfvision --help` with all of them took 8 s on the 2-core machine

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from helpers.fake_kserve import ISVC, NOT_READY, FakeKServe, client_for
 from helpers.parsers import command_parser, every_parser, sub_commands
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.cli.clusterargs import (
     TARGET,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from helpers.machine import fill, free_up
 from helpers.paths import REPO
+
 from kfvision.pipelines.clients import s3, s3sync
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.errors import OutputError
@@ -70,6 +71,7 @@ def test_convert_on_a_full_disk(tmpfs, tiny_digits):
     assert not (vol / "new").exists() and leftovers(vol) == []
 
 
+@pytest.mark.slow
 def test_score_out_on_a_full_disk(tmpfs, trained_tiny, tiny_digits):
     vol = tmpfs("1m")
     out = vol / "scored.csv"
@@ -81,6 +83,7 @@ def test_score_out_on_a_full_disk(tmpfs, trained_tiny, tiny_digits):
     assert out.read_text() == "the previous table\n" and leftovers(vol) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["torchscript", "torch-export"])
 def test_export_on_a_full_disk(tmpfs, trained_tiny, fmt):
     vol = tmpfs("16m")  # a resnet18 is ~45 MB: it cannot fit
@@ -91,6 +94,7 @@ def test_export_on_a_full_disk(tmpfs, trained_tiny, fmt):
     assert out.read_bytes() == b"the previous export" and leftovers(vol) == []
 
 
+@pytest.mark.process
 def test_an_s3_fetch_on_a_full_disk_resumes_once_there_is_room(tmpfs, s3_bucket, tiny_digits):
     n = s3_bucket.upload_folder(tiny_digits["raw"] / "val", "v/")
     vol = tmpfs("2m")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kfvision.pipelines import cli
 from kfvision.pipelines.flow.pipeline import parameter_defaults
 

@@ -4,6 +4,7 @@ SRC s3://OUT`, end to end against the loopback moto server (tests/conftest.py)."
 import json
 
 import pytest
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients import s3, s3sync
 from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory

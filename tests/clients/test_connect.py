@@ -12,6 +12,7 @@ import threading
 
 import pytest
 from helpers.paths import REPO
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.trainer.exitcodes import EXIT_AUTH, EXIT_TLS, EXIT_UNAVAILABLE

@@ -9,6 +9,7 @@ import csv
 import json
 
 import pytest
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients import registry
 from kfvision.pipelines.clients.models import ModelURIError, cache_root, resolve_model

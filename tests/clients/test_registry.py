@@ -6,6 +6,7 @@ import csv
 import json
 
 import pytest
+
 from kfvision.pipelines.cli import main as cli
 from kfvision.pipelines.clients import registry
 from kfvision.pipelines.clients.endpoints import EndpointUnreachableError, free_port

@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients import s3, s3put, s3sync
 from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers.s3proxy import KINDS, PART_1, FaultProxy, Rule
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients import s3, s3put, s3sync
 from kfvision.trainer.data.imagedir import MANIFEST
@@ -71,6 +72,7 @@ def test_each_fault_alone_is_retried_to_the_right_bytes(s3_bucket, proxy, policy
     assert not list((tmp_path / "f").rglob(f"{s3.PART}*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [200, pytest.param(1000, marks=pytest.mark.slow)])
 def test_a_fetch_with_a_tenth_of_requests_faulted_equals_a_clean_one(s3_bucket, proxy, tmp_path,
                                                                      n):

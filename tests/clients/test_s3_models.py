@@ -6,6 +6,7 @@ import csv
 
 import pytest
 import yaml
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients import s3
 from kfvision.pipelines.clients.models import resolve_model

@@ -9,6 +9,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from helpers.s3proxy import FaultProxy, Rule
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients import s3, s3get, s3sync
 

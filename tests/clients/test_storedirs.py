@@ -5,6 +5,7 @@ and a missing or broken one is the named error that says how to push one."""
 import json
 
 import pytest
+
 from kfvision.pipelines.clients import storedirs
 from kfvision.pipelines.clients.s3 import NoSuchBucketError
 from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory

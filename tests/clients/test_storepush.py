@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 from helpers.s3proxy import FaultProxy, Rule
+
 from kfvision.pipelines.clients import s3, s3put, s3sync, storepush
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory

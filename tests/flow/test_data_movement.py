@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers.meter import ClusterBranch, Meter, files, local_run_meter
+
 from kfvision.pipelines.clients.k8s import KubernetesError
 from kfvision.pipelines.flow.params import train_options
 from kfvision.pipelines.flow.pipeline import parameter_defaults

@@ -6,6 +6,7 @@ import json
 import pytest
 import yaml
 from helpers.fake_kserve import NOT_READY, READY, FakeKServe, client_for
+
 from kfvision.pipelines.flow.params import parameter_name
 from kfvision.pipelines.flow.pipeline import parameter_defaults
 from kfvision.pipelines.flow.steps import deploy as step
@@ -28,6 +29,7 @@ def accuracy_of(evaluation) -> float:
     return json.loads((evaluation / "metrics.json").read_text())["accuracy"]
 
 
+@pytest.mark.slow
 def test_locally_the_step_serves_the_model_and_the_served_labels_are_the_scored_ones(
         trained_tiny, tiny_digits, evaluation, tmp_path, capsys):
     figures = step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / "d",
@@ -108,6 +110,7 @@ def test_bad_deploy_parameters_are_refused_before_anything_runs(tiny_digits, ove
                               "registry": "kubeflow"})
 
 
+@pytest.mark.slow
 def test_the_registered_version_is_what_is_served_locally_and_on_a_cluster(
         mlflow_server, trained_tiny, tiny_digits, evaluation, tmp_path, monkeypatch, capsys):
     from kfvision.pipelines.flow.steps.register import register_step

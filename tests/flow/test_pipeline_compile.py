@@ -9,6 +9,7 @@ import sys
 import pytest
 import yaml
 from helpers.paths import REPO
+
 from kfvision.pipelines.flow.pipeline import PIPELINE_NAME, compile_pipeline, parameter_defaults
 
 GOLDEN = REPO / "tests" / "golden" / "pipeline-image-classification.yaml"

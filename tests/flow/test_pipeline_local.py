@@ -11,6 +11,7 @@ import pytest
 import yaml
 from helpers.paths import REPO
 from helpers.runs import train_argv
+
 from kfvision.pipelines.flow.localrun import find, run_local_pipeline, summary
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.errors import InvalidParameterError
@@ -119,6 +120,7 @@ def test_the_pipelines_first_step_refuses_bad_parameters_before_any_other_runs(t
                                                                                tmp_path):
     # The KFP UI and `kfp run create` skip kfvision's own check: check-parameters does it.
     from kfp import local
+
     from kfvision.pipelines.flow.localrun import support_oneof_artifacts
     from kfvision.pipelines.flow.pipeline import build_pipeline
     from kfvision.pipelines.flow.storage import LOCAL
@@ -133,6 +135,7 @@ def test_the_pipelines_first_step_refuses_bad_parameters_before_any_other_runs(t
     assert ran <= {"check-parameters"}  # nothing converted, built or trained
 
 
+@pytest.mark.process
 def test_run_local_command_reports_a_bad_source_in_one_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "kfvision.pipelines.cli", "pipeline", "run-local",
                           "--train-source", str(tmp_path / "nowhere"), "--out",

@@ -16,6 +16,8 @@ from helpers.k8s_checks import crd_schema as _crd
 from helpers.k8s_checks import job_pods as _pods
 from helpers.k8s_checks import restricted_problems, unknown_fields
 from helpers.paths import REPO
+from test_pipeline_steps import FakeJobs, _job_settings
+
 from kfvision.pipelines import contract
 from kfvision.pipelines.flow.localrun import find, run_local_pipeline, summary
 from kfvision.pipelines.flow.params import SCRIPT_OPTIONS, pipeline_options
@@ -32,7 +34,6 @@ from kfvision.pipelines.flow.steps.trainscript import (
 from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB
 from kfvision.trainer.errors import InvalidModelDirectoryError, InvalidParameterError
-from test_pipeline_steps import FakeJobs, _job_settings
 
 SAGEMAKER = REPO / "tests" / "script" / "styles" / "sagemaker_style"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kfvision.pipelines.clients.k8s import Api, KubernetesError
 from kfvision.pipelines.flow.pages import curves_html, evaluation_html
 from kfvision.pipelines.flow.params import job_options, train_options

@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 from helpers.fake_kserve import READY, FakeKServe, client_for
+
 from kfvision.pipelines.clients.s3 import S3_SECRET_KEYS
 from kfvision.pipelines.flow.pipeline import compile_pipeline
 from kfvision.pipelines.flow.steps import deploy as step

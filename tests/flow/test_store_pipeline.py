@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from kfvision.pipelines.clients.s3 import S3_SECRET_KEYS
 from kfvision.pipelines.flow.params import train_options
 from kfvision.pipelines.flow.pipeline import compile_pipeline, parameter_defaults

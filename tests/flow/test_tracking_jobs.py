@@ -4,6 +4,7 @@ manifest carries, and a TrainJob run locally that logs into the task's run on a 
 
 import pytest
 import yaml
+
 from kfvision.pipelines.flow.params import train_options
 from kfvision.pipelines.flow.pipeline import parameter_defaults
 from kfvision.pipelines.flow.steps import train as train_step

@@ -8,15 +8,15 @@ import io
 import json
 
 import yaml
+from kubernetes.client.exceptions import ApiException
+
+from helpers.machine import FakeClock
+from helpers.paths import REPO
 from kfvision.pipelines.clients.k8s import Api
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.jobclient import JobClient
 from kfvision.pipelines.jobs.pytorchjob.build import build_pytorchjob
 from kfvision.trainer.config import TrainConfig
-from kubernetes.client.exceptions import ApiException
-
-from helpers.machine import FakeClock
-from helpers.paths import REPO
 
 NS = "kubeflow"
 STAMP = "2026-01-02T03:04:05.000000001Z"  # the kubelet's time of a log line given without one

@@ -5,12 +5,12 @@ actually made."""
 
 import json
 
-from kfvision.pipelines.clients.k8s import Api
-from kfvision.pipelines.serve import deployclient
-from kfvision.pipelines.serve.deploy import DeployConfig, build_inference_service
 from kubernetes.client.exceptions import ApiException
 
 from helpers.machine import FakeClock
+from kfvision.pipelines.clients.k8s import Api
+from kfvision.pipelines.serve import deployclient
+from kfvision.pipelines.serve.deploy import DeployConfig, build_inference_service
 
 ISVC = build_inference_service(DeployConfig("digits", "pvc://data/models/digits", "img:0.1"))
 NOT_READY = [{"type": "PredictorReady", "status": "False", "reason": "RevisionMissing"},

@@ -61,10 +61,11 @@ def mlflow_history(tracking: str, name: str, log_dir, metric: str) -> list:
     """(step, value) of `metric` in the MLflow run node 0's boot opened for the local run of
     job `name`: its id in the provenance file of node 0's model folder, else (a script that
     saved no model there) the newest run tagged with the job's name."""
+    from mlflow.tracking import MlflowClient
+
     from kfvision.pipelines import contract
     from kfvision.pipelines.jobs.outputs import local_run
     from kfvision.trainer.tracking import JOB_TAGS
-    from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking)
     model = local_run(name, log_dir) / contract.RESULTS["model"]

@@ -3,8 +3,9 @@
 import json
 from pathlib import Path
 
-from kfvision.trainer.data.convert import convert
 from PIL import Image
+
+from kfvision.trainer.data.convert import convert
 
 
 def train_argv(model, data: dict, out, **options) -> list:

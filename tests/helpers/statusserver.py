@@ -35,6 +35,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
 from kfvision.trainer.upstream import (
     TRAINER_CA_CERT_FILE,
     TRAINER_SERVER_CA_CERT,

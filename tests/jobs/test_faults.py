@@ -14,12 +14,13 @@ import torch
 from helpers.paths import REPO
 from helpers.replicas import NODE_0_WAITS
 from helpers.runs import JOB_FLAGS
+from test_job_local import make_job
+
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.jobs.faults import Fault
 from kfvision.pipelines.jobs.pytorchjob.local import run_local, should_restart
 from kfvision.trainer import exitcodes
 from kfvision.trainer.errors import InvalidDatasetError, NonFiniteLossError, OutputError
-from test_job_local import make_job
 
 # --- the exit-code table -------------------------------------------------------------------------
 

@@ -30,6 +30,8 @@ from helpers.fake_k8s import (
     pod,
     rbac_rules,
 )
+from kubernetes.client.exceptions import ApiException
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients.endpoints import EndpointAuthError
 from kfvision.pipelines.clients.k8s import KubernetesError
@@ -37,7 +39,6 @@ from kfvision.pipelines.jobs import jobclient
 from kfvision.pipelines.jobs.errors import JobFailedError, JobTimeoutError
 from kfvision.pipelines.jobs.jobclient import job_state, submit
 from kfvision.trainer.errors import StorageError
-from kubernetes.client.exceptions import ApiException
 
 
 def test_submit_wait_streams_the_master_log_and_returns_on_success():

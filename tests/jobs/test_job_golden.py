@@ -13,6 +13,7 @@ import pytest
 import yaml
 from helpers.golden import GOLDEN_DIR, UPDATE, assert_same_text
 from helpers.paths import REPO
+
 from kfvision.pipelines.cli import main
 
 MANIFESTS = REPO / "manifests"

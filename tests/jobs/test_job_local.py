@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers.runs import run_job
+from test_trainjob_local import make_trainjob
+
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
 from kfvision.pipelines.jobs.procs import proc_table
@@ -26,7 +28,6 @@ from kfvision.pipelines.jobs.pytorchjob.build import build_pytorchjob
 from kfvision.pipelines.jobs.pytorchjob.local import ReplicaPlan, operator_env, run_local
 from kfvision.pipelines.jobs.trainjob.local import run_local as run_trainjob_local
 from kfvision.trainer.config import TrainConfig
-from test_trainjob_local import make_trainjob
 
 TRAIN = TrainConfig(model="/m", train="/t", val="/v", out="/o")
 
@@ -377,10 +378,15 @@ def test_under_nohup_a_closed_terminal_leaves_the_job_running(tmp_path):
         run.clean_up()
 
 
-@pytest.mark.slow
+@pytest.mark.stress
 def test_ctrl_c_stops_every_process_it_started_20_rounds_under_load(tmp_path):
     """20 rounds of the cases above, in turn, each signal a random 0-0.3 s after its moment,
-    with every core it may run on kept busy."""
+    with every core it may run on kept busy: `make test-stress` only. What it was written
+    after, each now a case of its own that fails deterministically in one round (`make test`):
+    SIGINT inherited ignored (a command started with `&` got no KeyboardInterrupt handler:
+    the "ignored" and "blocked" cases) and a Ctrl-C inside Popen.poll() leaving its lock taken
+    (test_stopping_reaps_a_replica_whose_popen_lock_an_interrupt_left_taken). The rounds look
+    for what no case pins down: a signal landing at another moment, under load."""
     load = [subprocess.Popen(["sh", "-c", "while :; do :; done"], start_new_session=True)
             for _ in os.sched_getaffinity(0)]
     rng = random.Random(0)

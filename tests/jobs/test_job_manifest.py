@@ -13,6 +13,7 @@ import pytest
 import yaml
 from helpers.k8s_checks import unknown_fields
 from helpers.paths import reference_file
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients.k8s import to_yaml
 from kfvision.pipelines.jobs.config import JobConfig, Toleration, Volume, job_name, train_flags

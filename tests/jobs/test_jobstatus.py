@@ -23,13 +23,14 @@ from helpers.fake_k8s import (
     fake_connect,
     rbac_rules,
 )
+from test_trainjob_cluster import TJOB
+from test_trainjob_local import make_trainjob
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs import jobclient, localstatus
 from kfvision.pipelines.jobs.backends import LocalJobs
 from kfvision.pipelines.jobs.progress import PROGRESS_TOTAL, Progress
 from kfvision.pipelines.jobs.render import run_local
-from test_trainjob_cluster import TJOB
-from test_trainjob_local import make_trainjob
 
 # node 0 prints its progress, node 1 other numbers that must not count
 SCRIPT = """

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from helpers.paths import SHARED_REFERENCE
 from helpers.statusserver import SCHEMA
+
 from kfvision.pipelines.jobs.metriclines import parse_metrics
 from kfvision.pipelines.jobs.progress import (
     PROGRESS_TOTAL,

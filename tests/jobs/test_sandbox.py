@@ -8,13 +8,14 @@ import sys
 
 import pytest
 from helpers.paths import REPO
+from test_job_local import make_job
+
 from kfvision.pipelines.jobs import sandbox
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.home import CACHE_VARS, HOME_MOUNT
 from kfvision.pipelines.jobs.pytorchjob.build import build_pytorchjob
 from kfvision.pipelines.jobs.pytorchjob.local import run_local
 from kfvision.trainer.config import TrainConfig
-from test_job_local import make_job
 
 TRAIN = TrainConfig(model="/m", train="/t", val="/v", out="/o")
 

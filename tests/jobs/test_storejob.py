@@ -14,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from helpers.k8s_checks import crd_schema, job_pods, restricted_problems, unknown_fields
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients.s3 import S3_SECRET_KEYS
 from kfvision.pipelines.contract import POD_ROOT, SCRATCH_MOUNT, STORE_COMMAND

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers.runs import JOB_FLAGS
+
 from kfvision.pipelines.clients import nodefetch
 from kfvision.pipelines.clients.endpoints import free_port
 
@@ -239,6 +240,7 @@ def test_a_stalled_small_get_is_asked_again_and_does_not_hold_the_node_up(tmp_pa
     nothing: a try would end at the read timeout, 10 s here): the fetcher asks again beside it
     once it has run far longer than its peers, and holds every image well before that."""
     from helpers.s3proxy import FaultProxy, Rule
+
     from kfvision.pipelines.clients import s3
     from kfvision.pipelines.jobs.storenode import stage_images
 

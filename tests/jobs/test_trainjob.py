@@ -14,6 +14,9 @@ import yaml
 from helpers.golden import GOLDEN_DIR, UPDATE, assert_same_text
 from helpers.k8s_checks import restricted_problems, unknown_fields
 from helpers.paths import REPO, SHARED_REFERENCE
+from test_job_golden import DATA, IMAGE, render
+from test_job_manifest import TRAIN
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs.config import JobConfig, Toleration, Volume
 from kfvision.pipelines.jobs.errors import InvalidJobError
@@ -25,8 +28,6 @@ from kfvision.pipelines.jobs.trainjob.build import (
 )
 from kfvision.pipelines.jobs.trainjob.rules import runtime_jobs, validate_trainjob, webhook_problems
 from kfvision.trainer import exitcodes
-from test_job_golden import DATA, IMAGE, render
-from test_job_manifest import TRAIN
 
 TRAINER_V2 = SHARED_REFERENCE / "trainer-v2"
 RUNTIMES = REPO / "manifests" / "trainer-v2"

@@ -26,6 +26,8 @@ from helpers.fake_k8s import (
     node,
     rbac_rules,
 )
+from kubernetes.client.exceptions import ApiException
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients.k8s import Api, KubernetesError
 from kfvision.pipelines.flow.steps import train as train_step
@@ -36,7 +38,6 @@ from kfvision.pipelines.jobs.jobclient import job_state, submit
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB, pick_kind, served_kinds
 from kfvision.pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
 from kfvision.trainer.config import TrainConfig
-from kubernetes.client.exceptions import ApiException
 
 CFG = JobConfig(name="digits", image="i", nodes=3,
                 train=TrainConfig(model="/m", train="/t", val="/v", out="/o"))

@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 from helpers.runs import run_job
+
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
 from kfvision.pipelines.jobs.trainjob.build import RuntimeRef, build_runtime, build_trainjob

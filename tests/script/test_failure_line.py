@@ -6,6 +6,7 @@ import re
 import textwrap
 
 import pytest
+
 from kfvision.pipelines.cli import main
 
 # The rank that the file argv[1] names raises once every rank has done a few collectives; the
@@ -25,12 +26,30 @@ SCRIPT = """
         if step == 20 and rank == bad:
             raise ValueError(f"rank {rank} gives up at step {step}")
 """
-RUNS = (3, 1, 3, 1, 3, 1, 3, 1, 3, 1)  # rank 3 on node 1, rank 1 on node 0: 10 runs
+# Rank 3 on node 1 and rank 1 on node 0, by turns. Each is a path of its own: the failing rank
+# on the Worker, beside a lower stopped rank, and on the Master, its node's launcher then the
+# first to stop. What the test was written against (before run-local let the pods end by
+# themselves and read every launcher's records) named, in a run of either, the neighbour
+# torchrun had just stopped (its stamps are whole seconds, a tie broken by the lowest rank, and
+# the neighbour is stopped well within the second) or a rank of the other node: one run of each
+# catches it. `make test` runs one of each; `make test-stress` all 10, for the rarer orders of
+# a loaded machine (plain-Python ranks fail within milliseconds of each other).
+RUNS_ONCE_EACH = (3, 1)
+RUNS_STRESS = (3, 1) * 5
 
 
 @pytest.mark.distributed
-@pytest.mark.slow
+def test_the_one_line_names_the_rank_that_raised_on_either_node(tmp_path, capsys):
+    _check_runs(tmp_path, capsys, RUNS_ONCE_EACH)
+
+
+@pytest.mark.distributed
+@pytest.mark.stress
 def test_the_one_line_names_the_rank_that_raised_10_runs_out_of_10(tmp_path, capsys):
+    _check_runs(tmp_path, capsys, RUNS_STRESS)
+
+
+def _check_runs(tmp_path, capsys, runs: tuple) -> None:
     src = tmp_path / "src"
     src.mkdir()
     (src / "train.py").write_text(textwrap.dedent(SCRIPT))
@@ -41,7 +60,7 @@ def test_the_one_line_names_the_rank_that_raised_10_runs_out_of_10(tmp_path, cap
                  "--restart-policy", "Never", "-o", str(job), "--", str(bad)]) == 0
     capsys.readouterr()
     named = []
-    for run, rank in enumerate(RUNS):
+    for run, rank in enumerate(runs):
         bad.write_text(str(rank))
         code = main(["job", "run-local", str(job), "--log-dir", str(tmp_path / f"logs-{run}")])
         out, err = capsys.readouterr()
@@ -56,4 +75,4 @@ def test_the_one_line_names_the_rank_that_raised_10_runs_out_of_10(tmp_path, cap
         boot = f"[{node}/-] [kfvision script] FAILED: rank {rank} on node {node} exited with"
         assert launcher in out and boot in out, out[-3000:]
         assert f"stopped: rank {rank ^ 1} on node {node}" in error, error
-    assert named == [(rank, rank // 2) for rank in RUNS]
+    assert named == [(rank, rank // 2) for rank in runs]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from helpers.paths import REPO
 from helpers.wheelinstall import site_packages, write_wheel
+
 from kfvision.pipelines import contract
 
 # Each process of the script says where each module it imports came from, which kfvision it
@@ -95,7 +96,15 @@ def install(request) -> tuple:
         python = request.getfixturevalue("wheel_python")
         ours = site_packages(python) / "kfvision"
         return python, ours / "trainer" / "__init__.py", ours / "pipelines"
-    return Path(sys.executable), REPO / "trainer" / "__init__.py", REPO / "pipelines"
+    # the paths this interpreter imports them from: the repository's folders, through the link
+    # tree `make setup` writes for static tools (tools/linktree.py) when there is one
+    import kfvision.pipelines
+    import kfvision.trainer
+
+    ours, pipelines = Path(kfvision.trainer.__file__), Path(kfvision.pipelines.__file__).parent
+    assert (ours.resolve(), pipelines.resolve()) == (REPO / "trainer" / "__init__.py",
+                                                     REPO / "pipelines")
+    return Path(sys.executable), ours, pipelines
 
 
 def write_tree(root: Path, files: dict, dist: Path) -> Path:

@@ -7,6 +7,7 @@ of a `src/` package, pip installing it per job; the rest read files and lines in
 from pathlib import Path
 
 import pytest
+
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.jobs.metriclines import progress_pairs
 from kfvision.pipelines.jobs.progress import Progress
@@ -240,6 +241,7 @@ CONSOLE = {**SRC_PROJECT, "pyproject.toml": SRC_PROJECT["pyproject.toml"] +
                                         "--console-script", "train-it"])])
 def test_a_src_project_renders_three_ways_as_both_kinds(tmp_path, kind, target, boot_args):
     import yaml
+
     from kfvision.pipelines.cli import main
 
     src = tree(tmp_path / "p", CONSOLE)

@@ -18,6 +18,7 @@ import yaml
 from helpers.jobstatus import local_status
 from helpers.k8s_checks import crd_schema, job_pods, restricted_problems, unknown_fields
 from helpers.paths import REPO
+
 from kfvision.pipelines import contract
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs.errors import InvalidJobError
@@ -259,6 +260,7 @@ def _reqs(folder: Path):
     return read(folder / "requirements.txt", folder)
 
 
+@pytest.mark.process
 def test_a_requirement_that_does_not_exist_is_a_named_error_with_pips_lines(tmp_path,
                                                                             monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # no index: fails at once, the same way
@@ -271,6 +273,7 @@ def test_a_requirement_that_does_not_exist_is_a_named_error_with_pips_lines(tmp_
     assert list((tmp_path / "cache").glob("*/bin")) == []  # nothing half-built is kept
 
 
+@pytest.mark.slow
 def test_the_environment_pins_torch_and_a_second_setup_installs_nothing(tmp_path):
     (tmp_path / "requirements.txt").write_text("torch\n")  # a stray torch line: already met
     t = time.monotonic()
@@ -496,6 +499,7 @@ def _fake_cluster_with_config_maps():
 
 def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch, capsys):
     from helpers.fake_k8s import fake_connect
+
     from kfvision.pipelines.jobs import jobclient
 
     fake = _fake_cluster_with_config_maps()
@@ -516,6 +520,7 @@ def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch,
 
 def test_job_run_submit_renders_says_where_and_submits(tmp_path, monkeypatch, capsys):
     from helpers.fake_k8s import fake_connect
+
     from kfvision.pipelines.jobs import jobclient
 
     fake = _fake_cluster_with_config_maps()

@@ -20,6 +20,7 @@ import torch
 import yaml
 from helpers.jobstatus import local_status
 from helpers.paths import REPO
+
 from kfvision.pipelines import contract
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs.metriclines import parse_metrics

@@ -19,11 +19,12 @@ from helpers.fake_k8s import (
     pod,
     rbac_rules,
 )
+from test_script import render, tree
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs import jobclient, ranktag
 from kfvision.pipelines.jobs.podlogs import time_key
 from kfvision.pipelines.script.jobmodel import JOB_RECORD
-from test_script import render, tree
 
 # --- logs ---
 
@@ -190,9 +191,10 @@ def _tracked_run(tmp_path, capsys, uri: str, script: str = TRACKED) -> tuple:
 @pytest.mark.slow
 def test_kfvision_opens_the_scripts_mlflow_run_and_register_records_its_snapshot(
         tmp_path, capsys, monkeypatch, mlflow_server):
+    from mlflow.tracking import MlflowClient
+
     from kfvision.pipelines.contract import PROVENANCE
     from kfvision.pipelines.script.snapshot import pack
-    from mlflow.tracking import MlflowClient
 
     src, code, log = _tracked_run(tmp_path, capsys, mlflow_server)
     assert code == 0, log

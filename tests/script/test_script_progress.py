@@ -12,13 +12,14 @@ import pytest
 from helpers.fake_k8s import NS, T_RUNNING, FakeTrainer, fake_connect
 from helpers.statusserver import SCHEMA, StatusServer
 from jsonschema import validate
+from test_script import render, tree
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs import jobclient
 from kfvision.pipelines.jobs.kinds import read_manifest
 from kfvision.pipelines.jobs.progress import PROGRESS_REPORTS, PROGRESS_TOTAL
 from kfvision.pipelines.jobs.trainjob.local import StatusEndpoint, run_local
 from kfvision.pipelines.script.reporter import Reporter
-from test_script import render, tree
 
 # a plain script: a total, then an epoch every 2 s (the boot reports at most every 5 s)
 SCRIPT = """\

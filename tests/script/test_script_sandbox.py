@@ -15,9 +15,10 @@ import re
 
 import pytest
 from helpers.paths import REPO
+from test_script import _run_local
+
 from kfvision.pipelines.jobs.sandbox import probe
 from kfvision.pipelines.script import boot, ranks
-from test_script import _run_local
 
 SCRIPT = REPO / "tests" / "script" / "styles" / "azure_ddp"
 EROFS = "OSError: [Errno 30] Read-only file system"

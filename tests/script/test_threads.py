@@ -7,6 +7,7 @@ import argparse
 import os
 
 import pytest
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.script import boot
 from kfvision.trainer.cpus import per_process, usable_cpus

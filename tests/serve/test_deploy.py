@@ -11,6 +11,7 @@ import kubernetes.client
 import kubernetes_validate
 import pytest
 import yaml
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.serve.deploy import (
     CONTAINER_NAME,

@@ -9,11 +9,12 @@ import pytest
 import yaml
 from helpers.fake_kserve import ISVC, NOT_READY, READY, FakeKServe, client_for
 from helpers.paths import REPO
+from kubernetes.client.exceptions import ApiException
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients.cluster import submit_and_wait
 from kfvision.pipelines.clients.k8s import KubernetesError, WaitTimeoutError
 from kfvision.pipelines.serve import deployclient
-from kubernetes.client.exceptions import ApiException
 
 
 @pytest.mark.parametrize("conditions, ready, words", [

@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 import torch
+
 from kfvision.pipelines.serve.batcher import Batcher, QueueFull
 
 

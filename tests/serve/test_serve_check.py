@@ -5,6 +5,7 @@ import csv
 import json
 
 import pytest
+
 from kfvision.pipelines.flow.steps.common import accuracy_gate
 from kfvision.pipelines.serve.selfcheck import ServedLabelsDifferError, serve_and_check
 from kfvision.trainer.errors import EvaluationError
@@ -35,6 +36,7 @@ def test_an_unreadable_evaluation_is_an_evaluation_error(text, tmp_path):
         accuracy_gate(tmp_path, 0.5, step="register")
 
 
+@pytest.mark.slow
 def test_serve_and_check_agrees_with_score_and_notices_a_difference(trained_tiny, tiny_digits,
                                                                     tmp_path):
     scored = tmp_path / "scored.csv"

@@ -16,14 +16,15 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 from helpers.runs import jpeg_digits
-from kfvision.pipelines.serve.client import request
-from kfvision.pipelines.serve.kservemodel import MAX_INSTANCES
-from kfvision.trainer.data.imagedir import read_image_directory
-from kfvision.trainer.use.score import score
 from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
 from test_serve import _jpeg, _png_header
+
+from kfvision.pipelines.serve.client import request
+from kfvision.pipelines.serve.kservemodel import MAX_INSTANCES
+from kfvision.trainer.data.imagedir import read_image_directory
+from kfvision.trainer.use.score import score
 
 NAME = "digits"
 
@@ -281,8 +282,9 @@ def test_metrics_count_decodes_forward_passes_and_batch_images(server, scored):
 def test_metrics_name_the_cpu_and_the_speed_choices_taken_for_it(server):
     from urllib.request import urlopen
 
-    from kfvision.trainer.fastpath import cpu_features
     from prometheus_client.parser import text_string_to_metric_families
+
+    from kfvision.trainer.fastpath import cpu_features
 
     with urlopen(server.url + "/metrics", timeout=30) as r:
         text = r.read().decode()

@@ -13,13 +13,13 @@ from urllib.request import urlopen
 
 import grpc
 import pytest
-from kfvision.pipelines.serve.client import Server, request, v1_body, v2_body
-from kfvision.trainer.data.imagedir import read_image_directory
 from kserve.protocol.grpc import grpc_predict_v2_pb2 as pb
 from kserve.protocol.grpc.grpc_predict_v2_pb2_grpc import GRPCInferenceServiceStub
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.serve import bench_model
+from kfvision.pipelines.serve.client import Server, request, v1_body, v2_body
+from kfvision.trainer.data.imagedir import read_image_directory
 
 NAME = "digits"
 

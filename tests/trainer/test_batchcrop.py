@@ -6,6 +6,9 @@ import statistics
 import numpy as np
 import pytest
 import torch
+from torchvision.transforms import RandomResizedCrop
+from torchvision.transforms.v2 import functional as F
+
 from kfvision.trainer.data.ahead import ahead
 from kfvision.trainer.data.batchcrop import resized_crops
 from kfvision.trainer.data.datasets import ImageDataset, make_loader
@@ -14,8 +17,6 @@ from kfvision.trainer.data.draws import Sample
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.data.transforms import CROP_PRESETS, Normalizer, train_transform
 from kfvision.trainer.presets import IMAGENET_MEAN, IMAGENET_STD
-from torchvision.transforms import RandomResizedCrop
-from torchvision.transforms.v2 import functional as F
 
 # ImageNet-like sizes, landscape and portrait, and a small square one
 SHAPES = [(375, 500), (500, 375), (333, 500), (480, 640), (64, 64)]
@@ -168,8 +169,9 @@ def test_a_consumer_that_stops_early_stops_the_thread():
 @pytest.fixture(scope="module")
 def jpeg_dirs(tmp_path_factory) -> dict:
     """32 JPEGs of two classes, 40-71 px wide (train), and 8 for validation."""
-    from kfvision.trainer.data.convert import convert
     from PIL import Image
+
+    from kfvision.trainer.data.convert import convert
 
     root, rng = tmp_path_factory.mktemp("batchcrop"), np.random.default_rng(0)
     for part, n in (("train", 16), ("val", 4)):

@@ -20,6 +20,7 @@ import pytest
 import torch
 from helpers.paths import REPO
 from helpers.runs import train_argv
+
 from kfvision.trainer.checkpoint import (
     FOLDER,
     Checkpointer,
@@ -273,6 +274,7 @@ KILL_DURING_WRITE = """
 """
 
 
+@pytest.mark.slow
 def test_a_kill_while_writing_a_checkpoint_leaves_the_previous_one_loadable(
         tmp_path, micro, resnet18_dir, reference, capsys):
     out = tmp_path / "model"

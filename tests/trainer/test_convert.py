@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 from helpers.imagefiles import class_tree, image_bytes, leftovers, make_archive, write
+from PIL import Image
+
 from kfvision.pipelines.cli import main
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.decode import load_rgb
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.errors import DecompressionBombError, InvalidDatasetError, UnsafeArchiveError
-from PIL import Image
 
 
 def check_output(out: Path, classes, counts=None):

@@ -4,13 +4,14 @@ process, and the same refusals."""
 import json
 import re
 
-import kfvision.trainer.data.convert as convert_module
 import pytest
 from helpers.imagefiles import class_tree, image_bytes, leftovers, write
+from PIL import Image
+
+import kfvision.trainer.data.convert as convert_module
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory
 from kfvision.trainer.errors import ChangedDatasetError, DecompressionBombError, InvalidDatasetError
-from PIL import Image
 
 
 @pytest.fixture(autouse=True)

@@ -5,12 +5,13 @@ import copy
 import pytest
 import torch
 import torchvision
+from torch import nn
+
 from kfvision.trainer.model.convgemm import (
     SinglePixelGemmConv2d,
     train_only_live_taps,
     use_gemm_for_single_pixel_outputs,
 )
-from torch import nn
 
 
 def _gemm_copy(module):

@@ -4,6 +4,7 @@ share: what the built-in trainer and a script's pod size their threads from."""
 import os
 
 import pytest
+
 from kfvision.trainer.cpus import cgroup_cpu_limit, per_process, usable_cpus
 
 

@@ -12,6 +12,8 @@ import pytest
 import torch
 from helpers.paths import REPO
 from helpers.runs import train_argv
+from PIL import Image
+
 from kfvision.trainer.config import TrainConfig, config_from_args, get_args_parser
 from kfvision.trainer.cpus import usable_cpus
 from kfvision.trainer.data.convert import convert
@@ -29,7 +31,6 @@ from kfvision.trainer.distributed import DistContext
 from kfvision.trainer.errors import InvalidParameterError
 from kfvision.trainer.fastpath import resolve_fast_path
 from kfvision.trainer.train import main
-from PIL import Image
 
 
 def _image(rng, label: int, size=(48, 40)) -> Image.Image:
@@ -261,6 +262,7 @@ _GPU_MACHINE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_bench_and_trainer_run_without_kfp_sklearn_kubernetes_yaml_tqdm(tmp_path, resnet18_dir,
                                                                         jpeg_dirs):
     run = subprocess.run(

@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 import torch
+
 from kfvision.trainer.data.datasets import ImageDataset, make_loader
 from kfvision.trainer.data.draws import EpochSampler, Sample, Stream, epoch_order
 from kfvision.trainer.data.imagedir import read_image_directory

@@ -9,6 +9,7 @@ import tokenize
 
 import pytest
 from helpers.paths import REPO
+
 from kfvision.trainer.errors import (
     EvaluationError,
     InvalidModelDirectoryError,

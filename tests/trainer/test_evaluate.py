@@ -6,10 +6,11 @@ from fractions import Fraction as F
 
 import numpy as np
 import pytest
+from PIL import Image
+
 from kfvision.pipelines.cli import main
 from kfvision.trainer.errors import InvalidScoredTableError, NotLabeledDatasetError
 from kfvision.trainer.use.evaluate import evaluate
-from PIL import Image
 
 PROB = "scored_probability_"
 

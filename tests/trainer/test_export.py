@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+
 from kfvision.pipelines.cli import main
 from kfvision.trainer.data.datasets import ImageDataset
 from kfvision.trainer.data.imagedir import read_image_directory
@@ -54,6 +55,7 @@ def test_onnx_in_onnxruntime_alone_reproduces_the_scored_table(exports, trained_
                                                                tiny_digits, tmp_path):
     """A serving stack with only onnxruntime, numpy and the metadata gets score()'s labels."""
     import onnxruntime as ort
+
     from kfvision.trainer.use.score import score
 
     score(trained_tiny, tiny_digits["val"], tmp_path / "s.csv", progress=False)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.machine import fake_cpu
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.serve.client import Server, request, v1_body, v2_body
 from kfvision.trainer.data.imagedir import read_image_directory
@@ -69,6 +70,7 @@ def test_the_export_quantizes_for_the_cpu_it_runs_on(int8):
     assert _largest_weight(int8) == (64 if q["reduce_range"] else 127)
 
 
+@pytest.mark.slow
 def test_an_export_on_a_cpu_without_vnni_has_7_bit_weights(trained_tiny, tiny_digits, tmp_path,
                                                            monkeypatch):
     fake_cpu(monkeypatch, MILAN[1], MILAN[0])
@@ -149,6 +151,7 @@ def test_concurrent_callers_each_get_their_own_answers(int8, tiny_digits):
             assert all(np.array_equal(x, y) for x, y in zip(alone, together))
 
 
+@pytest.mark.slow
 def test_a_model_that_loses_accuracy_is_refused_and_not_written(trained_tiny, tiny_digits,
                                                                 tmp_path, monkeypatch):
     """Forced honestly: the threshold is set so that int8 would have to beat fp32 by 100 points,
@@ -192,6 +195,7 @@ def _grpc_labels(target: str, files: list[bytes]) -> list[str]:
     return [b.decode() for b in label.contents.bytes_contents]
 
 
+@pytest.mark.slow
 def test_kfvision_serve_answers_v1_v2_and_grpc_with_predictor_labels(int8, tiny_digits,
                                                                      tmp_path):
     files, _ = _val(tiny_digits["val"])

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+
 from kfvision.trainer import failures
 from kfvision.trainer.exitwatch import ExitWatch
 from kfvision.trainer.failures import FAILED, LOST_PEER, STOPPED, ExitRecord, first_failure, order

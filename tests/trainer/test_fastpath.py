@@ -10,6 +10,12 @@ import pytest
 import torch
 from helpers.machine import fake_cpu
 from helpers.runs import train_argv
+from PIL import Image
+from PIL.JpegImagePlugin import JpegImageFile
+from torchvision.io import read_file
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.datasets import ImageDataset, cache_bytes
 from kfvision.trainer.data.decode import dct_factor, load_rgb, load_rgb_crop
@@ -30,11 +36,6 @@ from kfvision.trainer.fastpath import (
 )
 from kfvision.trainer.presets import AUGMENTATIONS
 from kfvision.trainer.train import main
-from PIL import Image
-from PIL.JpegImagePlugin import JpegImageFile
-from torchvision.io import read_file
-from torchvision.transforms import v2
-from torchvision.transforms.v2 import functional as F
 
 BASE = {"epochs": 2, "image_size": 32, "batch_size": 16, "lr": 0.05, "augment": "light",
         "print_freq": 1000, "workers": 0}
@@ -254,6 +255,7 @@ def _train(tmp_path, name, model, data, **options):
     return torch.load(out / "weights.pt", weights_only=True), metrics["final"]
 
 
+@pytest.mark.slow
 def test_cache_on_and_off_train_the_identical_model(tmp_path, resnet18_dir, tiny_digits):
     on, _ = _train(tmp_path, "on", resnet18_dir, tiny_digits, cache="on")
     off, _ = _train(tmp_path, "off", resnet18_dir, tiny_digits, cache="off")
@@ -294,6 +296,7 @@ def test_the_normalizer_is_the_textbook_normalisation(layout, out_format):
 
 def test_the_fused_sgd_step_is_the_textbook_sgd_step():
     import torchvision
+
     from kfvision.trainer.engine import make_sgd
 
     torch.manual_seed(0)
@@ -339,6 +342,7 @@ def test_the_whole_fast_path_reaches_the_accuracy_of_the_plain_path_on_the_digit
     assert abs(fast["val_top1"] - plain_digits["val_top1"]) <= 0.03, (plain_digits, fast)
 
 
+@pytest.mark.slow
 def test_bf16_asked_for_where_it_is_emulated_trains_and_says_so(tmp_path, resnet18_dir,
                                                                  micro_digits):
     """`--amp bf16` with oneDNN limited to AVX2, as on an AVX2-only CPU such as an EPYC Milan

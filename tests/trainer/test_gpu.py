@@ -21,6 +21,8 @@ import torch
 import yaml
 from helpers.paths import REPO
 from helpers.runs import train_argv
+from PIL import Image
+
 from kfvision.pipelines.serve.client import Server, request, v2_body
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.devicedata import EncodedImages, make_device_loader
@@ -28,7 +30,6 @@ from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.train import main
 from kfvision.trainer.use.predict import Predictor
 from kfvision.trainer.use.score import score
-from PIL import Image
 
 pytestmark = pytest.mark.gpu
 

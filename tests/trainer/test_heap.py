@@ -68,6 +68,7 @@ def _frozen_at_exit(code: str) -> int:
     return int(run.stdout.rsplit("frozen objects:", 1)[1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_every_program_exits_with_its_heap_frozen(entry):
     module, args = ENTRIES[entry]

@@ -19,6 +19,8 @@ from typing import NamedTuple
 
 import torch
 from helpers.imagefiles import class_tree, image_bytes, make_archive, write
+from test_convert import _tar, _zip, huge_png
+
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory
@@ -34,7 +36,6 @@ from kfvision.trainer.errors import (
 )
 from kfvision.trainer.train import run
 from kfvision.trainer.use.score import score
-from test_convert import _tar, _zip, huge_png
 
 ALONE = DistContext(0, 0, 1, 1, torch.device("cpu"))
 

@@ -6,12 +6,13 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+
 from kfvision.trainer.data.datasets import ImageDataset
 from kfvision.trainer.data.decode import load_rgb
 from kfvision.trainer.data.imagedir import MANIFEST, check_same_classes, read_image_directory
 from kfvision.trainer.data.transforms import eval_transform, train_transform
 from kfvision.trainer.errors import ChangedDatasetError, InvalidDatasetError, NotLabeledDatasetError
-from PIL import Image
 
 
 @pytest.fixture

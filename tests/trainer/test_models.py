@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
+
 from kfvision.trainer.errors import InvalidModelDirectoryError, InvalidParameterError
 from kfvision.trainer.model.arch import build_model, write_untrained_model
 from kfvision.trainer.model.spec import SPEC_FILE, ModelSpec, read_model_spec

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
 from kfvision.trainer.distributed import DistContext, on_main
 from kfvision.trainer.errors import OutputError
 

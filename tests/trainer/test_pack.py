@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers.imagefiles import image_bytes, write
 from helpers.runs import train_argv
+
 from kfvision.pipelines.cli import main as kfvision
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.datasets import ImageDataset
@@ -61,6 +62,7 @@ def _train(tmp_path, name, data, model, **options):
     return torch.load(out / "weights.pt", weights_only=True)
 
 
+@pytest.mark.slow
 def test_training_from_the_pack_gives_the_identical_model(tmp_path, tiny_digits, resnet18_dir,
                                                          monkeypatch):
     packed = {s: shutil.copytree(tiny_digits[s], tmp_path / s) for s in ("train", "val")}

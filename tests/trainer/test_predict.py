@@ -2,9 +2,10 @@
 answers."""
 
 import torch
-from kfvision.trainer.use.predict import inference_net
 from torch import nn
 from torchvision.models import resnet18
+
+from kfvision.trainer.use.predict import inference_net
 
 
 def test_batchnorm_is_folded_and_the_output_is_the_modules_own():

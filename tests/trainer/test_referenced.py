@@ -8,6 +8,8 @@ import tarfile
 import numpy as np
 import pytest
 from helpers.imagefiles import class_tree
+from PIL import Image
+
 from kfvision.pipelines.cli import main
 from kfvision.trainer.data import convert as convert_module
 from kfvision.trainer.data.convert import convert
@@ -16,7 +18,6 @@ from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory
 from kfvision.trainer.data.split import split
 from kfvision.trainer.errors import ChangedDatasetError, InvalidDatasetError
 from kfvision.trainer.use.preview import SAMPLES, write_samples
-from PIL import Image
 
 
 def files_under(d) -> set:

@@ -3,6 +3,7 @@
 import csv
 
 import pytest
+
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.errors import InvalidDatasetError, InvalidModelDirectoryError
 from kfvision.trainer.use.score import score

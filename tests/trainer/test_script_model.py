@@ -10,6 +10,8 @@ import json
 import pytest
 import torch
 import yaml
+from torch import nn
+
 from kfvision.pipelines.cli import main as cli
 from kfvision.pipelines.serve.client import Server, request, v1_body, v2_body
 from kfvision.trainer.data.datasets import ImageDataset
@@ -23,7 +25,6 @@ from kfvision.trainer.errors import (
 )
 from kfvision.trainer.model.trained import load_model, load_trained_model
 from kfvision.trainer.presets import IMAGENET_MEAN, IMAGENET_STD
-from torch import nn
 
 CLASSES = [str(i) for i in range(10)]  # the digits' classes, as the image directories have them
 SIZE = 32

@@ -4,6 +4,7 @@ import shutil
 
 import pytest
 from helpers.imagefiles import class_tree, leftovers
+
 from kfvision.pipelines.cli import main
 from kfvision.trainer.data.imagedir import check_same_classes, read_image_directory
 from kfvision.trainer.data.split import split

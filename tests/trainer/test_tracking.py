@@ -16,6 +16,7 @@ import uuid
 import pytest
 from helpers.paths import REPO
 from helpers.runs import train_argv
+
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.trainer.tracking import Tracker, failure
 from kfvision.trainer.train import main
@@ -108,6 +109,7 @@ KILL_IN_EPOCH_3 = """
 """
 
 
+@pytest.mark.slow
 def test_a_run_killed_and_started_again_is_one_mlflow_run_with_each_epoch_once(
         mlflow_server, tmp_path, micro, resnet18_dir, monkeypatch, capsys):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 from helpers.runs import train_argv
+
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.engine import EarlyStopping, lr_factor
@@ -93,6 +94,7 @@ def _metrics(out):
     return json.loads((out / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_the_output_is_the_best_epochs_weights_with_history(tmp_path, resnet18_dir,
                                                             tiny_digits):
     out = tmp_path / "out"
@@ -118,6 +120,7 @@ def test_the_output_is_the_best_epochs_weights_with_history(tmp_path, resnet18_d
     assert m["fast_path"]["amp"] is False and m["fast_path"]["workers"] >= 0  # 32 px: fp32 anywhere
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_model_and_another_seed_does_not(tmp_path, resnet18_dir,
                                                                   tiny_digits, capsys):
     states = {}

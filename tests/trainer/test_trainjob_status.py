@@ -23,6 +23,7 @@ import yaml
 from helpers.paths import REPO, SHARED_REFERENCE
 from helpers.runs import train_argv
 from helpers.statusserver import SCHEMA, StatusServer
+
 from kfvision.trainer.trainjob_status import StatusReporter, trainer_status
 from kfvision.trainer.upstream import TRAINER_SERVER_URL
 
@@ -232,6 +233,7 @@ def test_server_errors_in_a_row_end_reporting(server, caplog):
     assert len(caplog.records) == 2 and "not reporting again" in caplog.records[1].getMessage()
 
 
+@pytest.mark.slow
 def test_kfvision_train_reports_every_epoch_to_the_status_server(tmp_path, micro_digits,
                                                                  resnet18_dir):
     """A real `kfvision train`, given only what the controller injects, against the stand-in

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from helpers.paths import SHARED_REFERENCE, reference_file
 from helpers.runs import train_argv
+
 from kfvision.pipelines.cli import main as cli
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.pytorchjob.build import build_pytorchjob
@@ -49,8 +50,9 @@ def test_the_metric_line_is_read_by_katibs_default_filter_as_written():
 
 def test_a_real_run_prints_the_line_after_every_validation_and_writes_tensorboard(
         tmp_path, tiny_digits, resnet18_dir, capsys):
-    from kfvision.trainer.train import main
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from kfvision.trainer.train import main
 
     out, board = tmp_path / "model", tmp_path / "tb"
     assert main(train_argv(resnet18_dir, tiny_digits, out, epochs=2, image_size=32,

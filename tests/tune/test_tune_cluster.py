@@ -11,6 +11,10 @@ import pytest
 import yaml
 from helpers.fake_k8s import rbac_rules
 from helpers.machine import FakeClock
+from kubernetes.client.exceptions import ApiException
+from test_tune import experiment as rendered
+from urllib3.exceptions import MaxRetryError, NewConnectionError
+
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients.cluster import submit_and_wait
 from kfvision.pipelines.clients.endpoints import EndpointError
@@ -18,9 +22,6 @@ from kfvision.pipelines.clients.k8s import Api, KubernetesError, WaitTimeoutErro
 from kfvision.pipelines.jobs.errors import JobFailedError
 from kfvision.pipelines.tune import experimentclient
 from kfvision.pipelines.tune.experimentclient import ExperimentClient, best_trial, experiment_state
-from kubernetes.client.exceptions import ApiException
-from test_tune import experiment as rendered
-from urllib3.exceptions import MaxRetryError, NewConnectionError
 
 NS = "team"
 EXP = rendered()  # a rendered Experiment digits-lr of PyTorchJob trials, namespace team

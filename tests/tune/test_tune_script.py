@@ -12,6 +12,9 @@ import pytest
 import yaml
 from helpers.fake_k8s import rbac_rules
 from helpers.paths import reference_file
+from kubernetes.client.exceptions import ApiException
+from test_tune_cluster import SUCCEEDED, FakeKatib, api_for
+
 from kfvision.pipelines import contract
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs.pytorchjob.rules import webhook_problems
@@ -23,8 +26,6 @@ from kfvision.pipelines.tune.katib_rules import experiment_problems
 from kfvision.pipelines.tune.script import check_placeholders, fill, objective_of
 from kfvision.pipelines.tune.space import parse_param
 from kfvision.trainer.errors import InvalidParameterError
-from kubernetes.client.exceptions import ApiException
-from test_tune_cluster import SUCCEEDED, FakeKatib, api_for
 
 IMAGE = "registry.example.com/kfvision:0.1"
 # Softmax regression on the digits by plain gradient descent: too small a step learns little in

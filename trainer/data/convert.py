@@ -37,6 +37,8 @@ from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
+from PIL import Image
+
 from kfvision.trainer.data.archive import archive_kind, extract_archive
 from kfvision.trainer.data.imagedir import IMAGE_EXTENSIONS, ImageEntry, write_manifest
 from kfvision.trainer.data.rgb import pil_rgb
@@ -44,7 +46,6 @@ from kfvision.trainer.data.sources import plan_source, relative_path
 from kfvision.trainer.errors import ChangedDatasetError, DecompressionBombError, InvalidDatasetError
 from kfvision.trainer.fileio import disk_errors, full_disk_error
 from kfvision.trainer.progressbar import progress_bar
-from PIL import Image
 
 UNLABELLED_NOTE = "no class folders and no labels: an UNLABELLED image directory (scoring only)"
 

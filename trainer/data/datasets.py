@@ -10,6 +10,10 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision.io import read_file
+from torchvision.transforms.v2 import functional as F
+
 from kfvision.trainer.data.arrival import begin_epoch, wait_for
 from kfvision.trainer.data.decode import JPEG_SUFFIXES, decode_file, jpeg_frame
 from kfvision.trainer.data.draws import EpochSampler, split_key
@@ -17,9 +21,6 @@ from kfvision.trainer.data.imagedir import ImageDirectory
 from kfvision.trainer.data.pack import INDEX, open_pack
 from kfvision.trainer.data.transforms import EvalResize, TrainCrop, kept_size, scale_box
 from kfvision.trainer.progressbar import progress_bar
-from torch.utils.data import DataLoader, Dataset
-from torchvision.io import read_file
-from torchvision.transforms.v2 import functional as F
 
 
 def cache_bytes(imdir: ImageDirectory, transform, dct_scaling: bool) -> int:

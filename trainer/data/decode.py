@@ -15,11 +15,12 @@ import warnings
 
 import numpy as np
 import torch
-from kfvision.trainer.data.rgb import pil_rgb
-from kfvision.trainer.errors import InvalidDatasetError
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg, read_file
 from torchvision.transforms.v2 import functional as F
+
+from kfvision.trainer.data.rgb import pil_rgb
+from kfvision.trainer.errors import InvalidDatasetError
 
 # torchvision 0.29 marks its image decoders deprecated in favour of TorchCodec; they remain the
 # fastest JPEG path that works on every torchvision we support (0.19+, incl. the GPU images' 0.26).

@@ -24,6 +24,8 @@ box filter against torchvision's triangle filter).
 import logging
 
 import torch
+from torchvision.io import ImageReadMode, decode_jpeg
+
 from kfvision.trainer.data.ahead import ahead
 from kfvision.trainer.data.batchcrop import resized_crops
 from kfvision.trainer.data.datasets import ImageDataset, make_loader
@@ -31,7 +33,6 @@ from kfvision.trainer.data.decode import jpeg_frame
 from kfvision.trainer.data.draws import split_key
 from kfvision.trainer.data.imagedir import ImageDirectory
 from kfvision.trainer.data.transforms import TrainCrop
-from torchvision.io import ImageReadMode, decode_jpeg
 
 log = logging.getLogger("trainer")
 

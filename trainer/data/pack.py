@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from kfvision.trainer.data.decode import decode_file
 from kfvision.trainer.data.imagedir import ImageDirectory, read_image_directory
 from kfvision.trainer.errors import InvalidDatasetError, OutputError

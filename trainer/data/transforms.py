@@ -10,12 +10,13 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torchvision.transforms import v2
+from torchvision.transforms.v2 import functional as F
+
 from kfvision.trainer.data.decode import dct_factor
 from kfvision.trainer.data.draws import GlobalStream
 from kfvision.trainer.errors import check_choice
 from kfvision.trainer.presets import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
-from torchvision.transforms import v2
-from torchvision.transforms.v2 import functional as F
 
 # preset -> (scale, ratio) of its RandomResizedCrop (None: resize the whole image), and whether it
 # flips half the images horizontally; torchvision's RandomResizedCrop defaults for "standard".

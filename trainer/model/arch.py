@@ -10,11 +10,12 @@ from pathlib import Path
 
 import torch
 import torchvision
+from torch import nn
+
 from kfvision.trainer.errors import InvalidModelDirectoryError, InvalidParameterError
 from kfvision.trainer.fileio import atomic_write, atomic_write_bytes
 from kfvision.trainer.model.spec import SPEC_FILE, WEIGHTS_FILE, ModelSpec
 from kfvision.trainer.presets import family_of
-from torch import nn
 
 
 def _head_prefix(family: str) -> str:

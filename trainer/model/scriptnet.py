@@ -11,6 +11,8 @@ import zipfile
 from pathlib import Path
 
 import torch
+from torch import nn
+
 from kfvision.trainer.errors import DeviceError
 from kfvision.trainer.model.scripted import (
     CLASSES_FILE,
@@ -21,7 +23,6 @@ from kfvision.trainer.model.scripted import (
     bad,
     read_script_model,
 )
-from torch import nn
 
 
 def _zip_names(path: Path) -> list[str]:

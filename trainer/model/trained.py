@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import torch
+
 from kfvision.trainer.errors import InvalidModelDirectoryError
 from kfvision.trainer.fileio import atomic_write, atomic_write_bytes, atomic_write_json
 from kfvision.trainer.model.arch import build_model

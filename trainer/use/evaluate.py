@@ -17,6 +17,7 @@ import csv
 from pathlib import Path
 
 import numpy as np
+
 from kfvision.trainer.errors import InvalidScoredTableError, NotLabeledDatasetError
 from kfvision.trainer.fileio import atomic_write_bytes, atomic_write_json
 from kfvision.trainer.use.plot import confusion_matrix_png

@@ -24,10 +24,11 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch import nn
+
 from kfvision.trainer.errors import ExportError, ExportNotSupportedError, check_choice
 from kfvision.trainer.fileio import disk_errors
 from kfvision.trainer.model.trained import load_model
-from torch import nn
 
 FORMATS = ("onnx", "torchscript", "torch-export")
 SUFFIXES = {"onnx": ".onnx", "torchscript": ".pt", "torch-export": ".pt2"}

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
+
 from kfvision.trainer.data.decode import load_rgb
 from kfvision.trainer.data.transforms import Normalizer, eval_transform
 from kfvision.trainer.errors import (
@@ -28,7 +30,6 @@ from kfvision.trainer.errors import (
     KfvisionError,
     check_choice,
 )
-from PIL import Image
 
 RUNTIMES = ("torch", "onnx", "openvino")
 
@@ -96,6 +97,7 @@ def _decode_jpeg(im: Image.Image, factor: int) -> torch.Tensor:
 def onnx_metadata(path) -> dict:
     """The kfvision metadata of an ONNX export (without loading a runtime)."""
     import onnx
+
     from kfvision.trainer.use.export import META_KEY
 
     try:
@@ -137,6 +139,7 @@ def onnx_session(path, threads: int):
     provider. Its threads do not spin while idle: a server decodes images on the same cores.
     `InferenceSession.run` is thread-safe: concurrent callers each run their own forward."""
     import onnxruntime as ort
+
     from kfvision.trainer.use.export import META_KEY
 
     opts = ort.SessionOptions()
@@ -178,6 +181,7 @@ def openvino_model(path, threads: int):
     import openvino as ov
     import openvino.properties as props
     import openvino.properties.hint as hints
+
     from kfvision.trainer.cpus import usable_cpus
 
     streams = max(1, usable_cpus() // threads)  # a container's CPU limit, not the node's cores

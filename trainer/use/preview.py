@@ -9,9 +9,10 @@ any other read.
 
 from pathlib import Path
 
+from PIL import Image, ImageDraw
+
 from kfvision.trainer.data.imagedir import ImageDirectory, read_image_directory
 from kfvision.trainer.use.plot import load_font, short
-from PIL import Image, ImageDraw
 
 SAMPLES = "samples.jpg"
 THUMB = 64  # pixels, the side of each thumbnail

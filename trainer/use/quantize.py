@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from kfvision.trainer.errors import InvalidDatasetError, QuantizationError, check_range
 from kfvision.trainer.fileio import disk_errors
 from kfvision.trainer.progressbar import progress_bar
@@ -127,6 +128,7 @@ def top1(runners: dict, data_dir, meta: dict, *, limit: int | None = None,
 
 def _set_metadata(path: Path, meta: dict) -> None:
     import onnx
+
     from kfvision.trainer.use.export import META_KEY
 
     proto = onnx.load(str(path))

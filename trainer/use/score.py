@@ -10,13 +10,14 @@ import csv
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
+
 from kfvision.trainer.data.datasets import ImageDataset, make_loader
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.data.transforms import Normalizer, eval_transform
 from kfvision.trainer.errors import InvalidDatasetError, check_range
 from kfvision.trainer.fileio import full_disk_error
 from kfvision.trainer.model.trained import load_model
-from tqdm import tqdm
 
 
 def score(model_dir, data_dir, out_csv, *, batch_size: int = 64, workers: int = 0,

@@ -39,6 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import yaml
+
 from kfvision.pipelines.clients.k8s import to_yaml
 from kfvision.pipelines.flow.params import JOB_KINDS, job_options
 from kfvision.pipelines.flow.steps.common import resolve_mode

@@ -5,6 +5,7 @@ HorovodNotProvidedError, which lists what is."""
 import warnings as _warnings
 
 import torch as _torch
+
 from kfvision.pipelines.script.hvd import (  # noqa: F401
     PROVIDED,
     Adasum,

@@ -1,0 +1,111 @@
+"""The markers by cost (tests/helpers/cost.py): what an unmarked test may cost, measured."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.cost import _Meter, verdict
+from helpers.workunits import work_units
+
+
+def test_a_cheap_unmarked_test_passes_and_a_costly_one_is_told_its_marker():
+    assert verdict(set(), cpu=0.4, kids=0.2, process_s=1.0, limit_s=5) is None
+    assert "mark.process" in verdict(set(), cpu=0.4, kids=2.5, process_s=1.0, limit_s=5)
+    assert "mark.slow" in verdict(set(), cpu=5.5, kids=0.0, process_s=1.0, limit_s=5)
+    assert "mark.slow" in verdict({"process"}, cpu=1.0, kids=4.5, process_s=1.0, limit_s=5)
+    assert verdict({"process"}, cpu=1.0, kids=3.0, process_s=1.0, limit_s=5) is None
+    assert verdict({"slow"}, cpu=30.0, kids=0.0, process_s=1.0, limit_s=5) is None
+    assert verdict({"distributed"}, cpu=1.0, kids=40.0, process_s=1.0, limit_s=5) is None
+
+
+@pytest.mark.process
+def test_the_meter_sees_the_cpu_of_a_process_that_imports_torch_and_not_of_a_bare_one(
+        pytestconfig):
+    """What the check counts: a bare Python process stays far under the threshold, one that
+    imports torch reaches it (marked `process`: this test starts one)."""
+    threshold = float(pytestconfig.getini("kfvision_process_cpu_s"))
+    meter = _Meter()
+    meter.start()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    assert meter.totals()[2] < threshold / 4
+    meter.start()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    assert meter.totals()[2] >= threshold
+
+
+
+@pytest.mark.process  # a pytest of its own: no torch, but a second or two of CPU all the same
+def test_a_test_that_costs_more_than_its_markers_allow_fails_saying_which_marker(pytester,
+                                                                               monkeypatch):
+    """The check at work in a pytest run of its own, its limits made tiny: a bare process and
+    a short busy loop stand in for a torch process and a slow test."""
+    pytester.makeini("""
+        [pytest]
+        kfvision_process_cpu_s = 0.005
+        kfvision_unmarked_cpu_s = 0.3
+        markers =
+            process: p
+            slow: s
+    """)
+    pytester.makepyfile("""
+        import subprocess, sys, time
+        import pytest
+
+        def spin():
+            end = time.process_time() + 0.6
+            while time.process_time() < end:
+                pass
+
+        def test_cheap():
+            pass
+
+        def test_starts_a_process():
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+        @pytest.mark.process
+        def test_starts_a_process_marked():
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+        def test_spins():
+            spin()
+
+        @pytest.mark.slow
+        def test_spins_marked():
+            spin()
+    """)
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))  # helpers.cost
+    result = pytester.runpytest_subprocess("-p", "helpers.cost", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3, failed=2)
+    result.stdout.fnmatch_lines(["*test_starts_a_process: it started processes*mark.process*",
+                                 "*test_spins: it cost*mark.slow*"])
+
+
+
+def test_a_heavy_test_is_a_unit_of_its_own_unless_it_shares_a_module_fixture(pytester):
+    """The units pytest-xdist hands out (helpers/workunits.py), on a file of each kind of test."""
+    items = pytester.getitems("""
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def shared():
+            return 1
+
+        def test_quick():
+            pass
+
+        @pytest.mark.slow
+        def test_heavy():
+            pass
+
+        @pytest.mark.distributed
+        def test_heavy_sharing(shared):
+            pass
+
+        def test_asks_the_server(served_digits):
+            pass
+    """)
+    units = {item.name: unit for item, unit in work_units(items).items()}
+    file = items[0].nodeid.split("::")[0]
+    assert units == {"test_quick": file, "test_heavy": f"{file}::test_heavy",
+                     "test_heavy_sharing": file, "test_asks_the_server": "served_digits"}
