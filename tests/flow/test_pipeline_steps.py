@@ -132,9 +132,11 @@ def test_resolve_mode(mode, env, expected):
 
 
 def _job_settings(**over) -> dict:
-    keys = ("image", "nodes", "procs_per_node", "gpus_per_node", "node_selector", "tolerations",
-            "cpu_per_node", "memory_per_node", "shm_size", "timeout_seconds")
-    return {**{k: parameter_defaults()[k] for k in keys}, **over}
+    """Every job parameter of the pipeline at its default (JOB_OPTIONS: the one list), `over`
+    replacing some."""
+    from kfvision.pipelines.flow.params import JOB_OPTIONS
+
+    return {**{o.param: parameter_defaults()[o.param] for o in JOB_OPTIONS}, **over}
 
 
 def test_job_names_derive_from_the_run_and_task_not_from_chance():
