@@ -5,6 +5,8 @@
 #
 #     bash bench/device_run.sh            # about 9 minutes on one H100: give the call 600 s
 #     bash bench/device_run.sh --smoke    # on a CPU, tiny sizes, the GPU tests skipped: a check
+#     bash bench/device_run.sh --again    # about 3 minutes: the runs with data again (no step
+#                                         # variants, no tests) and a timeline of the default run
 #
 # 1. `bash bench/gpu.sh --quick`: the step's ceiling (channels-last, CUDA graphs, torch.compile),
 #    the plain loop, kfvision's default and the batched GPU pipeline (`--cache off`), with
@@ -22,10 +24,14 @@ PY="${PYTHON:-python3}"
 DEST="${OUT:-build/bench/device-run}"
 mkdir -p "$DEST"
 export PYTHONUNBUFFERED=1
-if [ "${1:-}" = "--smoke" ]; then
+MODE=${1:-}
+if [ "$MODE" = "--smoke" ]; then
     DEVICE=cpu; BENCH_ARGS=(--device cpu --smoke --step-variants channels-last --epochs 1)
     PROFILE_ARGS=(--device cpu --images 48 --arch resnet18 --image-size 32 --batch-size 8)
     LIMITS=(900 600 900)  # a loaded 2-core CPU: generous, nothing waits on it
+elif [ "$MODE" = "--again" ]; then
+    DEVICE=cuda; BENCH_ARGS=(--quick --skip step); PROFILE_ARGS=(--device cuda)
+    LIMITS=(170 60 0)
 else
     DEVICE=cuda; BENCH_ARGS=(--quick); PROFILE_ARGS=(--device cuda)
     LIMITS=(330 70 170)  # 9.5 minutes in all, the rest of a 600 s call for the start
@@ -63,8 +69,23 @@ if command -v vmstat >/dev/null; then
 fi
 part bench "${LIMITS[0]}" bash bench/gpu.sh "${BENCH_ARGS[@]}"
 for pid in "${monitors[@]}"; do kill "$pid" 2>/dev/null; done
+if [ "$MODE" = "--again" ]; then
+    # the default run once more, every step printed, each output line stamped with the seconds
+    # since the process started: where the whole run's time goes outside the steps
+    part timeline 60 bash -c '"$0" - "$@" <<"EOF"
+import subprocess, sys, time
+start = time.perf_counter()
+run = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+for line in run.stdout:
+    print(f"{time.perf_counter() - start:7.2f} {line}", end="", flush=True)
+print(f"{time.perf_counter() - start:7.2f} exit {run.wait()}")
+EOF' "$PY" "$PY" -m kfvision.trainer.train --model build/bench/models/resnet50 \
+        --train build/bench/jpeg2560/train --val build/bench/jpeg2560/val \
+        --out build/bench/trained/timeline --augment standard --lr 0.05 --print-freq 1 \
+        --patience 3 --device cuda --image-size 224 --batch-size 256 --epochs 3
+fi
 part firstepoch "${LIMITS[1]}" "$PY" -m bench.firstepoch "${PROFILE_ARGS[@]}"
-part tests "${LIMITS[2]}" "$PY" -m pytest -q -p no:cacheprovider \
+[ "${LIMITS[2]}" = 0 ] || part tests "${LIMITS[2]}" "$PY" -m pytest -q -p no:cacheprovider \
     tests/trainer/test_gpu.py tests/trainer/test_batchcrop.py
 
 # the tables, in one file and on the output
@@ -77,4 +98,6 @@ done
 echo
 cat "$DEST/tables.md"
 [ -f "$DEST/firstepoch.txt" ] && sed -n '1,14p' "$DEST/firstepoch.txt"
-grep -E "passed|failed|error" "$DEST/tests.log" | tail -n 3
+[ -f "$DEST/timeline.log" ] && grep -vE "^ *[0-9.]+ epoch [0-9]+ \[[2-8]/" "$DEST/timeline.log"
+[ -f "$DEST/tests.log" ] && grep -E "passed|failed|error" "$DEST/tests.log" | tail -n 3
+true  # the parts report their own exits above

@@ -1,6 +1,6 @@
 """The GPU benchmark (`bash bench/gpu.sh`): the training step's ceiling, then ResNet-50 trained on
-JPEGs by the plain loop and by kfvision (its defaults, which cache the decoded images, and the
-batched GPU pipeline with `--cache off`), each against that ceiling, with each run's whole time.
+JPEGs by the plain loop and by kfvision (its defaults, and the batched GPU pipeline with
+`--cache off`), each against that ceiling, with each run's whole time.
 
     bash bench/gpu.sh                      # 5,000 JPEGs, 4 epochs, every step variant
     bash bench/gpu.sh --quick              # one short device call: 2,560 JPEGs, 3 epochs
@@ -38,7 +38,7 @@ PRESETS = {
               "steps": 2, "warmup": 1, "plain_workers": 0, "variant_timeout": 600,
               "step_variants": ["nchw", "channels-last"], "variants": ["default", "gpu-pipeline"]},
 }
-NAMES = {"default": "kfvision, defaults (decoded images cached in epoch 1)",
+NAMES = {"default": "kfvision, defaults (JPEGs decoded + augmented on the GPU; validation cached)",
          "gpu-pipeline": "kfvision `--cache off`: JPEGs decoded + augmented in batches on the GPU",
          "gpu-decode": "kfvision `--gpu-decode on` (validation cached)",
          "cpu-decode": "kfvision `--cache off --gpu-decode off` (decoded in the workers)",

@@ -30,7 +30,7 @@ from pathlib import Path
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.pipelines.contract import ENV_CACHE
 from kfvision.pipelines.script.env import ensure_env
-from kfvision.pipelines.script.pack import pack
+from kfvision.pipelines.script.snapshot import pack
 from kfvision.trainer.fastpath import describe_cpu
 
 from bench import publish

@@ -12,7 +12,7 @@ from helpers.paths import REPO
 
 PACKAGES = ("trainer", "pipelines")
 LEAVES = ("kfvision.trainer.cpus", "kfvision.trainer.errors", "kfvision.trainer.fileio",
-          "kfvision.trainer.progress", "kfvision.trainer.presets",
+          "kfvision.trainer.progressbar", "kfvision.trainer.presets",
           "kfvision.trainer.upstream", "kfvision.trainer.model.catalog")
 # What a leaf may import all the same: other leaves (so no cycle can form through it).
 LEAF_IMPORTS = {"kfvision.trainer.fileio": {"kfvision.trainer.errors"},
@@ -142,7 +142,7 @@ def test_no_import_points_up_the_layers_of_pipelines():
 
 def test_the_layer_check_finds_an_arrow_up():
     assert _layer("kfvision.pipelines.clients.s3") < _layer("kfvision.pipelines.script.boot")
-    assert _layer("kfvision.pipelines.flow.steps.train") == _layer("kfvision.pipelines.tune.local")
+    assert _layer("kfvision.pipelines.flow.steps.train") == _layer("kfvision.pipelines.tune.study")
 
 
 @pytest.mark.parametrize("package", CONFINED)
@@ -322,3 +322,101 @@ def test_a_test_file_imports_test_files_of_its_own_folder_only():
                     and not (path.parent / f"{node.module}.py").exists():
                 found.append(f"{path.relative_to(tests)}: {node.module}")
     assert found == []
+
+
+# The command line is thin: a module of pipelines/cli/ parses, calls a package, and prints. What
+# two commands share is a package's (jobs/, script/, ...) or one of the two shared helpers below;
+# a command module imports no other command module. cli/__init__.py registers every group, and
+# the `job` group's parsers are added from its two further files (`add_*` only).
+CLI = "kfvision.pipelines.cli"
+CLI_SHARED = {f"{CLI}.clusterargs", f"{CLI}.flags"}
+CLI_GROUP_PARTS = {f"{CLI}.job": {f"{CLI}.jobscript": {"add_run", "add_download"},
+                                  f"{CLI}.jobstatus": {"add_status"}}}
+
+
+def cli_imports_of_commands(trees) -> list:
+    """'importer: module.name' for each name a cli module imports from another cli module that
+    is neither a shared helper nor one of its group's parts' parsers."""
+    found = []
+    for name, tree in trees:
+        if not name.startswith(CLI + ".") or name in CLI_SHARED:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found += [f"{name}: {a.name}" for a in node.names
+                          if a.name.startswith(CLI + ".") and a.name not in CLI_SHARED]
+            elif isinstance(node, ast.ImportFrom) and (node.module == CLI or (
+                    node.module or "").startswith(CLI + ".")):
+                parts = CLI_GROUP_PARTS.get(name, {})
+                for a in node.names:
+                    if node.module == CLI and a.name in ("main", "build_parser"):
+                        continue  # the command line itself (cli/__main__.py)
+                    module = node.module if node.module != CLI else f"{CLI}.{a.name}"
+                    if module in CLI_SHARED or a.name in parts.get(module, ()):
+                        continue
+                    found.append(f"{name}: {module}.{a.name}")
+    return found
+
+
+def test_no_cli_module_imports_another_cli_modules_functions():
+    assert cli_imports_of_commands(t for t in _trees() if t[0] != CLI) == []
+
+
+def test_the_cli_import_check_finds_one():
+    tree = ast.parse("from kfvision.pipelines.cli.job import build_job\n"
+                     "from kfvision.pipelines.cli.flags import NPROC_FLAG\n")
+    assert cli_imports_of_commands([(f"{CLI}.tune", tree)]) == [f"{CLI}.tune: {CLI}.job.build_job"]
+
+
+# No two modules share a name with different meanings: a name says a module's role. The names
+# that several modules carry are listed here with the one role they share; any other repeated
+# name fails (tools/, bench/ and tests/ are named after what they exercise, and are not checked).
+SHARED_NAMES = {
+    "__init__.py": "a package",
+    # one act at its layers: the command (cli/), the pipeline step (flow/steps/), the package
+    "train.py": ("training", {"pipelines/cli", "pipelines/flow/steps", "trainer"}),
+    "data.py": ("image directories", {"pipelines/cli", "pipelines/flow/steps"}),
+    "model.py": ("an untrained model directory", {"pipelines/cli", "pipelines/flow/steps"}),
+    "store.py": ("pushing to object storage", {"pipelines/cli", "pipelines/flow/steps"}),
+    "use.py": ("score, evaluate, export", {"pipelines/cli", "pipelines/flow/steps"}),
+    "register.py": ("a model registry", {"pipelines/cli", "pipelines/flow/steps"}),
+    "deploy.py": ("the InferenceService", {"pipelines/cli", "pipelines/flow/steps",
+                                           "pipelines/serve"}),
+    "pipeline.py": ("the KFP pipeline", {"pipelines/cli", "pipelines/flow"}),
+    "jobstatus.py": ("where jobs stand", {"pipelines/cli", "pipelines/jobs"}),
+    # the same part of each package
+    "errors.py": ("a package's named errors", {"pipelines/jobs", "trainer"}),
+    "config.py": ("a package's declared options", {"pipelines/jobs", "trainer"}),
+    # the same part of each job kind
+    "build.py": ("a kind's manifest", {"pipelines/jobs/pytorchjob", "pipelines/jobs/trainjob"}),
+    "rules.py": ("a kind's platform rules", {"pipelines/jobs/pytorchjob",
+                                             "pipelines/jobs/trainjob"}),
+    "local.py": ("a kind's local run", {"pipelines/jobs/pytorchjob", "pipelines/jobs/trainjob"}),
+}
+
+
+def shared_names(paths) -> dict:
+    """basename -> the folders of the modules that carry it, for names more than one carries."""
+    folders = {}
+    for path in paths:
+        folders.setdefault(path.name, set()).add(path.parent.as_posix())
+    return {n: f for n, f in folders.items() if len(f) > 1}
+
+
+def names_of_different_roles(paths) -> dict:
+    return {n: sorted(f) for n, f in shared_names(paths).items()
+            if n != "__init__.py" and (n not in SHARED_NAMES or f != SHARED_NAMES[n][1])}
+
+
+def test_no_two_modules_share_a_name_with_different_meanings():
+    paths = [p.relative_to(REPO) for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+    assert names_of_different_roles(paths) == {}
+
+
+def test_the_name_check_finds_a_clash():
+    from pathlib import PurePosixPath as P
+
+    assert names_of_different_roles([P("pipelines/jobs/cluster.py"), P("pipelines/cli/cluster.py"),
+                                     P("trainer/train.py"), P("pipelines/cli/train.py")]) == {
+        "cluster.py": ["pipelines/cli", "pipelines/jobs"],
+        "train.py": ["pipelines/cli", "trainer"]}

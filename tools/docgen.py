@@ -241,7 +241,7 @@ def script_flags(page: str) -> str:
     """`kfvision job render`'s flags of a user's own script (docs/scripts.md), as its parser has
     them."""
     from kfvision.pipelines.cli import build_parser
-    from kfvision.pipelines.cli.jobscript import SCRIPT_FLAGS
+    from kfvision.pipelines.script.assemble import SCRIPT_FLAGS
 
     render = _subcommand(_subcommand(build_parser(["job"]), "job"), "render")
     rows = [_row(["flag", "default", "choices", "meaning"]), _row(["---"] * 4)]

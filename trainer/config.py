@@ -115,8 +115,8 @@ class TrainConfig:
     gpu_decode: str = option("auto", "decode and augment the training JPEGs on the device",
                              doc="nvJPEG decodes each batch, which is then cropped, resized and "
                              "flipped as a whole on the device; the workers only read files. "
-                             "auto: on for CUDA when most training images are JPEGs and they are "
-                             "not cached (`--cache off`, or too large to cache); metrics.json's "
+                             "auto: on for CUDA when most training images are JPEGs, cached or "
+                             "not (the cache then keeps the validation images); metrics.json's "
                              "`fast_path` says which and why.",
                              choices=AUTO_ON_OFF)
     conv_gemm: str = option("auto", "one-pixel convolutions as one matrix multiply",

@@ -57,6 +57,15 @@ def _pick_device(requested: str, local_rank: int, local_world_size: int) -> torc
     return torch.device("cuda", local_rank)
 
 
+def launcher_env(environ=None) -> tuple:
+    """(rank, local rank, world size, local world size) as the launcher set them (torchrun, the
+    operator); (0, 0, 1, 1) for a process started alone."""
+    env = os.environ if environ is None else environ
+    world_size = int(env.get("WORLD_SIZE", "1"))
+    return (int(env.get("RANK", "0")), int(env.get("LOCAL_RANK", "0")), world_size,
+            int(env.get("LOCAL_WORLD_SIZE", str(world_size))))
+
+
 def init(device: str = "auto", timeout_s: float = 1800.0) -> DistContext:
     """Join the process group when started by torchrun (WORLD_SIZE > 1), else run alone.
 
@@ -68,10 +77,7 @@ def init(device: str = "auto", timeout_s: float = 1800.0) -> DistContext:
     Raises:
         DeviceError: CUDA requested but missing, or more local processes than GPUs.
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    rank, local_rank, world_size, local_world_size = launcher_env()
     dev = _pick_device(device, local_rank, local_world_size)
     if world_size > 1 and not dist.is_initialized():
         if dev.type == "cuda":

@@ -24,9 +24,9 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
   on short runs; see docs/benchmarks.md);
 - gpu_decode: the training JPEGs decoded (nvJPEG), cropped, resized and flipped in batches on the
   device, workers only read files (trainer/data/devicedata.py, batchcrop.py); auto: on for CUDA
-  when most training images are JPEGs and they are not cached (`--cache off`, or too large to
-  cache: decoding every epoch on the CPU is then what a GPU step waits for); `gpu_decode_reason`
-  records why, in metrics.json and config.yaml;
+  when most training images are JPEGs, whether or not they fit the cache (which then keeps the
+  validation images only: augmenting cached images on the CPU is what a GPU step waited for);
+  `gpu_decode_reason` records why, in metrics.json and config.yaml;
 - conv_gemm: convolutions with a one-pixel output run as one matrix multiply instead of through
   oneDNN, whose per-call weight re-layouts dominate such tiny convolutions, and only the kernel
   taps such an output sees are trained (trainer/model/convgemm.py); auto: on for CPU (cuDNN has no
@@ -254,11 +254,13 @@ def _gpu_decode(setting: str, cuda: bool, cache: bool, jpeg_share: float) -> tup
         return setting == "on", f"--gpu-decode {setting}"
     if not cuda:
         return False, "auto: not CUDA (the CPU path decodes in its workers)"
-    if cache:
-        return False, "auto: the training images are cached (decoded once, on the CPU)"
     if jpeg_share <= 0.5:
         return False, f"auto: {jpeg_share:.0%} of the training images are JPEGs"
-    return True, "auto: CUDA, JPEGs decoded every epoch (not cached)"
+    # cached or not: augmenting cached images on the CPU fed the GPU more slowly than decoding and
+    # augmenting every epoch's batches on it, and its first epoch held one core busy while the
+    # GPU waited (docs/benchmarks.md, "GPU"); the cache then keeps the validation images only
+    return True, ("auto: CUDA, JPEGs decoded every epoch on the device"
+                  f"{' (the cache keeps the validation images)' if cache else ' (not cached)'}")
 
 
 def describe(rt: FastPath) -> str:

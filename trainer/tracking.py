@@ -46,7 +46,8 @@ METRICS = {"train_loss": "train_loss", "train_top1": "train_top1", "val_loss": "
 # mlflow v3.17.2 mlflow/utils/validation.py MAX_METRICS_PER_BATCH: the most one log_batch takes
 BATCH = 1000
 # our own variables the pipeline's train step sets in the job's pods (tags of the run)
-JOB_TAGS = {"KFVISION_JOB_KIND": "kfvision.job_kind", "KFVISION_JOB_NAME": "kfvision.job_name",
+JOB_NAME = "KFVISION_JOB_NAME"  # also set by every script job (pipelines/script/job.py)
+JOB_TAGS = {"KFVISION_JOB_KIND": "kfvision.job_kind", JOB_NAME: "kfvision.job_name",
             "KFVISION_PIPELINE_RUN": "kfvision.pipeline_run"}
 # the client's retries and timeout here (see trainer/upstream.py): seconds against a dead server
 HTTP_DEFAULTS = {upstream.MLFLOW_HTTP_REQUEST_MAX_RETRIES: "2",
@@ -223,7 +224,7 @@ class Tracker:
 
     def log_points(self, points: list) -> bool:
         """Log metric points (name, value, step, time in ms), in batches of MLflow's limit
-        (a user's script's printed metrics: pipelines/script/progress.py). Whether they went."""
+        (a user's script's printed metrics: pipelines/script/reporter.py). Whether they went."""
         def send():
             from mlflow.entities import Metric
 
@@ -233,6 +234,19 @@ class Tracker:
                     for n, v, step, ms in points[i:i + BATCH]])
             return True
         return bool(points) and self._guard("logging the script's metrics", send) is not None
+
+    def set_tags(self, tags: dict) -> bool:
+        """Set tags of the run (MLFLOW_RUN_ID's; a user's script's Azure `run.tag`); whether
+        they went."""
+        def send():
+            from mlflow.entities import RunTag
+
+            client = self._client or self._connect()
+            client.log_batch(self.run_id, tags=[RunTag(str(k), _param(v))
+                                                for k, v in tags.items()])
+            return True
+        return bool(tags) and self.run_id is not None and \
+            self._guard("setting the script's tags", send) is not None
 
     def log_model(self, out: Path) -> None:
         """Upload `metrics.json`, `config.yaml` and the model directory (`model/`)."""

@@ -74,8 +74,9 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
                            arriving=train_dir.arrival is not None or val_dir.arrival is not None)
     if ctx.device.type == "cpu":
         torch.set_num_threads(distributed.cpus_per_process(ctx))
-    else:  # fixed image size: cuDNN times its algorithms once per shape, then reuses the fastest
-        torch.backends.cudnn.benchmark = True
+    else:  # cuDNN's heuristics, not its timed search: the search cost seconds of the first
+        # steps (every shape planned at run time) for no faster step (docs/benchmarks.md, "GPU")
+        torch.backends.cudnn.benchmark = False
     seed_everything(cfg.seed)
     model = build_model(spec, len(train_dir.classes), cfg.model, image_size=cfg.image_size)
     # decoding up front (the cache, the evaluation crops) uses this process's cores; a bar on

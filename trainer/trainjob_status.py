@@ -63,7 +63,7 @@ def trainer_status(history: list, epochs: int, seconds_per_epoch: float | None,
 
 class StatusReporter:
     """Rank 0's reports to the TrainJob; call `epoch_done(history)` after every epoch (or, for
-    progress made elsewhere, `send(status)`: a user's script's, pipelines/script/progress.py)."""
+    progress made elsewhere, `send(status)`: a user's script's, pipelines/script/reporter.py)."""
 
     def __init__(self, url: str, token_file: str | None, ca_file: str | None,
                  epochs: int | None, clock=time.monotonic):

@@ -8,15 +8,17 @@ One module per command group, and HELP below holds every command's one-line help
     pipeline    pipeline compile | submit | run-local (the KFP pipeline), and demo
     train       train (one process, or N with torchrun)
     job         job render | run-local | submit | logs | delete | run | download (PyTorchJob,
-                TrainJob; jobscript.py: a user's own script)
+                TrainJob; jobscript.py: job run and download, jobstatus.py: status and list)
     serve       serve (KServe's model server)
     deploy      deploy render | submit | delete (a KServe InferenceService)
     tune        tune run | render | submit | status | delete (Optuna here, Katib there)
     register    register (MLflow's or Kubeflow's model registry)
-cluster.py is no group: the flags every command that talks to a cluster shares, declared once,
-and the one body of every `submit`. The flags of train, job, pipeline, serve, deploy, tune and
-register come from modules that import kfp or the job builders, so only the command named on the
-command line gets them (`kfvision --help` stays instant).
+Two modules are no group: clusterargs.py (the flags every command that talks to a cluster shares,
+declared once, and the one body of every `submit`) and flags.py (the job, script and -o flags
+several commands share). A command module parses, calls a package, and prints; it imports no
+other command module (tests/test_architecture.py). The flags of train, job, pipeline, serve,
+deploy, tune and register come from modules that import kfp or the job builders, so only the
+command named on the command line gets them (`kfvision --help` stays instant).
 """
 
 import argparse

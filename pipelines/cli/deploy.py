@@ -4,9 +4,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from kfvision.pipelines.cli.cluster import add_command, add_submit, submit_command
-from kfvision.pipelines.serve.cluster import DeployClient
+from kfvision.pipelines.cli.clusterargs import add_command, add_submit, submit_command
 from kfvision.pipelines.serve.deploy import DeployConfig
+from kfvision.pipelines.serve.deployclient import DeployClient
 from kfvision.trainer.options import HelpFormatter, add_flags, options_of
 
 EPILOG = """\
@@ -65,22 +65,22 @@ def _render(args) -> int:
 
 def _submit(args) -> int:
     import yaml
-    from kfvision.pipelines.serve import cluster
+    from kfvision.pipelines.serve import deployclient
 
     text = sys.stdin.read() if args.manifest == "-" else Path(args.manifest).read_text()
     isvc = yaml.safe_load(text)
-    if not isinstance(isvc, dict) or isvc.get("kind") != cluster.KIND:
+    if not isinstance(isvc, dict) or isvc.get("kind") != deployclient.KIND:
         from kfvision.trainer.errors import InvalidParameterError
 
         raise InvalidParameterError(f"{args.manifest} is not an InferenceService manifest; "
                                     "write one with `kfvision deploy render`.")
-    return submit_command(args, cluster.connect, isvc)
+    return submit_command(args, deployclient.connect, isvc)
 
 
 def _delete(args) -> int:
-    from kfvision.pipelines.serve import cluster
+    from kfvision.pipelines.serve import deployclient
 
-    client = cluster.connect(args.namespace)
+    client = deployclient.connect(args.namespace)
     client.delete(args.name)
     print(f"deleted InferenceService {client.namespace}/{args.name}")
     return 0

@@ -7,17 +7,22 @@ import signal
 import sys
 from pathlib import Path
 
-from kfvision.pipelines.cli.cluster import TARGET, add_command, add_submit, submit_command
+from kfvision.pipelines.cli.clusterargs import TARGET, add_command, add_submit, submit_command
+from kfvision.pipelines.cli.flags import (
+    RENDER_DESCRIPTION,
+    job_render_parser,
+    run_args,
+    write_rendered,
+)
 from kfvision.pipelines.clients.k8s import to_yaml
 from kfvision.pipelines.clients.s3 import is_s3
-from kfvision.pipelines.jobs.cluster import JobClient
-from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.jobs.faults import Fault
-from kfvision.pipelines.jobs.kinds import KINDS as JOB_KINDS
+from kfvision.pipelines.jobs.fromflags import build_job, job_config_from_args, render_argv
+from kfvision.pipelines.jobs.jobclient import JobClient
 from kfvision.pipelines.jobs.signals import STOP
-from kfvision.pipelines.jobs.trainjob.rules import RUNTIME_KINDS
-from kfvision.trainer.options import HelpFormatter, add_flags, options_of
+from kfvision.pipelines.script.assemble import check_mode, render_script
+from kfvision.trainer.options import HelpFormatter
 
 EPILOG = """\
 the same job, three ways:
@@ -30,39 +35,8 @@ See docs/jobs.md (and manifests/rbac.yaml for the service account's permissions)
 """
 
 
-JOB_OPTIONS = options_of(JobConfig)
-
-
-def job_config_from_args(args) -> JobConfig:
-    """The JobConfig of `kfvision job render`'s (and `tune render`'s) flags; the pipeline's is
-    kfvision.pipelines.flow.steps.train.job_config."""
-    from kfvision.trainer.config import config_from_args
-
-    given = {o.name: getattr(args, o.name) for o in JOB_OPTIONS}
-    given.update({o.name: tuple(given[o.name]) for o in JOB_OPTIONS if o.many})
-    return JobConfig(train=config_from_args(args), **given)
-
-
-def render_argv(cfg: JobConfig) -> list:
-    """The canonical `kfvision job render` arguments that give `cfg` (for the YAML's header)."""
-    from kfvision.pipelines.jobs.config import train_flags
-
-    argv = ["--name", cfg.name, "--image", cfg.image]
-    for opt in JOB_OPTIONS:
-        value = getattr(cfg, opt.name)
-        if not (opt.required or opt.many) and value != opt.default:
-            argv += [opt.flag_name, str(value)]
-    for opt in JOB_OPTIONS:
-        if opt.many:
-            argv += [a for item in getattr(cfg, opt.name) for a in (opt.flag_name,
-                                                                    opt.show(item))]
-    return argv + train_flags(cfg.train)
-
-
 def _render(args) -> int:
-    from kfvision.pipelines.cli import jobscript
-
-    if jobscript.check_mode(args):
+    if check_mode(args):
         return _render_script(args)
     cfg = job_config_from_args(args)
     job, kind_argv = build_job(args, cfg)
@@ -72,12 +46,8 @@ def _render(args) -> int:
         check_store(cfg.train)
     header = ("Rendered by kfvision; edit the command, not this file:\n"
               f"kfvision job render {shlex.join(kind_argv + render_argv(cfg))}")
-    text = to_yaml(job, header)
-    if args.output in (None, "-"):
-        sys.stdout.write(text)
-    else:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text, encoding="utf-8")
+    write_rendered(to_yaml(job, header), args.output)
+    if args.output not in (None, "-"):
         print(f"wrote {job['kind']} {cfg.name} ({cfg.nodes} node(s) x {cfg.nproc} process(es), "
               f"{cfg.gpus_per_node} GPU(s) per node) to {args.output}", file=sys.stderr)
     mounts = [v.mount.rstrip("/") + "/" for v in cfg.volumes]
@@ -88,68 +58,15 @@ def _render(args) -> int:
     return 0
 
 
-# --- the job kind: PyTorchJob (Training Operator v1.9) or TrainJob (Kubeflow Trainer v2) ---
-KINDS = tuple(sorted(k.lower() for k in JOB_KINDS))
-
-
-def build_job(args, cfg: JobConfig) -> tuple:
-    """(job dict, the kind flags for the header) of `--kind`."""
-    from kfvision.pipelines.jobs.kinds import PYTORCHJOB, named
-    from kfvision.pipelines.jobs.render import render_job
-
-    kind = named(args.kind)
-    if kind is PYTORCHJOB:
-        if args.runtime or args.runtime_kind:
-            raise InvalidJobError("--runtime and --runtime-kind are for --kind trainjob; a "
-                                  "PyTorchJob has no runtime. Drop them or add --kind trainjob.")
-        return render_job(cfg, kind), []
-    from kfvision.pipelines.jobs.trainjob.build import RuntimeRef
-
-    runtime = RuntimeRef.from_flags(args.runtime, args.runtime_kind)
-    argv = ["--kind", "trainjob", "--runtime", runtime.name]
-    return render_job(cfg, kind, runtime), argv + (
-        ["--runtime-kind", runtime.kind] if runtime.kind != RuntimeRef.kind else [])
-
-
-def _add_kind_flags(g) -> None:
-    g.add_argument("--kind", choices=KINDS, default="pytorchjob", help="PyTorchJob (Training "
-                   "Operator v1.9) or TrainJob (Kubeflow Trainer v2)")
-    g.add_argument("--runtime", help="TrainJob: the runtime to reference (default: the stock "
-                   "torch-distributed)")
-    g.add_argument("--runtime-kind", choices=RUNTIME_KINDS,
-                   help="TrainJob: the runtime's kind (default: ClusterTrainingRuntime)")
-
-
 def add_render(sub) -> None:
-    from kfvision.trainer.config import get_args_parser
-
-    r = sub.add_parser(
-        "render", parents=[get_args_parser(add_help=False)],
-        help="write the PyTorchJob (or TrainJob) YAML of a training run",
-        description="Write a kubeflow.org/v1 PyTorchJob: Master (+ Workers when --nodes > 1), "
-        "or with --kind trainjob a Kubeflow Trainer v2 TrainJob of --nodes nodes, each running "
-        "`torchrun -m kfvision.trainer.train` with the training flags below. Paths are as the "
-        "pods see them (e.g. under a --pvc mount), or s3:// URIs (the pods then fetch and push "
-        "through a scratch volume; each s3:// input is checked first).",
-        formatter_class=HelpFormatter)
-    g = r.add_argument_group("job")
-    add_flags(g, JOB_OPTIONS)
-    _add_kind_flags(g)
-    g.add_argument("-o", "--output", help="YAML file to write (default: standard output)")
-    g.add_argument("--no-check-store", action="store_true",
-                   help="skip checking the s3:// inputs (this machine cannot reach the store)")
-    # --- a user's own script: pipelines/cli/jobscript.py ---
-    from kfvision.pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
-
-    add_script_flags(r)
-    relax_trainer_paths(r)
+    r = sub.add_parser("render", parents=[job_render_parser()],
+                       help="write the PyTorchJob (or TrainJob) YAML of a training run",
+                       description=RENDER_DESCRIPTION, formatter_class=HelpFormatter)
     r.set_defaults(func=_render)
 
 
 def _render_script(args) -> int:
-    from kfvision.pipelines.cli.jobscript import render_script, write_rendered
-
-    text, job, said = render_script(args, build_job)
+    text, job, said = render_script(args)
     write_rendered(text, args.output)
     where = "standard output" if args.output in (None, "-") else args.output
     for line in said:
@@ -208,17 +125,17 @@ def _images(job: dict) -> str:
 
 
 def _submit(args) -> int:
-    from kfvision.pipelines.jobs import cluster
+    from kfvision.pipelines.jobs import jobclient
     from kfvision.pipelines.jobs.kinds import kind_of, read_manifest
 
     job, config_maps = read_manifest(args.manifest)  # ConfigMaps: a user's script's source
-    return submit_command(args, lambda ns: cluster.connect(ns, kind=kind_of(job)), job,
+    return submit_command(args, lambda ns: jobclient.connect(ns, kind=kind_of(job)), job,
                           list(config_maps.values()), logs=not args.no_logs)
 
 
 def _logs(args) -> int:
     from kfvision.pipelines.jobs import podlogs
-    from kfvision.pipelines.jobs.cluster import attach, connect
+    from kfvision.pipelines.jobs.jobclient import attach, connect
 
     if args.all and args.replica:
         raise InvalidJobError("--all shows every replica; drop --replica (or --all).")
@@ -239,7 +156,7 @@ def _logs(args) -> int:
 
 
 def _delete(args) -> int:
-    from kfvision.pipelines.jobs.cluster import attach, connect
+    from kfvision.pipelines.jobs.jobclient import attach, connect
 
     client = attach(connect(args.namespace), args.name)
     client.delete(args.name)
@@ -284,10 +201,10 @@ def register(subparsers, help: str) -> None:
     lg.add_argument("--previous", action="store_true", help="the log of the container before "
                     "its last restart")
     add_command(sub, "delete", _delete, "delete the job (and its pods)", name="job name")
-    # --- a user's own script in one step: pipelines/cli/jobscript.py ---
+    # --- a user's own script in one step, and its outputs: pipelines/cli/jobscript.py ---
     from kfvision.pipelines.cli.jobscript import add_download, add_run
 
-    add_run(sub, JOB_OPTIONS, _add_kind_flags, _run_script)
+    add_run(sub, _run_script)
     add_download(sub)
     # --- where jobs stand, local and on the cluster: pipelines/cli/jobstatus.py ---
     from kfvision.pipelines.cli.jobstatus import add_status
@@ -296,8 +213,6 @@ def register(subparsers, help: str) -> None:
 
 
 def _run_script(args) -> int:
-    from kfvision.pipelines.cli.jobscript import check_mode, run_args
-
     if args.source is not None:
         check_mode(args)
     args.output = args.output or str(Path("build") / "jobs" / f"{args.name}.yaml")

@@ -114,7 +114,7 @@ def _cluster(args, namespace_of, what: str, log_dir: Path, call):
     """call(api) on the cluster; a missing configuration said with the local place too."""
     from kfvision.pipelines.clients.endpoints import EndpointError
     from kfvision.pipelines.clients.k8s import KubernetesError
-    from kfvision.pipelines.jobs.cluster import connect
+    from kfvision.pipelines.jobs.jobclient import connect
 
     try:
         return call(connect(namespace_of(args)))
@@ -133,7 +133,7 @@ def _status(args, namespace_of) -> int:
     if record is not None:
         view = _local_view(record)
     else:
-        from kfvision.pipelines.jobs.cluster import attach
+        from kfvision.pipelines.jobs.jobclient import attach
         from kfvision.pipelines.jobs.jobstatus import cluster_status
 
         view = _cluster(args, namespace_of, f"no job {args.name}", log_dir,
@@ -168,8 +168,8 @@ def _namespace(args):
 
 def add_status(sub) -> None:
     """`kfvision job status NAME` and `kfvision job list`, with the cluster commands' -n
-    (pipelines/cli/cluster.py)."""
-    from kfvision.pipelines.cli.cluster import add_command
+    (pipelines/cli/clusterargs.py)."""
+    from kfvision.pipelines.cli.clusterargs import add_command
 
     s = add_command(
         sub, "status", lambda args: _status(args, _namespace),

@@ -120,8 +120,8 @@ def upload_script_source(arguments: dict, snap, store: str) -> str:
     """Upload the snapshot `snap` of script_source's folder to `store` as PREFIX/<sha256>.tar.gz
     (unless that object is there); script_source becomes its URI. Returns the line that says
     so."""
-    from kfvision.pipelines.cli.jobscript import ship
-    from kfvision.pipelines.script.job import choose_transport
+    from kfvision.pipelines.script.assemble import ship
+    from kfvision.pipelines.script.manifest import choose_transport
 
     transport = choose_transport(snap, store, None)
     done = ship(snap, transport, None)
@@ -212,7 +212,7 @@ def register_demo(subparsers, help: str) -> None:
 
 def register(subparsers, help: str) -> None:
     """Add `kfvision pipeline ...` to the `kfvision` command line's subparsers."""
-    from kfvision.pipelines.cli.cluster import TARGET, add_cluster_flags
+    from kfvision.pipelines.cli.clusterargs import TARGET, add_cluster_flags
     from kfvision.pipelines.flow.components import DEFAULT_IMAGE
 
     p = subparsers.add_parser(

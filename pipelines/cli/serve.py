@@ -16,7 +16,7 @@ serve, then query (docs/serving.md):
 
 
 def _serve(args) -> int:
-    from kfvision.pipelines.cli.use import local_model
+    from kfvision.pipelines.clients.models import local_model
     from kfvision.pipelines.serve.server import default_name, serve
 
     check_options(ServeOptions(**{o.name: getattr(args, o.name)
@@ -30,7 +30,7 @@ def _serve(args) -> int:
     elif name is None and args.model.startswith("model-registry://"):  # [HOST/]NAME/VERSION
         parts = args.model[len("model-registry://"):].split("/")
         name = default_name(parts[-2] if len(parts) > 1 else parts[0])
-    model = local_model(args, onnx_file=True)
+    model = local_model(args.model, args.max_connections, onnx_file=True)
     serve(model, name=name, http_port=args.http_port, grpc_port=args.grpc_port,
           workers=args.workers, model_threads=args.model_threads,
           model_streams=args.model_streams, device=args.device, runtime=args.runtime,

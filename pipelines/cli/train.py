@@ -4,9 +4,9 @@ import os
 import subprocess
 import sys
 
+from kfvision.pipelines.cli.flags import NPROC_FLAG
 from kfvision.trainer.options import HelpFormatter
 
-NPROC_FLAG = "--nproc-per-node"  # torchrun's spelling, as `kfvision job render` has it
 LOOPBACK = "127.0.0.1"
 
 

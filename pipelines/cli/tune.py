@@ -6,13 +6,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from kfvision.pipelines.cli.cluster import add_command, add_submit, submit_command
-from kfvision.pipelines.cli.train import NPROC_FLAG
-from kfvision.pipelines.tune import cluster
+from kfvision.pipelines.cli.clusterargs import add_command, add_submit, submit_command
+from kfvision.pipelines.cli.flags import (
+    NPROC_FLAG,
+    add_script_flags,
+    job_render_parser,
+    relax_trainer_paths,
+    write_rendered,
+)
+from kfvision.pipelines.tune import experimentclient
 from kfvision.pipelines.tune.experiment import Search
 from kfvision.pipelines.tune.space import check_space
 from kfvision.trainer.errors import InvalidParameterError
-from kfvision.trainer.options import ArgumentParser, HelpFormatter, add_flags, options_of
+from kfvision.trainer.options import HelpFormatter, add_flags, options_of
 
 EPILOG = """\
 the same search, two ways:
@@ -31,8 +37,8 @@ def _search_arguments(p: argparse.ArgumentParser) -> None:
 def _search(args, base=None) -> Search:
     """The search of the flags: over the built-in trainer's flags (`base`: its fixed values), or
     with base None over a user's script's placeholders (pipelines/tune/script.py)."""
-    from kfvision.pipelines.tune.local import check_search
     from kfvision.pipelines.tune.script import check_placeholders
+    from kfvision.pipelines.tune.study import check_search
 
     # more failures allowed than trials means "never give up": Katib wants it said as <= trials
     max_failed = min(args.max_failed, args.trials)
@@ -48,7 +54,7 @@ def _search(args, base=None) -> Search:
 def _script_mode(args) -> bool:
     """True for a user's script (--source); `tune run`'s --out is the search's folder then, not
     a flag of the built-in trainer."""
-    from kfvision.pipelines.cli.jobscript import check_mode
+    from kfvision.pipelines.script.assemble import check_mode
 
     out = args.out
     if args.source is not None and args.func is _run:
@@ -60,7 +66,7 @@ def _script_mode(args) -> bool:
 
 
 def _run(args) -> int:
-    from kfvision.pipelines.tune.local import TrainerTrial, run_search
+    from kfvision.pipelines.tune.study import TrainerTrial, run_search
     from kfvision.trainer.config import config_from_args
     from kfvision.trainer.train import setup_logging
 
@@ -90,11 +96,11 @@ def _said(summary: dict, search: Search, out, kept: str) -> int:
 
 def _run_script(args) -> int:
     """`tune run --source`: each trial a local run of the script job (pipelines/tune/script.py)."""
-    from kfvision.pipelines.cli.jobscript import script_parts, ship
     from kfvision.pipelines.jobs.config import JobConfig
-    from kfvision.pipelines.script.job import NO_TRAINER
-    from kfvision.pipelines.tune.local import run_search
+    from kfvision.pipelines.script.assemble import script_parts, ship
+    from kfvision.pipelines.script.manifest import NO_TRAINER
     from kfvision.pipelines.tune.script import ScriptTrial
+    from kfvision.pipelines.tune.study import run_search
     from kfvision.trainer.train import setup_logging
 
     if args.out is None:
@@ -104,7 +110,7 @@ def _run_script(args) -> int:
     if search.early_stopping != "none":
         raise InvalidParameterError("--early-stopping median does not stop a script's trial on "
                                     "this machine yet (tune render passes it to Katib); drop it.")
-    args.kind, args.name = "pytorchjob", "trial"  # the MLflow run's tags (jobscript.tracking_env)
+    args.kind, args.name = "pytorchjob", "trial"  # the MLflow run's tags (tracking_env_of)
     cfg = JobConfig(name="trial", image="this-machine", train=NO_TRAINER, nodes=args.nodes,
                     procs_per_node=args.nproc_per_node)
     snap, script, transport = script_parts(args)
@@ -119,8 +125,8 @@ def _run_script(args) -> int:
 def _render(args) -> int:
     import dataclasses
 
-    from kfvision.pipelines.cli.job import build_job, job_config_from_args
     from kfvision.pipelines.clients.k8s import to_yaml
+    from kfvision.pipelines.jobs.fromflags import build_job, job_config_from_args
     from kfvision.pipelines.tune.experiment import TRIAL_KINDS, TRIAL_SUFFIX, build_experiment
 
     if _script_mode(args):
@@ -138,8 +144,6 @@ def _render(args) -> int:
 
 
 def _write(text: str, output: str | None, what: str) -> None:
-    from kfvision.pipelines.cli.jobscript import write_rendered
-
     write_rendered(text, output)
     if output not in (None, "-"):
         print(f"wrote {what} to {output}", file=sys.stderr)
@@ -148,15 +152,14 @@ def _write(text: str, output: str | None, what: str) -> None:
 def _render_script(args) -> int:
     """`tune render --source`: the script's job (as `job render --source` makes it) as the
     trial template, its source ConfigMap (if any) before the Experiment in the same file."""
-    from kfvision.pipelines.cli.job import build_job
-    from kfvision.pipelines.cli.jobscript import script_job, yaml_text
+    from kfvision.pipelines.script.assemble import script_job, yaml_text
     from kfvision.pipelines.tune.experiment import TRIAL_KINDS, TRIAL_SUFFIX, build_experiment
     from kfvision.pipelines.tune.script import SCRIPT
 
     search = _search(args)
     name = args.name
     args.name = name + TRIAL_SUFFIX  # see _render
-    docs, said, header = script_job(args, build_job, then="the Experiment")
+    docs, said, header = script_job(args, then="the Experiment")
     experiment = build_experiment(docs[-1], TRIAL_KINDS[args.kind], search, name,
                                   args.namespace, SCRIPT)
     header = header.replace("Rendered by kfvision", "Rendered by `kfvision tune render`", 1)
@@ -192,40 +195,31 @@ def _read_experiment(path: str) -> tuple:
 
 def _submit(args) -> int:
     experiment, config_maps = _read_experiment(args.manifest)
-    return submit_command(args, cluster.client, experiment, config_maps)
+    return submit_command(args, experimentclient.client, experiment, config_maps)
 
 
 def _status(args) -> int:
-    api = cluster.client(args.namespace)
+    api = experimentclient.client(args.namespace)
     api.report(args.name, api.get(args.name))
     api.trial_table(args.name)
     return 0
 
 
 def _delete(args) -> int:
-    api = cluster.client(args.namespace)
+    api = experimentclient.client(args.namespace)
     api.delete(args.name)
     print(f"deleted Experiment {api.namespace}/{args.name} (and its trials)")
     return 0
 
 
 def _cluster_verbs(verbs) -> None:
-    add_submit(verbs, cluster.ExperimentClient, _submit, "create the Experiment on the cluster "
-               "(re-attach if it exists)", manifest="Experiment YAML of `tune render` ('-': "
-               "standard input)")
+    add_submit(verbs, experimentclient.ExperimentClient, _submit, "create the Experiment on the "
+               "cluster (re-attach if it exists)", manifest="Experiment YAML of `tune render` "
+               "('-': standard input)")
     add_command(verbs, "status", _status, "an Experiment's state, best trial so far, and "
                 "trials", name="Experiment name")
     add_command(verbs, "delete", _delete, "delete the Experiment (and its trials and their "
                 "jobs)", name="Experiment name")
-
-
-def _job_render_parser() -> argparse.ArgumentParser:
-    """`kfvision job render`'s parser: the job and training flags, declared there once."""
-    from kfvision.pipelines.cli import job
-
-    sub = ArgumentParser(add_help=False).add_subparsers()
-    job.add_render(sub)
-    return sub.choices["render"]
 
 
 def register(subparsers, help: str) -> None:
@@ -241,15 +235,14 @@ def register(subparsers, help: str) -> None:
     run.add_argument(NPROC_FLAG, type=int, default=1,
                      help="training processes per trial (torchrun when > 1)")
     # --- a user's own script: its flags and `job render`'s --nodes, declared there once ---
-    from kfvision.pipelines.cli.job import JOB_OPTIONS
-    from kfvision.pipelines.cli.jobscript import add_script_flags, relax_trainer_paths
+    from kfvision.pipelines.jobs.fromflags import JOB_OPTIONS
 
     add_flags(run.add_argument_group("your own script's trials"),
               [o for o in JOB_OPTIONS if o.name == "nodes"])
     add_script_flags(run)
     relax_trainer_paths(run)
     run.set_defaults(func=_run)
-    render = verbs.add_parser("render", parents=[_job_render_parser()], add_help=False,
+    render = verbs.add_parser("render", parents=[job_render_parser()], add_help=False,
                               conflict_handler="resolve",
                               help="write a Katib Experiment whose trials are `job render` jobs",
                               formatter_class=HelpFormatter)

@@ -1,22 +1,10 @@
 """`kfvision score | evaluate | export`: using a trained model."""
 
+from kfvision.pipelines.clients.models import local_model
 from kfvision.pipelines.clients.s3 import S3Options
 from kfvision.trainer.options import HelpFormatter, add_flags, options_of
 
 MODEL_HELP = "trained model directory, s3://BUCKET/PREFIX/ or models:/NAME/VERSION (docs/data.md)"
-
-
-def local_model(args, *, onnx_file: bool = False):
-    """The local path of `--model` (fetched where it is a URI), its files checked before torch is
-    imported: a wrong path is said at once, in the loader's words (trainer/model/layout.py), not
-    after seconds of imports. `onnx_file`: a file is taken as an ONNX export (serve's)."""
-    from kfvision.pipelines.clients.models import resolve_model
-    from kfvision.trainer.model.layout import model_kind
-
-    model = resolve_model(args.model, max_connections=args.max_connections)
-    if not (onnx_file and model.is_file()):
-        model_kind(model)
-    return model
 
 
 def _image_dirs(*dirs) -> None:
@@ -30,7 +18,7 @@ def _image_dirs(*dirs) -> None:
 
 
 def _score(args) -> int:
-    model = local_model(args)
+    model = local_model(args.model, args.max_connections)
     _image_dirs(args.data)
     from kfvision.trainer.use.score import score
 
@@ -84,7 +72,7 @@ def _export(args) -> int:
                 "--quantize int8 needs --format onnx, --calibrate TRAIN and --check VAL (missing: "
                 f"{', '.join(missing) or '--format onnx'}): the int8 model is calibrated on "
                 "training images and refused if it loses top-1 accuracy on VAL")
-    model = local_model(args)
+    model = local_model(args.model, args.max_connections)
     _image_dirs(args.check, args.calibrate)
     if args.quantize == "int8":
         return _export_int8(args, model)

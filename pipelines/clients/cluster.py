@@ -5,9 +5,9 @@ maybe wait" (`submit_and_wait`).
 The verbs are the ones kubeflow/sdk has every trainer backend implement
 (`kubeflow/trainer/backends/base.py`: an abstract class, one method per verb): submit (create,
 or re-attach to the object of that name), wait, delete, and logs where the kind runs pods whose
-log is ours to show. The clients of jobs (pipelines/jobs/cluster.py), InferenceServices
-(pipelines/serve/cluster.py) and Katib Experiments (pipelines/tune/cluster.py) implement them
-over pipelines/clients/k8s.py's `Api`, which maps every failure once.
+log is ours to show. The clients of jobs (pipelines/jobs/jobclient.py), InferenceServices
+(pipelines/serve/deployclient.py) and Katib Experiments (pipelines/tune/experimentclient.py)
+implement them over pipelines/clients/k8s.py's `Api`, which maps every failure once.
 
 What a timeout does is the kind's to say (`deletes_on_timeout`), not a default of its own: a job
 is deleted, its GPUs freed, unless `--keep-on-timeout`; an Experiment or an InferenceService is
@@ -30,7 +30,7 @@ def namespace_option(unset: str):
 @dataclass(frozen=True)
 class ClusterOptions:
     """The flags of the commands that talk to a cluster, each declared once with one default
-    (pipelines/cli/cluster.py adds them: -n to every such command, the rest to those that
+    (pipelines/cli/clusterargs.py adds them: -n to every such command, the rest to those that
     submit)."""
 
     namespace: str | None = namespace_option("the manifest's, if any, else the current context's")

@@ -1,7 +1,7 @@
 """The one Kubernetes layer: connecting, the API calls kfvision makes, what their failures mean,
-create-or-re-attach, and waiting. Jobs (pipelines/jobs/cluster.py), InferenceServices
-(pipelines/serve/cluster.py) and Katib Experiments (pipelines/tune/cluster.py) all go through
-`Api`; no other module imports the `kubernetes` package.
+create-or-re-attach, and waiting. Jobs (pipelines/jobs/jobclient.py), InferenceServices
+(pipelines/serve/deployclient.py) and Katib Experiments (pipelines/tune/experimentclient.py) all
+go through `Api`; no other module imports the `kubernetes` package.
 
 We use the `kubernetes` client's CustomObjectsApi (the objects as the plain dicts our renderers
 build and the CRD schemas check) and CoreV1Api (pods, logs, claims), not the operators' SDKs: no

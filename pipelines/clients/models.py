@@ -113,3 +113,16 @@ def _from_kubeflow(uri: str, env, max_connections: int, out) -> Path:
             "(`kfvision push DIR s3://...`, then `kfvision register --storage-uri s3://...`).")
     print(f"model {uri}: stored at {stored}", file=out, flush=True)
     return resolve_model(stored, environ=env, max_connections=max_connections, out=out)
+
+
+def local_model(uri: str, max_connections: int, *, onnx_file: bool = False) -> Path:
+    """The local path of a command's `--model` (fetched where it is a URI), its files checked
+    before torch is imported: a wrong path is said at once, in the loader's words
+    (trainer/model/layout.py), not after seconds of imports. `onnx_file`: a file is taken as an
+    ONNX export (serve's)."""
+    from kfvision.trainer.model.layout import model_kind
+
+    model = resolve_model(uri, max_connections=max_connections)
+    if not (onnx_file and model.is_file()):
+        model_kind(model)
+    return model

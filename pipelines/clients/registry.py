@@ -64,10 +64,13 @@ def check_registry(registry: str) -> str:
 
 
 def content_hash(model_dir: Path) -> str:
-    """sha256 over the model directory's files (relative paths and bytes, sorted)."""
+    """sha256 over the model directory's files (relative paths and bytes, sorted), or over a
+    file's name and bytes."""
     h = hashlib.sha256()
-    for p in sorted(model_dir.rglob("*")):
-        rel = p.relative_to(model_dir)
+    model_dir = Path(model_dir)
+    files = [model_dir] if model_dir.is_file() else sorted(model_dir.rglob("*"))
+    for p in files:
+        rel = p.relative_to(model_dir) if p != model_dir else Path(p.name)
         if p.is_file() and rel.parts[0] not in SKIP:
             h.update(rel.as_posix().encode() + b"\0")
             with open(p, "rb") as f:
@@ -139,17 +142,22 @@ def _mlflow_client(tracking_uri: str | None):
 
 def register_mlflow(model_dir, name: str, *, description: str = "",
                     tracking_uri: str | None = None, run_id: str | None = None,
-                    experiment: str = "kfvision") -> dict:
+                    experiment: str = "kfvision", about: dict | None = None,
+                    tags: dict | None = None, artifact_path: str = "model") -> dict:
     """Register `model_dir` as a version of `name` in MLflow's registry (once per content).
 
     The directory is uploaded as the artifacts (`model/`) of `run_id` (the training run; for a
     script job's model folder, by default the run its kfvision-source.json names on the same
     server) or of a new run in `experiment`; the version's source is that folder, its tags the
     metrics, classes, image size, content hash, source run and a script's snapshot sha256.
-    Returns {"name", "version", "source", "run_id", "created"}.
+    `about` (pipelines/script/jobmodel.py: a file or folder a job wrote, not servable) stands
+    for describe_model's; `tags` are added to the version's; `artifact_path` is where in the
+    run the files go. Returns {"name", "version",
+    "source", "run_id", "created"}.
     """
     model_dir, name = Path(model_dir), check_name(name)
-    about, digest = describe_model(model_dir), content_hash(model_dir)
+    about = describe_model(model_dir) if about is None else about
+    digest = content_hash(model_dir)
     made = read_provenance(model_dir)  # a script job's model folder: its run and snapshot
     about["source_sha256"] = made.get("source_sha256")
     client, uri = _mlflow_client(tracking_uri)
@@ -173,10 +181,15 @@ def register_mlflow(model_dir, name: str, *, description: str = "",
             exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
             run_id = client.create_run(exp_id, run_name=f"register {name}").info.run_id
             client.set_terminated(run_id)
-        client.log_artifacts(run_id, str(model_dir), "model")
-        source = client.get_run(run_id).info.artifact_uri.rstrip("/") + "/model"
-        tags = {HASH_TAG: digest, "kfvision.classes": json.dumps(about["classes"]),
-                "kfvision.image_size": str(about["image_size"]), "kfvision.run_id": run_id,
+        if model_dir.is_file():
+            client.log_artifact(run_id, str(model_dir), artifact_path)
+        else:
+            client.log_artifacts(run_id, str(model_dir), artifact_path)
+        source = client.get_run(run_id).info.artifact_uri.rstrip("/") + "/" + artifact_path
+        tags = {**(tags or {}), HASH_TAG: digest, "kfvision.run_id": run_id,
+                **({"kfvision.classes": json.dumps(about["classes"]),
+                    "kfvision.image_size": str(about["image_size"])}
+                   if about.get("classes") else {}),
                 **({"kfvision.model_format": about["model_format"]}
                    if about.get("model_format") else {}),
                 **({"kfvision.source_sha256": about["source_sha256"]}
@@ -194,17 +207,19 @@ def register_mlflow(model_dir, name: str, *, description: str = "",
 
 def register_kubeflow(model_dir, name: str, *, storage_uri: str, url: str, author: str,
                       description: str = "", token: str | None = None,
-                      pipeline_run: str = "") -> dict:
+                      pipeline_run: str = "", about: dict | None = None,
+                      tags: dict | None = None) -> dict:
     """Register `model_dir` (stored for KServe at `storage_uri`, s3:// or pvc://) in Kubeflow's
     Model Registry at `url` (https://HOST[:PORT] or http://...): RegisteredModel, ModelVersion
     `sha256-<16 hex>` and ModelArtifact, with the format, classes and metrics as custom
-    properties. A version of that name is returned as it is."""
+    properties (`about` and `tags` as register_mlflow takes them). A version of that name is
+    returned as it is."""
     model_dir, name = Path(model_dir), check_name(name)
     if not re.match(r"^(s3|pvc|gs|https?)://", storage_uri or ""):
         raise InvalidParameterError(
             f"--storage-uri {storage_uri!r}: the Kubeflow registry records where KServe reads "
             "the model: give an s3://BUCKET/PATH or pvc://CLAIM/PATH URI of this directory.")
-    about = describe_model(model_dir)
+    about = describe_model(model_dir) if about is None else about
     about["source_sha256"] = read_provenance(model_dir).get("source_sha256")
     version = f"sha256-{content_hash(model_dir)[:16]}"
     m = re.match(r"^(https?)://([^/:]+)(?::(\d+))?/?$", url or "")
@@ -221,8 +236,9 @@ def register_kubeflow(model_dir, name: str, *, storage_uri: str, url: str, autho
                  if registry.get_registered_model(name) is not None else None)
         if found is not None:
             return {"name": name, "version": version, "id": found.id, "created": False}
-        metadata = {"classes": json.dumps(about["classes"]), "image_size": about["image_size"],
-                    **{k: float(v) for k, v in about["metrics"].items()}}
+        metadata = {**(tags or {}), **{k: float(v) for k, v in about["metrics"].items()},
+                    **({"classes": json.dumps(about["classes"]),
+                        "image_size": about["image_size"]} if about.get("classes") else {})}
         if about.get("model_format"):  # a script's model directory: which file serves
             metadata["model_format"] = about["model_format"]
         if about.get("source_sha256"):  # a script's model folder: the snapshot it came from

@@ -188,7 +188,7 @@ def fetch(uri: str, dest, *, max_connections: int = s3.DEFAULT_CONNECTIONS,
 def _download_all(objects, bucket: str, prefix: str, dest: Path, journal: _Journal,
                   result: Fetched, max_connections: int, progress) -> None:
     """Download what `journal` does not hold yet, `max_connections` at a time."""
-    from kfvision.trainer.progress import progress_bar
+    from kfvision.trainer.progressbar import progress_bar
 
     bar = progress_bar(None, "fetch", "B", progress)
     update = getattr(bar, "update", None)

@@ -190,7 +190,7 @@ def _push(files: list, n_last: int, uri: str, what: str, max_connections: int,
 def _upload_all(body: list, final: list, bucket: str, prefix: str, max_connections: int,
                 progress: bool | None, before_final) -> None:
     """Upload `body` in parallel, call before_final(), then `final` one by one in order."""
-    from kfvision.trainer.progress import progress_bar
+    from kfvision.trainer.progressbar import progress_bar
 
     bar = progress_bar(None, "push", "B", progress,
                        total=sum(p.stat().st_size for p, _ in body + final))

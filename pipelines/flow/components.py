@@ -187,8 +187,8 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
     of your own script (script_source: then `model` is not used), on the cluster inside
     Kubernetes and as local processes elsewhere; the trained model, its metrics and curves."""
     params = dict(locals())  # first statement: exactly the parameters
+    from kfvision.pipelines.flow.pages import curves_html, train_metrics
     from kfvision.pipelines.flow.params import job_settings, script_settings, train_options
-    from kfvision.pipelines.flow.report import curves_html, train_metrics
     from kfvision.pipelines.flow.steps.common import run, unique_run_key
     from kfvision.pipelines.flow.steps.model import push_model_step
     from kfvision.pipelines.flow.steps.store import METADATA_KEY, job_paths
@@ -241,7 +241,7 @@ def evaluate_model(scored: Input[Dataset], metrics: Output[Metrics],
     """Evaluate Model: accuracy, top-5, per-class precision/recall/F1, the confusion matrix."""
     from pathlib import Path
 
-    from kfvision.pipelines.flow.report import evaluation_html
+    from kfvision.pipelines.flow.pages import evaluation_html
     from kfvision.pipelines.flow.steps.common import run
     from kfvision.pipelines.flow.steps.use import evaluate_step
 

@@ -13,7 +13,7 @@ from kfvision.pipelines.clients.registry import REGISTRIES
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.kinds import KINDS
 from kfvision.pipelines.jobs.trainjob.rules import STOCK_RUNTIME
-from kfvision.pipelines.script.job import LAUNCHERS
+from kfvision.pipelines.script.manifest import LAUNCHERS
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.errors import ref
 from kfvision.trainer.options import option, options_of

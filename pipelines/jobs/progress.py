@@ -11,7 +11,7 @@ the first and the last position seen, times the units still to go, less the time
 line: it shows from the second position line on. `step` is preferred to `epoch` when its total is
 known.
 
-Who feeds it: node 0's boot in a pod (pipelines/script/progress.py: the TrainJob's
+Who feeds it: node 0's boot in a pod (pipelines/script/reporter.py: the TrainJob's
 status.trainerStatus and the MLflow run), `kfvision job run-local`'s record of a local run
 (pipelines/jobs/localstatus.py) and `kfvision job status` of a PyTorchJob (its master's log). Pure:
 no I/O, every time given (seconds since the epoch).

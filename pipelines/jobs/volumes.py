@@ -1,7 +1,7 @@
 """run-local's stand-in for a pod's own volumes: the ConfigMap, emptyDir and generic ephemeral
 mounts of the training container, as folders of this machine.
 
-A pod's ConfigMap volume (a user's source snapshot: pipelines/script/job.py), its emptyDirs
+A pod's ConfigMap volume (a user's source snapshot: pipelines/script/manifest.py), its emptyDirs
 (the boot's scratch folder, an s3:// job's scratch) and its generic ephemeral volumes (a PVC made
 with the pod and deleted with it: `--scratch-class`) are the pod's alone; a local process cannot
 mount them at their paths. So each pod gets a folder ROOT (under the run's log folder), every

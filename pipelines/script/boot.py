@@ -6,7 +6,7 @@ lay out the contract's folders, then run the script unchanged.
         [--launcher torchrun|python] [--requirements requirements.txt] \\
         [--input NAME=URI ...] [--output-uri URI] -- SCRIPT ARGS
 
-`kfvision job render --source` writes this command (pipelines/script/job.py); nobody needs to
+`kfvision job render --source` writes this command (pipelines/script/manifest.py); nobody needs to
 type it. Steps, once per pod:
 1. read the snapshot (a file of the ConfigMap volume or of a PVC, or an `s3://` object), check
    its sha256, unpack it into WORK/src, the script's working folder;
@@ -25,7 +25,7 @@ type it. Steps, once per pod:
 With MLFLOW_TRACKING_URI in the pod, node 0 opens the script's MLflow run before step 4 and
 closes it after (pipelines/script/track.py says why here and not at render). Meanwhile node 0
 reads the `name=value` lines rank 0 prints into the run's metrics and the TrainJob's
-status.trainerStatus (pipelines/script/progress.py).
+status.trainerStatus (pipelines/script/reporter.py).
 
 Every line of the pod's log starts with `[node/rank] ` (pipelines/jobs/ranktag.py): torchrun tees
 each rank's output with that prefix, and the boot relays the rest (its own lines, pip's,
@@ -52,21 +52,23 @@ from pathlib import Path
 from kfvision.pipelines import contract
 from kfvision.pipelines.jobs import ranktag
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
-from kfvision.pipelines.script import progress, track
+from kfvision.pipelines.script import bridges, track
 from kfvision.pipelines.script.exits import Exits
-from kfvision.pipelines.script.pack import ARCHIVE_NAME, InvalidSourceError, unpack, verify
+from kfvision.pipelines.script.reporter import Reporter
+from kfvision.pipelines.script.snapshot import ARCHIVE_NAME, InvalidSourceError, unpack, verify
 from kfvision.trainer import cpus, exitcodes
 from kfvision.trainer.errors import KfvisionError
+from kfvision.trainer.tracking import JOB_NAME
 
 PREFIX = "[kfvision script]"
-# How kfvision's own processes in the pod start (the boot: pipelines/script/job.py; the
+# How kfvision's own processes in the pod start (the boot: pipelines/script/manifest.py; the
 # launcher: `command`): -I (isolated; Python 3.4+) keeps the script's folder, the working folder,
 # PYTHONPATH and the user's site folder off their sys.path, so they import kfvision from the
 # interpreter's install whatever the user's files are named. -I also ignores PYTHONUNBUFFERED,
 # which the operator sets in every container: -u keeps the log lines flowing as they come.
 ISOLATED = ("-I", "-u", "-m")
 LAUNCHERS = ("torchrun", "python")
-DEFAULT_WORK = "/kfvision/work"  # an emptyDir of the pod (pipelines/script/job.py)
+DEFAULT_WORK = "/kfvision/work"  # an emptyDir of the pod (pipelines/script/manifest.py)
 # What the Training Operator v1.9.4 gives every pod (pkg/controller.v1/pytorch/envvar.go), made
 # here from the torch plugin's PET_* on a TrainJob (pipelines/jobs/trainjob/rules.py has them)
 _NNODES, NPROC, NODE_RANK, _ADDR, _PORT = PET_NAMES
@@ -251,7 +253,7 @@ def relay(stream, node: str, rank: str, out, seen=None, on_line=None) -> None:
     """Copy the launcher's output to `out` line by line, each line prefixed with its
     `[node/rank] ` unless it carries one (torchrun's tee'd lines do); `seen` is called with each
     line as it came (the failure records: pipelines/script/exits.py), `on_line` with it tagged
-    (node 0's progress: pipelines/script/progress.py)."""
+    (node 0's progress: pipelines/script/reporter.py)."""
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", errors="replace").rstrip("\n")
         if seen is not None:
@@ -325,11 +327,15 @@ def boot(args) -> int:
     tracker = None if node != "0" else track.open_run(
         os.environ, sha256=args.sha256, target=target, args=args.script_args,
         launcher=args.launcher, state=state, say=say)
-    reporter = None if node != "0" else progress.Reporter.from_env(os.environ, tracker, say)
+    reporter = None if node != "0" else Reporter.from_env(os.environ, tracker, say)
     env = script_env(args, python, {k: str(v) for k, v in dirs.items()}, inputs)
     if cwd != src and args.module:  # python -m finds it in the source folder, not in cwd
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
     track.script_env(tracker, env, dirs["outputs"])
+    add, lines = bridges.plan(src, python, env)  # Azure's Run, horovod.torch: when theirs lacks
+    for line in lines:
+        say(line)
+    bridges.apply(env, add)
     argv = command(args, python, node, work, src if cwd != src else None)
     say_setup(args, python, env)
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
@@ -367,7 +373,7 @@ def write_provenance(model_dir: Path, args, tracker) -> None:
     if not any(model_dir.iterdir()):  # the script saved no model there
         return
     record = {"source_sha256": args.sha256, "entry": args.module or args.entry,
-              "args": list(args.script_args)}
+              "args": list(args.script_args), "job": os.environ.get(JOB_NAME)}
     if tracker is not None and not tracker.off:
         record.update(mlflow_run_id=tracker.run_id, mlflow_tracking_uri=tracker.uri)
     (model_dir / contract.PROVENANCE).write_text(json.dumps(record, indent=1) + "\n",

@@ -1,6 +1,6 @@
 """Where a script job starts, checked against its snapshot before anything runs: the entry (or
 module), the requirements file and the working folder must be in the packed source. `kfvision
-job render --source` (pipelines/cli/jobscript.py) and the pipeline's train step
+job render --source` (pipelines/script/assemble.py) and the pipeline's train step
 (pipelines/flow/steps/trainscript.py) both resolve them here; `name` says how each front end names
 its settings in an error (`--entry` on the command line, `script_entry` in the pipeline).
 

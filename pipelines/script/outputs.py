@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from kfvision.pipelines import contract
 from kfvision.pipelines.jobs.errors import JobOutputsError
-from kfvision.pipelines.script.job import OUTPUT_ANNOTATION, WORK_MOUNT
+from kfvision.pipelines.script.manifest import OUTPUT_ANNOTATION, WORK_MOUNT
 
 SHOWN = 20  # files named when PATH is not there
 

@@ -139,8 +139,8 @@ def build_model(model, *, name: str | None = None, runtime: str | None = None,
     """The loaded `ImageClassifier` for a trained model directory or an ONNX export."""
     _import_kserve()
     from kfvision.pipelines.serve.batcher import Batcher
+    from kfvision.pipelines.serve.kservemodel import ImageClassifier
     from kfvision.pipelines.serve.metrics import FAST_PATH, MAX_QUEUE, timed_forward
-    from kfvision.pipelines.serve.model import ImageClassifier
     from kfvision.trainer.cpus import usable_cpus
     from kfvision.trainer.use.predict import Predictor
 
@@ -180,7 +180,7 @@ def serve(model, *, http_port: int = ServeOptions.http_port,
     from fastapi.exceptions import RequestValidationError
     from kfvision.pipelines.serve.admission import RefuseWhenFull
     from kfvision.pipelines.serve.disconnects import CancelOnDisconnect
-    from kfvision.pipelines.serve.model import Overloaded
+    from kfvision.pipelines.serve.kservemodel import Overloaded
     from kfvision.pipelines.serve.protocol import V2DataPlane
     from kserve.model_server import app
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from kfvision.pipelines.jobs.errors import JobFailedError
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB
-from kfvision.pipelines.script.job import OUTPUT_ANNOTATION, build_script_job
+from kfvision.pipelines.script.manifest import OUTPUT_ANNOTATION, build_script_job
 from kfvision.pipelines.tune.experiment import (
     TRIAL_NAME,
     Search,
@@ -35,8 +35,8 @@ from kfvision.pipelines.tune.experiment import (
     direction,
     param_ref,
 )
-from kfvision.pipelines.tune.local import failed, parse_metrics
 from kfvision.pipelines.tune.space import NAME
+from kfvision.pipelines.tune.study import failed, parse_metrics
 from kfvision.trainer.errors import InvalidParameterError
 
 PLACEHOLDER = re.compile(r"\{(" + NAME.pattern + r")\}")

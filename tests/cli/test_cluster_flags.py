@@ -11,7 +11,7 @@ import yaml
 from helpers.fake_kserve import ISVC, NOT_READY, FakeKServe, client_for
 from helpers.parsers import command_parser, every_parser, sub_commands
 from kfvision.pipelines.cli import main
-from kfvision.pipelines.cli.cluster import (
+from kfvision.pipelines.cli.clusterargs import (
     TARGET,
     WAITING,
     add_command,
@@ -25,9 +25,9 @@ from kfvision.pipelines.clients.cluster import (
     ClusterOptions,
     LogsClient,
 )
-from kfvision.pipelines.jobs.cluster import JobClient
-from kfvision.pipelines.serve.cluster import DeployClient
-from kfvision.pipelines.tune.cluster import ExperimentClient
+from kfvision.pipelines.jobs.jobclient import JobClient
+from kfvision.pipelines.serve.deployclient import DeployClient
+from kfvision.pipelines.tune.experimentclient import ExperimentClient
 from kfvision.trainer.options import ArgumentParser
 
 # The commands that submit a manifest to a cluster: the client of the kind they submit.
@@ -86,7 +86,7 @@ def test_the_timeout_behaviour_flag_is_where_a_timeout_deletes(words):
 
 def test_job_run_submits_with_the_same_waiting_flags():
     """`job run --submit` (its namespace: job render's --namespace, the job's own)."""
-    from kfvision.pipelines.cli.jobscript import run_args
+    from kfvision.pipelines.cli.flags import run_args
 
     parser = _parser(("job", "run"))
     assert set(_cluster_actions(parser)) == {"namespace", *waiting_flags(JobClient)}

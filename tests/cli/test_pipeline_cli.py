@@ -152,7 +152,7 @@ def test_submit_uploads_a_script_folder_of_this_machine_and_the_run_gets_its_uri
     train step packs it and uploaded once to --source-store (a real S3 API: moto on loopback);
     the run's script_source is that object, which the train step reads back to the same bytes."""
     from kfvision.pipelines.flow.steps.trainscript import snapshot
-    from kfvision.pipelines.script.pack import pack
+    from kfvision.pipelines.script.snapshot import pack
 
     argv = ["pipeline", "submit", "--endpoint", fake_kfp.endpoint, "--train-source",
             "https://example.com/photos.tgz", "--script-source", str(SCRIPT), "--script-entry",

@@ -22,7 +22,7 @@ from kfvision.pipelines.flow.steps.data import convert_step, split_step
 from kfvision.pipelines.flow.steps.model import model_step
 from kfvision.pipelines.flow.steps.use import evaluate_step, score_step
 from kfvision.pipelines.flow.storage import data_place
-from kfvision.pipelines.jobs import cluster
+from kfvision.pipelines.jobs import jobclient
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB
 from kfvision.pipelines.jobs.pytorchjob.local import run_local
 from kfvision.trainer.data.imagedir import read_image_directory
@@ -85,7 +85,7 @@ def cluster_run(tmp_path, monkeypatch, source: str, *, pvc: Path | None, workspa
     branch = ClusterBranch(tmp_path / "run", meter, pvc=pvc, workspace=ws)
     monkeypatch.setattr(train_step, "DATA_MOUNT", str(mount))
     monkeypatch.setattr(train_step, "is_mount", lambda p: pvc is not None and p == str(pvc))
-    monkeypatch.setattr(cluster, "connect", lambda out=None, kind=None, namespace=None:
+    monkeypatch.setattr(jobclient, "connect", lambda out=None, kind=None, namespace=None:
                         FakeAPI(ws))
 
     def submit(client, job, *, wait, poll_s, logs):
@@ -94,7 +94,7 @@ def cluster_run(tmp_path, monkeypatch, source: str, *, pvc: Path | None, workspa
         branch.look()  # its output, before the step copies it out and deletes the staging
         return job
 
-    monkeypatch.setattr(cluster, "submit", submit)
+    monkeypatch.setattr(jobclient, "submit", submit)
     place = data_place(str(ws) if ws else "", "run-1", cluster=True,
                        mounted=lambda p: pvc is not None, data_mount=str(mount))
     _, conv = branch.run("convert", convert_step, {}, ("image_directory",), source,

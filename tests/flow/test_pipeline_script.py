@@ -112,7 +112,7 @@ def test_an_entry_missing_from_the_source_stops_the_local_pipeline_before_it_sta
 def _run_emitted_job(monkeypatch, kind):
     """A fake cluster's submit that runs the emitted job as local processes, as the cluster's
     pods would (same paths: the stage is on the "PVC")."""
-    from kfvision.pipelines.jobs import cluster
+    from kfvision.pipelines.jobs import jobclient
     from kfvision.pipelines.jobs.pytorchjob import local as pytorchjob_local
     from kfvision.pipelines.jobs.trainjob import local as trainjob_local
 
@@ -125,7 +125,7 @@ def _run_emitted_job(monkeypatch, kind):
         local.run_local(job, Path(client.logs), source="the fake cluster")
         return job
 
-    monkeypatch.setattr(cluster, "submit", submit)
+    monkeypatch.setattr(jobclient, "submit", submit)
     return seen
 
 
@@ -136,7 +136,7 @@ def _run_emitted_job(monkeypatch, kind):
 ])
 def test_the_cluster_path_emits_the_script_job_and_keeps_its_model(
         tmp_path, monkeypatch, micro_digits, job_kind, kind, crd):
-    from kfvision.pipelines.jobs import cluster
+    from kfvision.pipelines.jobs import jobclient
 
     mount = tmp_path / "pvc"
     mount.mkdir()
@@ -144,7 +144,7 @@ def test_the_cluster_path_emits_the_script_job_and_keeps_its_model(
     monkeypatch.setattr(train_step, "is_mount", lambda path: path == str(mount))
     fake = FakeJobs([None], kind, (kind,))
     fake.logs = tmp_path / "pods"
-    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None, kind=kind: fake)
+    monkeypatch.setattr(jobclient, "connect", lambda namespace=None, out=None, kind=kind: fake)
     seen = _run_emitted_job(monkeypatch, job_kind)
     summary = script_train_step(
         micro_digits["train"], micro_digits["val"], tmp_path / "trained", tmp_path / "job.yaml",
@@ -258,7 +258,7 @@ def test_the_local_pipeline_trains_a_sagemaker_style_script_and_scores_its_model
 
 def test_an_s3_source_is_a_packed_snapshot_checked_against_its_name(s3_bucket, tmp_path):
     from kfvision.pipelines.flow.steps.trainscript import snapshot
-    from kfvision.pipelines.script.pack import InvalidSourceError, pack
+    from kfvision.pipelines.script.snapshot import InvalidSourceError, pack
 
     packed = pack(SAGEMAKER)
     s3_bucket.put(f"src/{packed.sha256}.tar.gz", packed.data)

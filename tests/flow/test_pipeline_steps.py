@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 from kfvision.pipelines.clients.k8s import Api, KubernetesError
+from kfvision.pipelines.flow.pages import curves_html, evaluation_html
 from kfvision.pipelines.flow.params import job_options, train_options
 from kfvision.pipelines.flow.pipeline import parameter_defaults
-from kfvision.pipelines.flow.report import curves_html, evaluation_html
 from kfvision.pipelines.flow.steps import train as train_step
 from kfvision.pipelines.flow.steps.check import check_parameters
 from kfvision.pipelines.flow.steps.common import resolve_mode, run, unique_run_key
@@ -270,13 +270,13 @@ def _pod_and_args(job: dict) -> tuple:
 ])
 def test_the_cluster_path_stages_submits_and_copies_the_model_back(
         tmp_path, monkeypatch, tiny_digits, resnet18_dir, job_kind, served, expected):
-    from kfvision.pipelines.jobs import cluster
+    from kfvision.pipelines.jobs import jobclient
 
     mount = tmp_path / "pvc"
     mount.mkdir()
     monkeypatch.setattr(train_step, "DATA_MOUNT", str(mount))
     monkeypatch.setattr(train_step, "is_mount", lambda path: path == str(mount))
-    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None, kind=PYTORCHJOB:
+    monkeypatch.setattr(jobclient, "connect", lambda namespace=None, out=None, kind=PYTORCHJOB:
                         FakeJobs([None], kind, served))
     seen = {}
 
@@ -291,7 +291,7 @@ def test_the_cluster_path_stages_submits_and_copies_the_model_back(
         assert wait and logs
         return job
 
-    monkeypatch.setattr(cluster, "submit", submit)
+    monkeypatch.setattr(jobclient, "submit", submit)
     settings = _job_settings(gpus_per_node=2, node_selector="pool=gpu")
     runs = mount / "kfvision-runs" / "run-1" / "jobs"  # the run's folder on the data PVC
     summary = train_step.train_step(
@@ -321,11 +321,11 @@ def test_the_cluster_path_stages_submits_and_copies_the_model_back(
 
 def test_a_cluster_that_serves_neither_kind_is_told_so(tmp_path, monkeypatch, tiny_digits,
                                                         resnet18_dir):
-    from kfvision.pipelines.jobs import cluster
+    from kfvision.pipelines.jobs import jobclient
 
     monkeypatch.setattr(train_step, "DATA_MOUNT", str(tmp_path))
     monkeypatch.setattr(train_step, "is_mount", lambda path: True)
-    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None, kind=PYTORCHJOB:
+    monkeypatch.setattr(jobclient, "connect", lambda namespace=None, out=None, kind=PYTORCHJOB:
                         FakeJobs([None], kind, served=()))
     with pytest.raises(InvalidParameterError, match="neither trainjobs.trainer.kubeflow.org.*"
                        "nor pytorchjobs.kubeflow.org"):

@@ -97,10 +97,10 @@ def _settings(nodes: int) -> dict:
 
 
 def _cluster(monkeypatch, fake, submitted: list):
-    from kfvision.pipelines.jobs import cluster
+    from kfvision.pipelines.jobs import jobclient
 
-    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None, kind=None: fake)
-    monkeypatch.setattr(cluster, "submit", lambda client, job, **kw: submitted.append(job))
+    monkeypatch.setattr(jobclient, "connect", lambda namespace=None, out=None, kind=None: fake)
+    monkeypatch.setattr(jobclient, "submit", lambda client, job, **kw: submitted.append(job))
 
 
 def test_two_nodes_on_a_read_write_once_workspace_are_refused(tmp_path, monkeypatch,
@@ -143,9 +143,9 @@ def test_two_nodes_through_the_store_need_no_shared_volume(tmp_path, monkeypatch
         push_model(resnet18_dir, paths["out"])  # stands in for the job's pods
         s3_bucket.upload_folder(trained, paths["out"].removeprefix(s3_bucket.uri()))
 
-    from kfvision.pipelines.jobs import cluster
+    from kfvision.pipelines.jobs import jobclient
 
-    monkeypatch.setattr(cluster, "submit", submit)
+    monkeypatch.setattr(jobclient, "submit", submit)
     summary = train_step.train_step(
         resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "out",
         tmp_path / "job.yaml", options=train_options(**OPTIONS), settings=_settings(2),

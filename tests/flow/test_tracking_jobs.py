@@ -9,6 +9,7 @@ from kfvision.pipelines.flow.pipeline import parameter_defaults
 from kfvision.pipelines.flow.steps import train as train_step
 from kfvision.pipelines.flow.steps.train import job_config
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB
+from kfvision.pipelines.jobs.mlflowenv import tracking_env
 from kfvision.pipelines.jobs.render import render_job
 from kfvision.trainer.config import TrainConfig
 
@@ -24,17 +25,17 @@ def _settings() -> dict:
 
 
 def test_nothing_is_forwarded_without_a_tracking_uri():
-    assert train_step.tracking_env({"HOME": "/x", "MLFLOW_RUN_ID": "r"}, kind="TrainJob",
+    assert tracking_env({"HOME": "/x", "MLFLOW_RUN_ID": "r"}, kind="TrainJob",
                                    name="j", run_id="r1", local=True) == ()
 
 
 def test_credentials_go_into_local_processes_only(capsys):
-    local = dict(train_step.tracking_env(KFP_ENV, kind="TrainJob", name="j", run_id="r1",
+    local = dict(tracking_env(KFP_ENV, kind="TrainJob", name="j", run_id="r1",
                                          local=True))
     assert local["MLFLOW_TRACKING_TOKEN"] == "s3cret" and "HOME" not in local
     assert (local["KFVISION_JOB_KIND"], local["KFVISION_JOB_NAME"],
             local["KFVISION_PIPELINE_RUN"]) == ("TrainJob", "j", "r1")
-    cluster = dict(train_step.tracking_env(KFP_ENV, kind="PyTorchJob", name="j", run_id="r1",
+    cluster = dict(tracking_env(KFP_ENV, kind="PyTorchJob", name="j", run_id="r1",
                                            local=False))
     assert "MLFLOW_TRACKING_TOKEN" not in cluster
     assert cluster["MLFLOW_RUN_ID"] == "abc123" and cluster["MLFLOW_TRACKING_AUTH"] == "kubernetes"
@@ -44,7 +45,7 @@ def test_credentials_go_into_local_processes_only(capsys):
 @pytest.mark.parametrize("kind", [PYTORCHJOB, TRAINJOB])
 def test_the_rendered_job_carries_the_variables_in_its_training_container(kind):
     cfg = TrainConfig(model="/m", train="/t", val="/v", out="/o")
-    env = train_step.tracking_env(KFP_ENV, kind=kind.kind, name="j", run_id="r1", local=False)
+    env = tracking_env(KFP_ENV, kind=kind.kind, name="j", run_id="r1", local=False)
     job = render_job(job_config(cfg, run_id="r1/train", env=env, **_settings()), kind,
                      "torch-distributed")
     if kind is TRAINJOB:
@@ -85,7 +86,7 @@ def test_a_local_trainjob_logs_into_the_tasks_run(mlflow_server, tmp_path, tiny_
 
 def test_the_loss_chart_has_a_log_axis_so_every_epoch_can_be_read():
     """The demo's first validation loss (53.3) once flattened epochs 2-15 into the bottom line."""
-    from kfvision.pipelines.flow.report import line_chart
+    from kfvision.pipelines.flow.pages import line_chart
 
     losses = [53.3, 0.9, 0.4, 0.2, 0.1]
     page = line_chart("loss", [1, 2, 3, 4, 5], {"val": losses}, log=True)

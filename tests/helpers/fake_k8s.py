@@ -9,8 +9,8 @@ import json
 
 import yaml
 from kfvision.pipelines.clients.k8s import Api
-from kfvision.pipelines.jobs.cluster import JobClient
 from kfvision.pipelines.jobs.config import JobConfig
+from kfvision.pipelines.jobs.jobclient import JobClient
 from kfvision.pipelines.jobs.pytorchjob.build import build_pytorchjob
 from kfvision.trainer.config import TrainConfig
 from kubernetes.client.exceptions import ApiException

@@ -6,7 +6,7 @@ actually made."""
 import json
 
 from kfvision.pipelines.clients.k8s import Api
-from kfvision.pipelines.serve import cluster
+from kfvision.pipelines.serve import deployclient
 from kfvision.pipelines.serve.deploy import DeployConfig, build_inference_service
 from kubernetes.client.exceptions import ApiException
 
@@ -62,5 +62,5 @@ class FakeKServe:
 
 def client_for(fake, out=None):
     clock = FakeClock()
-    return cluster.DeployClient(Api(fake, None, "kubeflow", out=out, sleep=clock.sleep,
+    return deployclient.DeployClient(Api(fake, None, "kubeflow", out=out, sleep=clock.sleep,
                                     clock=clock))

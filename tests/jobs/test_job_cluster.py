@@ -33,9 +33,9 @@ from helpers.fake_k8s import (
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients.endpoints import EndpointAuthError
 from kfvision.pipelines.clients.k8s import KubernetesError
-from kfvision.pipelines.jobs import cluster
-from kfvision.pipelines.jobs.cluster import job_state, submit
+from kfvision.pipelines.jobs import jobclient
 from kfvision.pipelines.jobs.errors import JobFailedError, JobTimeoutError
+from kfvision.pipelines.jobs.jobclient import job_state, submit
 from kfvision.trainer.errors import StorageError
 from kubernetes.client.exceptions import ApiException
 
@@ -154,7 +154,7 @@ def test_job_state_reads_the_conditions(conditions, state):
 
 def test_the_role_grants_exactly_the_calls_the_train_step_makes(tmp_path, monkeypatch, capsys):
     fake = FakeCluster([RUNNING, SUCCEEDED], logs=MASTER_LOG)
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     manifest = tmp_path / "job.yaml"
     manifest.write_text(yaml.safe_dump(JOB))
     assert main(["job", "submit", str(manifest), "--wait", "--poll", "1"]) == 0
@@ -201,7 +201,7 @@ def test_logs_of_a_replica_without_a_pod_and_namespace_conflicts_are_clear(tmp_p
                                                                            monkeypatch, capsys):
     fake = FakeCluster([([cond("Created")], [])])
     fake.jobs["digits"] = JOB
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     assert main(["job", "logs", "digits", "--replica", "worker-7"]) == 2
     assert "has no pod for replica worker-7" in capsys.readouterr().err
     manifest = tmp_path / "job.yaml"

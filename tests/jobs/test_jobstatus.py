@@ -21,7 +21,7 @@ from helpers.fake_k8s import (
     rbac_rules,
 )
 from kfvision.pipelines.cli import main
-from kfvision.pipelines.jobs import cluster, localstatus
+from kfvision.pipelines.jobs import jobclient, localstatus
 from kfvision.pipelines.jobs.progress import PROGRESS_TOTAL, Progress
 from kfvision.pipelines.jobs.render import run_local
 from test_trainjob_cluster import TJOB
@@ -109,7 +109,7 @@ def test_a_pytorchjobs_progress_is_read_from_rank_zeros_log(monkeypatch, capsys)
         ("2026-01-02T03:04:10Z", "[0/0] epoch=1 loss=0.5"),
         ("2026-01-02T03:04:10Z", "[1/2] epoch=1 loss=9"),
         ("2026-01-02T03:04:20Z", "[0/0] epoch=2 loss=0.25")]}
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     assert main(["job", "status", "digits", "-n", NS]) == 0
     out = capsys.readouterr().out
     assert f"digits: PyTorchJob, namespace {NS}" in out and "phase     Running" in out
@@ -127,7 +127,7 @@ def test_a_trainjobs_progress_is_its_trainer_status_else_its_log(monkeypatch, ca
     job["status"] = {"trainerStatus": progress.trainer_status(now)}
     fake = FakeTrainer([T_RUNNING], logs={"digits-node-0-0-x7k2p": ["[0/0] step=1"]})
     fake.jobs["digits"] = job
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     assert main(["job", "status", "digits", "-n", NS, "--json"]) == 0
     view = json.loads(capsys.readouterr().out)
     assert (view["kind"], view["phase"], view["nodes"]) == ("TrainJob", "Running", 3)
@@ -151,7 +151,7 @@ def test_job_list_shows_the_jobs_kfvision_rendered_of_both_kinds(monkeypatch, ca
     fake.jobs = {"digits": JOB, "tj": trainjob, "not-ours": foreign}
     fake.served = {("kubeflow.org", "v1"): ["pytorchjobs"],
                    ("trainer.kubeflow.org", "v1alpha1"): ["trainjobs"]}
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     assert main(["job", "list", "-n", NS]) == 0
     rows = [r.split() for r in capsys.readouterr().out.splitlines()]
     assert rows[1:] == [["digits", "PyTorchJob", NS, "Running", "3x1", "-", "-"],

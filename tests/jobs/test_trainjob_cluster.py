@@ -29,10 +29,10 @@ from helpers.fake_k8s import (
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients.k8s import Api, KubernetesError
 from kfvision.pipelines.flow.steps import train as train_step
-from kfvision.pipelines.jobs import cluster
-from kfvision.pipelines.jobs.cluster import job_state, submit
+from kfvision.pipelines.jobs import jobclient
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError, JobTimeoutError
+from kfvision.pipelines.jobs.jobclient import job_state, submit
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB, pick_kind, served_kinds
 from kfvision.pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
 from kfvision.trainer.config import TrainConfig
@@ -149,7 +149,7 @@ def test_the_role_grants_exactly_the_calls_both_kinds_make(tmp_path, monkeypatch
                       (FakeTrainer([T_COMPLETE], runtimes=(("trainingruntimes",
                                                             "kfvision-torch"),)), namespaced),
                       (FakeCluster([RUNNING, SUCCEEDED]), JOB)):
-        monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+        monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
         manifest = tmp_path / "job.yaml"
         manifest.write_text(yaml.safe_dump(job))
         assert main(["job", "submit", str(manifest), "--wait", "--poll", "1"]) == 0
@@ -160,7 +160,7 @@ def test_the_role_grants_exactly_the_calls_both_kinds_make(tmp_path, monkeypatch
         assert f"deleted {job['kind']} kubeflow/digits" in capsys.readouterr().out
         fake.script, fake.step = [([cond("Failed")], [])], 0
         assert main(["job", "submit", str(manifest), "--wait", "--timeout", "5"]) == 1
-        train_step.job_volumes(cluster.connect(), "/kfp-workspace", "", nodes=2)
+        train_step.job_volumes(jobclient.connect(), "/kfp-workspace", "", nodes=2)
         calls |= set(fake.calls)
     katib = {(v, r) for v, r in rbac_rules() if r in ("experiments", "trials")}
     # Katib's: tests/tune/test_tune_cluster.py; a script's ConfigMap: tests/tune/test_tune_script.py
@@ -169,7 +169,7 @@ def test_the_role_grants_exactly_the_calls_both_kinds_make(tmp_path, monkeypatch
 
 
 def test_logs_and_delete_of_a_name_that_is_no_job_name_both_kinds(monkeypatch, capsys):
-    monkeypatch.setattr(cluster, "connect", fake_connect(FakeTrainer([T_RUNNING])))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(FakeTrainer([T_RUNNING])))
     assert main(["job", "delete", "nope"]) == 4
     assert "there is no TrainJob or PyTorchJob nope in namespace kubeflow" in \
         capsys.readouterr().err
@@ -222,7 +222,7 @@ def test_logs_work_with_a_role_that_grants_only_pytorchjobs(monkeypatch, capsys)
     fake = FakeCluster([RUNNING], logs={"digits-master-0": ["hi"]},
                        fail={("get", "trainjobs"): ApiException(status=403, reason="Forbidden")})
     fake.jobs["digits"] = JOB
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     assert main(["job", "logs", "digits"]) == 0
     assert capsys.readouterr().out == "hi\n"
     del fake.jobs["digits"]

@@ -23,7 +23,7 @@ from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES, validate_trainjob
 from kfvision.pipelines.script import boot, env
-from kfvision.pipelines.script.pack import ignored, pack, parse_ignore, unpack
+from kfvision.pipelines.script.snapshot import ignored, pack, parse_ignore, unpack
 
 SCRIPTS = REPO / "tests" / "script" / "styles"
 IMAGE = "registry.example.com/kfvision:0.1"
@@ -489,10 +489,10 @@ def _fake_cluster_with_config_maps():
 
 def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch, capsys):
     from helpers.fake_k8s import fake_connect
-    from kfvision.pipelines.jobs import cluster
+    from kfvision.pipelines.jobs import jobclient
 
     fake = _fake_cluster_with_config_maps()
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     src = tree(tmp_path / "src", {"train.py": "print('hi')\n"})
     path = tmp_path / "job.yaml"
     assert main(["job", "render", "--name", "digits", "--image", IMAGE, "--nodes", "3",
@@ -509,10 +509,10 @@ def test_submit_creates_the_configmap_first_and_reuses_it(tmp_path, monkeypatch,
 
 def test_job_run_submit_renders_says_where_and_submits(tmp_path, monkeypatch, capsys):
     from helpers.fake_k8s import fake_connect
-    from kfvision.pipelines.jobs import cluster
+    from kfvision.pipelines.jobs import jobclient
 
     fake = _fake_cluster_with_config_maps()
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     monkeypatch.chdir(tmp_path)
     src = tree(tmp_path / "src", {"train.py": "print('hi')\n"})
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -679,7 +679,7 @@ def test_unpack_refuses_what_the_data_filter_refuses_where_python_lacks_it(tmp_p
     the same refusals, made by hand."""
     import io
 
-    from kfvision.pipelines.script.pack import InvalidSourceError, unpack
+    from kfvision.pipelines.script.snapshot import InvalidSourceError, unpack
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:

@@ -20,8 +20,9 @@ from helpers.fake_k8s import (
     rbac_rules,
 )
 from kfvision.pipelines.cli import main
-from kfvision.pipelines.jobs import cluster, ranktag
+from kfvision.pipelines.jobs import jobclient, ranktag
 from kfvision.pipelines.jobs.podlogs import time_key
+from kfvision.pipelines.script.jobmodel import JOB_RECORD
 from test_script import render, tree
 
 # --- logs ---
@@ -68,7 +69,7 @@ def test_the_prefix_is_one_format():
 def test_logs_all_interleaves_every_pod_by_time_with_node_and_rank(monkeypatch, capsys):
     fake = TimedFake([RUNNING], logs=LOGS, stamps=STAMPS)
     fake.jobs["digits"] = JOB
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     assert main(["job", "logs", "digits", "--all"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         "[0/-] [kfvision script] ready in 0.4 s", "[0/0] epoch 1 loss 0.3",
@@ -85,7 +86,7 @@ def test_logs_all_follow_waits_through_pending_then_streams_every_pod(monkeypatc
         "reason": "ContainerCreating"}})])
     fake = TimedFake([pending, pending, starting, RUNNING, SUCCEEDED], logs=LOGS)
     fake.jobs["digits"] = JOB
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     assert main(["job", "logs", "digits", "--all", "--follow"]) == 0
     out, err = capsys.readouterr()
     assert sorted(out.splitlines()) == sorted([
@@ -97,7 +98,7 @@ def test_logs_all_follow_waits_through_pending_then_streams_every_pod(monkeypatc
     # without --all, --follow waits for rank 0's pod as well, and prints its lines as they are
     fake = TimedFake([pending, RUNNING, SUCCEEDED], logs=LOGS)
     fake.jobs["digits"] = JOB
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     assert main(["job", "logs", "digits", "--follow"]) == 0
     assert capsys.readouterr().out.splitlines() == LOGS["digits-master-0"]
 
@@ -105,7 +106,7 @@ def test_logs_all_follow_waits_through_pending_then_streams_every_pod(monkeypatc
 def test_logs_all_of_a_job_with_no_pod_yet_says_to_follow(monkeypatch, capsys):
     fake = TimedFake([([cond("Created")], [])])
     fake.jobs["digits"] = JOB
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     assert main(["job", "logs", "digits", "--all"]) == 2
     assert "has no running pod (yet)" in capsys.readouterr().err
 
@@ -190,7 +191,7 @@ def _tracked_run(tmp_path, capsys, uri: str, script: str = TRACKED) -> tuple:
 def test_kfvision_opens_the_scripts_mlflow_run_and_register_records_its_snapshot(
         tmp_path, capsys, monkeypatch, mlflow_server):
     from kfvision.pipelines.contract import PROVENANCE
-    from kfvision.pipelines.script.pack import pack
+    from kfvision.pipelines.script.snapshot import pack
     from mlflow.tracking import MlflowClient
 
     src, code, log = _tracked_run(tmp_path, capsys, mlflow_server)
@@ -209,7 +210,8 @@ def test_kfvision_opens_the_scripts_mlflow_run_and_register_records_its_snapshot
     model = tmp_path / "results" / "model"
     made = json.loads((model / PROVENANCE).read_text())
     assert made == {"source_sha256": sha, "entry": "train.py", "args": ["--lr", "0.5"],
-                    "mlflow_run_id": run.info.run_id, "mlflow_tracking_uri": mlflow_server}
+                    "job": "demo", "mlflow_run_id": run.info.run_id,
+                    "mlflow_tracking_uri": mlflow_server}
     # the model folder, copied out by --output-uri, registers with its snapshot and run
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     assert main(["register", "--model", str(model), "--name", "script-tracked"]) == 0
@@ -273,21 +275,23 @@ def test_download_a_file_and_a_folder_of_a_local_run(tmp_path, capsys):
 def test_download_from_a_cluster_jobs_output_uri(tmp_path, monkeypatch, capsys, s3_bucket):
     """The job on the FAKE API (tests/jobs/test_job_cluster.py) carries its --output-uri; the files
     come from the test's S3 server."""
-    from kfvision.pipelines.script.job import OUTPUT_ANNOTATION
+    from kfvision.pipelines.script.manifest import OUTPUT_ANNOTATION
 
     results = tree(tmp_path / "results", {"model/model.pt": "net", "outputs/a/b.txt": "b"})
     s3_bucket.upload_folder(results, "runs/digits/")
     fake = TimedFake([SUCCEEDED])
     fake.jobs["digits"] = {**JOB, "metadata": {**JOB["metadata"], "annotations": {
         OUTPUT_ANNOTATION: s3_bucket.uri("runs/digits")}}}
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     monkeypatch.chdir(tmp_path)  # no local run of it in build/jobs/digits
     got = tmp_path / "got"
     assert main(["job", "download", "digits", "model/model.pt", "--out", str(got)]) == 0
     assert (got / "model.pt").read_text() == "net"
     assert main(["job", "download", "digits", "outputs", "--out", str(got)]) == 0
     assert (got / "outputs" / "a" / "b.txt").read_text() == "b"
-    assert [p.name for p in got.iterdir() if p.name.startswith(".")] == []
+    # no temporary folder left; the record of where they came from (`register` reads it)
+    assert [p.name for p in got.iterdir() if p.name.startswith(".")] == [JOB_RECORD]
+    assert json.loads((got / JOB_RECORD).read_text())["model.pt"]["job"] == "digits"
     assert main(["job", "download", "digits", "model/other.pt"]) == 2
     assert "which hold 2 file(s): model/model.pt, outputs/a/b.txt" in capsys.readouterr().err
     fake.script = [RUNNING]

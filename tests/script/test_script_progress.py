@@ -1,4 +1,4 @@
-"""A user's script's printed progress reported from its pod (pipelines/script/progress.py): into
+"""A user's script's printed progress reported from its pod (pipelines/script/reporter.py): into
 a TrainJob's status.trainerStatus through the stand-in of Kubeflow Trainer's status server
 (tests/helpers/statusserver.py: HTTPS, its own CA, a token that rotates), with render's flags,
 and seen through `kfvision job status` while the job runs."""
@@ -13,11 +13,11 @@ from helpers.fake_k8s import NS, T_RUNNING, FakeTrainer, fake_connect
 from helpers.statusserver import SCHEMA, StatusServer
 from jsonschema import validate
 from kfvision.pipelines.cli import main
-from kfvision.pipelines.jobs import cluster
+from kfvision.pipelines.jobs import jobclient
 from kfvision.pipelines.jobs.kinds import read_manifest
 from kfvision.pipelines.jobs.progress import PROGRESS_REPORTS, PROGRESS_TOTAL
 from kfvision.pipelines.jobs.trainjob.local import StatusEndpoint, run_local
-from kfvision.pipelines.script.progress import Reporter
+from kfvision.pipelines.script.reporter import Reporter
 from test_script import render, tree
 
 # a plain script: a total, then an epoch every 2 s (the boot reports at most every 5 s)
@@ -105,15 +105,15 @@ def test_a_trainjob_scripts_progress_is_in_its_status_while_it_runs(tmp_path, se
         return original(*args)
 
     fake.get_namespaced_custom_object = with_status
-    monkeypatch.setattr(cluster, "connect", fake_connect(fake))
+    monkeypatch.setattr(jobclient, "connect", fake_connect(fake))
     views, done = [], threading.Event()
 
     def watch():
-        from kfvision.pipelines.jobs.cluster import attach
+        from kfvision.pipelines.jobs.jobclient import attach
         from kfvision.pipelines.jobs.jobstatus import cluster_status
 
         while not done.is_set():
-            views.append(cluster_status(attach(cluster.connect(NS), "demo"), "demo",
+            views.append(cluster_status(attach(jobclient.connect(NS), "demo"), "demo",
                                         time.time()))
             time.sleep(0.3)
 

@@ -12,7 +12,7 @@ from helpers.paths import REPO
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients.cluster import submit_and_wait
 from kfvision.pipelines.clients.k8s import KubernetesError, WaitTimeoutError
-from kfvision.pipelines.serve import cluster
+from kfvision.pipelines.serve import deployclient
 from kubernetes.client.exceptions import ApiException
 
 
@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
     ([], False, "no status yet"),
 ])
 def test_ready_state_reads_the_ready_condition(conditions, ready, words):
-    got = cluster.ready_state({"status": {"conditions": conditions,
+    got = deployclient.ready_state({"status": {"conditions": conditions,
                                           "url": "http://digits.kubeflow.example.com"}})
     assert got[0] is ready and words in got[1]
 
@@ -37,7 +37,7 @@ def test_ready_also_needs_the_model_loaded(state, ready, words):
     status = {"conditions": READY, "url": "http://digits",
               "modelStatus": {"states": {"activeModelState": state},
                               "lastFailureInfo": {"message": "out of memory"}}}
-    got = cluster.ready_state({"status": status})
+    got = deployclient.ready_state({"status": status})
     assert got[0] is ready and words in got[1]
 
 
@@ -89,7 +89,7 @@ def _role_rules() -> set:
 def test_cli_submit_wait_delete_and_the_role_grants_exactly_those_calls(tmp_path, monkeypatch,
                                                                        capsys):
     fake = FakeKServe([NOT_READY, READY])
-    monkeypatch.setattr(cluster, "connect", lambda namespace=None, out=None: client_for(fake))
+    monkeypatch.setattr(deployclient, "connect", lambda namespace=None, out=None: client_for(fake))
     manifest = tmp_path / "isvc.yaml"
     manifest.write_text(yaml.safe_dump(ISVC))
     assert main(["deploy", "submit", str(manifest), "--wait", "--poll", "1"]) == 0

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from kfvision.pipelines.serve.client import request, v1_body, v2_body
-from kfvision.pipelines.serve.model import MAX_INSTANCES
+from kfvision.pipelines.serve.kservemodel import MAX_INSTANCES
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.use.score import score
 from PIL import Image

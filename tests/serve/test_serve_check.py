@@ -6,7 +6,7 @@ import json
 
 import pytest
 from kfvision.pipelines.flow.steps.common import accuracy_gate
-from kfvision.pipelines.serve.check import ServedLabelsDifferError, serve_and_check
+from kfvision.pipelines.serve.selfcheck import ServedLabelsDifferError, serve_and_check
 from kfvision.trainer.errors import EvaluationError
 from kfvision.trainer.use.score import score
 

@@ -17,7 +17,7 @@ import pytest
 import tritonclient.http as triton_http
 from helpers.runs import jpeg_digits
 from kfvision.pipelines.serve.client import request
-from kfvision.pipelines.serve.model import MAX_INSTANCES
+from kfvision.pipelines.serve.kservemodel import MAX_INSTANCES
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.use.score import score
 from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig

@@ -170,16 +170,18 @@ class _Cfg:
 
 
 @pytest.mark.parametrize("device, setting, cache, decoded, jpeg_share, expected, why", [
-    # JPEGs too big to cache, or not to be cached: decoded and augmented on the GPU
+    # JPEGs on CUDA, cached or not: decoded and augmented on the GPU
     ("cuda", "auto", "auto", 1 << 50, 1.0, True, "auto: CUDA, JPEGs decoded every epoch"),
     ("cuda", "auto", "off", 1 << 20, 1.0, True, "auto: CUDA, JPEGs decoded every epoch"),
     ("cuda", "auto", "auto", 1 << 50, 0.2, False, "auto: 20% of the training images are JPEGs"),
-    ("cuda", "auto", "auto", 1 << 20, 1.0, False, "auto: the training images are cached"),
+    # JPEGs that fit the cache too: the cache keeps the validation images only
+    ("cuda", "auto", "auto", 1 << 20, 1.0, True,
+     "auto: CUDA, JPEGs decoded every epoch on the device (the cache keeps the validation"),
     ("cuda", "off", "auto", 1 << 50, 1.0, False, "--gpu-decode off"),
     ("cpu", "auto", "auto", 1 << 50, 1.0, False, "auto: not CUDA"),  # workers decode already
     ("cpu", "on", "auto", 1 << 20, 0.0, True, "--gpu-decode on"),
 ])
-def test_gpu_decode_auto_is_on_for_cuda_with_uncached_jpegs(monkeypatch, device, setting, cache,
+def test_gpu_decode_auto_is_on_for_cuda_with_jpegs(monkeypatch, device, setting, cache,
                                                             decoded, jpeg_share, expected, why):
     monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda: True)
     cfg = _Cfg()
@@ -191,7 +193,7 @@ def test_gpu_decode_auto_is_on_for_cuda_with_uncached_jpegs(monkeypatch, device,
 
 
 @pytest.mark.parametrize("variant, cache, gpu_decode", [
-    ("default", True, False), ("gpu-decode", True, True), ("gpu-pipeline", False, True),
+    ("default", True, True), ("gpu-decode", True, True), ("gpu-pipeline", False, True),
     ("cpu-decode", False, False), ("cpu-decode-all-cores", False, False)])
 def test_each_gpu_benchmark_variant_resolves_to_the_decode_it_is_named_for(monkeypatch, variant,
                                                                           cache, gpu_decode):

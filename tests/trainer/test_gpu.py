@@ -4,8 +4,8 @@ autocast on CUDA, `kfvision serve --device cuda`, and the GPU benchmark (bench/g
 Every test here is marked `gpu`; conftest.py skips them, saying why, where PyTorch sees no CUDA
 device. The CPU tests run the same code with gloo, libjpeg and fp32 (test_distributed.py,
 test_devicedata.py, test_fastpath.py, test_serve.py); these check what only a GPU runs. cuDNN
-picks its algorithms by timing them (trainer/train.py sets `cudnn.benchmark`) and convolutions
-use TF32, so two GPU runs, or a GPU and a CPU run, agree within a tolerance, not bit for bit.
+picks its algorithms by its heuristics and convolutions use TF32, so two GPU runs, or a GPU and
+a CPU run, agree within a tolerance, not bit for bit.
 """
 
 import csv

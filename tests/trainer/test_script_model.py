@@ -263,13 +263,14 @@ def test_registered_in_the_kubeflow_registry(fake_registry, script_models, capsy
     assert json.loads(props["classes"]["string_value"]) == CLASSES
 
 
-def test_register_refuses_a_broken_script_directory(tmp_path, mlflow_server, monkeypatch,
-                                                    capsys):
+def test_register_marks_a_broken_script_directory_not_servable_and_says_why(
+        tmp_path, mlflow_server, monkeypatch, capsys):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     torch.jit.save(torch.jit.script(tiny_net()), str(tmp_path / "model.pt"))
-    assert cli(["register", "--model", str(tmp_path), "--name", "broken"]) == 2
-    err = capsys.readouterr().err
-    assert "InvalidModelDirectoryError" in err and "has no classes.txt" in err
+    assert cli(["register", "--model", str(tmp_path), "--name", "broken"]) == 0
+    out = capsys.readouterr().out
+    assert "not servable: " in out and "has no classes.txt" in out
+    assert "`kfvision serve` and `deploy` refuse this version" in out
 
 
 # --- what a script got wrong: each a named error that says which file and what to write --------

@@ -22,8 +22,8 @@ from kfvision.pipelines.tune.experiment import (
     substituted_trial,
 )
 from kfvision.pipelines.tune.katib_rules import experiment_problems
-from kfvision.pipelines.tune.local import check_search, parse_metrics
 from kfvision.pipelines.tune.space import check_space, parse_param
+from kfvision.pipelines.tune.study import check_search, parse_metrics
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.errors import InvalidParameterError
 from kfvision.trainer.reporting import METRICS, metric_line

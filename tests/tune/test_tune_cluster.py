@@ -16,8 +16,8 @@ from kfvision.pipelines.clients.cluster import submit_and_wait
 from kfvision.pipelines.clients.endpoints import EndpointError
 from kfvision.pipelines.clients.k8s import Api, KubernetesError, WaitTimeoutError
 from kfvision.pipelines.jobs.errors import JobFailedError
-from kfvision.pipelines.tune import cluster
-from kfvision.pipelines.tune.cluster import ExperimentClient, best_trial, experiment_state
+from kfvision.pipelines.tune import experimentclient
+from kfvision.pipelines.tune.experimentclient import ExperimentClient, best_trial, experiment_state
 from kubernetes.client.exceptions import ApiException
 from test_tune import experiment as rendered
 from urllib3.exceptions import MaxRetryError, NewConnectionError
@@ -44,7 +44,7 @@ FAILED = {"conditions": [cond("Failed", "max failed trials reached")], "trialsFa
 def trial(name, state, params=()):
     job = json.loads(json.dumps(EXP["spec"]["trialTemplate"]["trialSpec"]).replace(
         "${trialParameters.trialName}", name))
-    return {"metadata": {"name": name, "labels": {cluster.EXPERIMENT_LABEL: "digits-lr"}},
+    return {"metadata": {"name": name, "labels": {experimentclient.EXPERIMENT_LABEL: "digits-lr"}},
             "spec": {"runSpec": job, "parameterAssignments": [
                 {"name": k, "value": v} for k, v in params]},
             "status": {"conditions": [cond(state)]}}
@@ -94,7 +94,7 @@ class FakeKatib:
     def list_namespaced_custom_object(self, group, version, namespace, plural,
                                       label_selector=None):
         self._serve("list", group, version, plural)
-        assert label_selector == f"{cluster.EXPERIMENT_LABEL}=digits-lr"
+        assert label_selector == f"{experimentclient.EXPERIMENT_LABEL}=digits-lr"
         return {"items": self.trials}
 
 
@@ -173,7 +173,7 @@ def test_best_trial_follows_the_objective_direction_and_is_none_before_metrics()
 
 def test_the_role_grants_exactly_the_calls_tune_makes(tmp_path, monkeypatch, capsys):
     fake = FakeKatib([RUNNING, SUCCEEDED], TRIALS)
-    monkeypatch.setattr(cluster, "client",
+    monkeypatch.setattr(experimentclient, "client",
                         lambda namespace=None, out=None: api_for(fake, sys.stdout))
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(EXP))

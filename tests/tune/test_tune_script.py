@@ -16,8 +16,8 @@ from kfvision.pipelines import contract
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs.pytorchjob.rules import webhook_problems
 from kfvision.pipelines.jobs.trainjob.rules import validate_trainjob
-from kfvision.pipelines.script.pack import pack
-from kfvision.pipelines.tune import cluster
+from kfvision.pipelines.script.snapshot import pack
+from kfvision.pipelines.tune import experimentclient
 from kfvision.pipelines.tune.experiment import Search, substituted_trial
 from kfvision.pipelines.tune.katib_rules import experiment_problems
 from kfvision.pipelines.tune.script import check_placeholders, fill, objective_of
@@ -272,7 +272,7 @@ def test_tune_submit_creates_the_source_configmap_first_then_the_experiment(
     katib = FakeKatib([SUCCEEDED])
     client = api_for(katib, sys.stdout)
     client.api.core = FakeCore(katib.calls)
-    monkeypatch.setattr(cluster, "client", lambda namespace=None, out=None: client)
+    monkeypatch.setattr(experimentclient, "client", lambda namespace=None, out=None: client)
     _render(tmp_path)
     for _ in range(2):
         assert main(["tune", "submit", str(tmp_path / "exp.yaml")]) == 0

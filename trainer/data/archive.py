@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kfvision.trainer.errors import InvalidDatasetError, UnsafeArchiveError
 from kfvision.trainer.fileio import full_disk_error
-from kfvision.trainer.progress import progress_bar
+from kfvision.trainer.progressbar import progress_bar
 
 # suffix (lower case) -> tarfile mode, or "zip"
 ARCHIVE_TYPES = {".zip": "zip", ".tar": "r:", ".tar.gz": "r:gz", ".tgz": "r:gz",

@@ -43,7 +43,7 @@ from kfvision.trainer.data.rgb import pil_rgb
 from kfvision.trainer.data.sources import plan_source, relative_path
 from kfvision.trainer.errors import ChangedDatasetError, DecompressionBombError, InvalidDatasetError
 from kfvision.trainer.fileio import disk_errors, full_disk_error
-from kfvision.trainer.progress import progress_bar
+from kfvision.trainer.progressbar import progress_bar
 from PIL import Image
 
 UNLABELLED_NOTE = "no class folders and no labels: an UNLABELLED image directory (scoring only)"

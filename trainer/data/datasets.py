@@ -16,7 +16,7 @@ from kfvision.trainer.data.decode import JPEG_SUFFIXES, decode_file, jpeg_frame
 from kfvision.trainer.data.imagedir import ImageDirectory
 from kfvision.trainer.data.pack import INDEX, open_pack
 from kfvision.trainer.data.transforms import EvalResize, TrainCrop, kept_size
-from kfvision.trainer.progress import progress_bar
+from kfvision.trainer.progressbar import progress_bar
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchvision.io import read_file
 from torchvision.transforms.v2 import functional as F

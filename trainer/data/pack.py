@@ -36,7 +36,7 @@ from kfvision.trainer.data.decode import decode_file
 from kfvision.trainer.data.imagedir import ImageDirectory, read_image_directory
 from kfvision.trainer.errors import InvalidDatasetError, OutputError
 from kfvision.trainer.fileio import atomic_write, atomic_write_bytes
-from kfvision.trainer.progress import progress_bar
+from kfvision.trainer.progressbar import progress_bar
 
 PIXELS = "kfvision-pack.rgb"
 INDEX = "kfvision-pack.json"

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from kfvision.trainer.errors import InvalidDatasetError, QuantizationError, check_range
 from kfvision.trainer.fileio import disk_errors
-from kfvision.trainer.progress import progress_bar
+from kfvision.trainer.progressbar import progress_bar
 
 QUANTIZE = ("none", "int8")  # --quantize
 CALIBRATION_IMAGES = 300

@@ -88,7 +88,7 @@ def check_script(params: dict, *, exists: bool):
     """The script parameters: none without script_source; with it, an entry of the source (a
     folder here is packed as the train step packs it, and its entry looked for), arguments a
     shell could split, a known launcher running one process per pod under python. Returns the
-    folder's snapshot (kfvision.pipelines.script.pack.Snapshot) when it packed one, else None.
+    folder's snapshot (kfvision.pipelines.script.snapshot.Snapshot) when it packed one, else None.
 
     Raises:
         InvalidParameterError (InvalidJobError): which parameter is wrong, and what to give.
@@ -126,7 +126,7 @@ def check_script(params: dict, *, exists: bool):
             f"(mounted at {DATA_MOUNT}) or the run's workspace.")
     from kfvision.pipelines.flow.steps.trainscript import PARAMETERS
     from kfvision.pipelines.script.entry import resolve
-    from kfvision.pipelines.script.pack import pack
+    from kfvision.pipelines.script.snapshot import pack
 
     snap = pack(source)
     resolve(snap.files, source=source, name=PARAMETERS,

@@ -6,11 +6,11 @@
     cluster the trained model is copied onto the data PVC (`<mount>/kfvision-models/<name>/<run>`),
             the InferenceService serving `pvc://<pvc_name>/...` is rendered
             (kfvision.pipelines.serve.deploy), applied and waited for until Ready
-            (kfvision.pipelines.serve.cluster).
+            (kfvision.pipelines.serve.deployclient).
     local   (run-local, `make demo`) the validation images are scored (as `kfvision score`
             does), `kfvision serve` runs on a free port, the same images go through the v1 and
             v2 protocols and the served labels must equal the scored ones
-            (kfvision.pipelines.serve.check.serve_and_check); the server is stopped again.
+            (kfvision.pipelines.serve.selfcheck.serve_and_check); the server is stopped again.
 
 registered  when the register step registered the model (its `registration` folder says so),
             the step serves that version: on a cluster its storage URI (an MLflow version's
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from kfvision.pipelines.flow.steps.common import accuracy_gate, resolve_mode
 from kfvision.pipelines.flow.storage import DATA_MOUNT, is_mount
-from kfvision.pipelines.serve.check import serve_and_check
+from kfvision.pipelines.serve.selfcheck import serve_and_check
 from kfvision.trainer.errors import StorageError
 from kfvision.trainer.fileio import disk_errors
 
@@ -50,10 +50,11 @@ def deploy_step(model_dir, val_dir, evaluation_dir, out_dir, *, name: str,
 
     `evaluation_dir`: the evaluate step's folder (its metrics.json gives the accuracy, on the
     test images when the run had some); `val_dir`: the validation images the local check scores
-    (as `kfvision score` does) and serves. `connect`: makes the kfvision.pipelines.serve.cluster
-    DeployClient (tests pass a fake). Figures: `deployed` (1 or 0), `accuracy`, `reason`, and
-    what the deployment measured. `model_uri`: where the train step pushed the model (s3://):
-    then KServe fetches it from there (as `service_account`), and no PVC is needed.
+    (as `kfvision score` does) and serves. `connect`: makes the
+    kfvision.pipelines.serve.deployclient DeployClient (tests pass a fake). Figures: `deployed`
+    (1 or 0), `accuracy`, `reason`, and what the deployment measured. `model_uri`: where the
+    train step pushed the model (s3://): then KServe fetches it from there (as
+    `service_account`), and no PVC is needed.
     `registration_dir`: the register step's folder; a registered version is what is served.
     `val_uri`: the validation images are in the store there (a pipeline compiled with
     --data-uri), fetched for the local check.
@@ -148,7 +149,7 @@ def _deploy_on_cluster(model_dir, out_dir: Path, cfg, copy_to: Path | None,
     """Serve `cfg.model` (the model copied to `copy_to` first, when given), or the registered
     version's `registered_uri` (a storage URI its registry recorded) instead."""
     from kfvision.pipelines.clients.k8s import to_yaml
-    from kfvision.pipelines.serve import cluster
+    from kfvision.pipelines.serve import deployclient
     from kfvision.pipelines.serve.deploy import build_inference_service
 
     if registered_uri:
@@ -163,7 +164,7 @@ def _deploy_on_cluster(model_dir, out_dir: Path, cfg, copy_to: Path | None,
             shutil.copytree(model_dir, copy_to, dirs_exist_ok=True)
     isvc = build_inference_service(cfg)
     (out_dir / "inferenceservice.yaml").write_text(to_yaml(isvc), encoding="utf-8")
-    client = (connect or cluster.connect)(out=out)
+    client = (connect or deployclient.connect)(out=out)
     print(f"{client.apply(isvc)} InferenceService {client.namespace}/{cfg.name} serving "
           f"{cfg.model}", file=out, flush=True)
     ready = client.wait_ready(cfg.name, READY_TIMEOUT_S)

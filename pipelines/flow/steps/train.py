@@ -15,9 +15,9 @@ cluster, runs a PyTorchJob as before TrainJobs.
             directories' manifests, whose images are already on a volume the job mounts too, at the
             same path (the step's own workspace and data PVC claims, read from its pod). No image is
             copied. The job is submitted through the Kubernetes API
-            (kfvision.pipelines.jobs.cluster.submit: create or re-attach, wait, stream the Master's
-            log), and the trained model is copied from the volume into the step's Model output, so
-            lineage and the KFP UI keep working.
+            (kfvision.pipelines.jobs.jobclient.submit: create or re-attach, wait, stream the
+            Master's log), and the trained model is copied from the volume into the step's Model
+            output, so lineage and the KFP UI keep working.
     store   (a pipeline compiled with --data-uri, either of the above): nothing is staged and no
             volume mounted. The untrained model is pushed to the store and the job's --model,
             --train, --val and --out are the store's URIs, so its pods run the node agent
@@ -44,6 +44,7 @@ from kfvision.pipelines.flow.params import JOB_KINDS, job_options
 from kfvision.pipelines.flow.steps.common import resolve_mode
 from kfvision.pipelines.flow.storage import DATA_MOUNT, data_place, is_mount
 from kfvision.pipelines.jobs.config import JobConfig, Volume, job_name
+from kfvision.pipelines.jobs.mlflowenv import tracking_env
 from kfvision.pipelines.jobs.render import render_job
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.errors import (
@@ -61,12 +62,12 @@ JOB_PREFIX = "kfvision-train"
 def job_config(cfg: TrainConfig, *, run_id: str, volumes: tuple = (), env: tuple = (),
                s3_secret: str = "", **settings) -> JobConfig:
     """The job of a pipeline run (settings: params.job_settings); validated. (`kfvision job
-    render`'s flags give theirs through kfvision.pipelines.cli.job.job_config_from_args.)
+    render`'s flags give theirs through kfvision.pipelines.jobs.fromflags.job_config_from_args.)
 
     The job name derives from the run (see kfvision.pipelines.jobs.config.job_name), so a retried
     step finds its own job again. `volumes`: the PVCs (kfvision.pipelines.jobs.config.Volume)
     mounted in every pod, none in a local run; `env`: ((name, value), ...) for the training
-    container (kfvision.pipelines.flow.steps.train.tracking_env); `s3_secret`: the Secret whose
+    container (kfvision.pipelines.jobs.mlflowenv.tracking_env); `s3_secret`: the Secret whose
     AWS_* keys the pods of a job on s3:// paths get, by reference.
     """
     store = {"s3_credentials": s3_secret} if s3_secret else {}
@@ -159,28 +160,6 @@ def train_step(model_dir, train_dir, val_dir, out_dir, job_yaml, *, options: dic
     return read_metrics(out_dir)
 
 
-def tracking_env(environ, *, kind: str, name: str, run_id: str, local: bool, out=None) -> tuple:
-    """((name, value), ...) for the job's training container: the MLflow variables this step
-    received (KFP 2.17 injects them where MLflow is configured: the task's nested run, so the
-    job's curves land in the run the KFP UI links to) and the job's kind, name and pipeline run as
-    the run's tags. Nothing without MLFLOW_TRACKING_URI. Credentials go only into local
-    processes: on a cluster they would stand in the manifest in clear text (docs/tracking.md)."""
-    from kfvision.trainer import upstream
-    from kfvision.trainer.tracking import JOB_TAGS
-
-    if not environ.get(upstream.MLFLOW_TRACKING_URI):
-        return ()
-    names = upstream.MLFLOW_FORWARDED + (upstream.MLFLOW_CREDENTIALS if local else ())
-    env = [(n, environ[n]) for n in names if environ.get(n)]
-    held = [n for n in upstream.MLFLOW_CREDENTIALS if environ.get(n) and not local]
-    if held:
-        print(f"MLflow: {', '.join(held)} not written into the job (it would stand in the "
-              "manifest in clear text); give the job's pods a Secret or use "
-              "MLFLOW_TRACKING_AUTH (docs/tracking.md)", file=out or sys.stdout, flush=True)
-    tags = dict(zip(JOB_TAGS, (kind, name, run_id), strict=True))
-    return (*env, *((k, v) for k, v in tags.items() if v))
-
-
 def render(job: JobConfig, job_yaml, kind, runtime: str) -> dict:
     """The manifest of `job` as `kind`, also written to `job_yaml` (the step's job artifact)."""
     job = render_job(job, kind, runtime)
@@ -221,7 +200,7 @@ def staging_folder(workspace: str, run_id: str) -> Path:
 def cluster_client(kinds: tuple, out) -> tuple:
     """(a JobClient of the kind to run, that JobKind): of `kinds` (job_kinds), the one the
     cluster serves, TrainJob first."""
-    from kfvision.pipelines.jobs.cluster import connect
+    from kfvision.pipelines.jobs.jobclient import connect
     from kfvision.pipelines.jobs.kinds import pick_kind
 
     client = connect(out=out)
@@ -233,7 +212,7 @@ def cluster_client(kinds: tuple, out) -> tuple:
 
 def _train_on_cluster(job: JobConfig, kinds: tuple, stage: Path, model_dir, train_dir, val_dir,
                       out_dir, job_yaml, pvc_name, runtime, workspace, run_id, out) -> dict:
-    from kfvision.pipelines.jobs.cluster import submit
+    from kfvision.pipelines.jobs.jobclient import submit
 
     client, job_kind = cluster_client(kinds, out)
     volumes = job_volumes(client, workspace, pvc_name, job.nodes)
@@ -256,7 +235,7 @@ def _train_from_store(job: JobConfig, kinds: tuple, trained_uri: str, out_dir, j
     """The cluster path of a job on s3:// paths: no volume, so no access mode to check (any
     number of nodes); the trained model fetched from `trained_uri` into `out_dir`."""
     from kfvision.pipelines.flow.steps.store import fetch_trained
-    from kfvision.pipelines.jobs.cluster import submit
+    from kfvision.pipelines.jobs.jobclient import submit
 
     client, job_kind = cluster_client(kinds, out)
     env = tracking_env(os.environ, kind=job_kind.kind, name=job.name, run_id=run_id,
@@ -299,7 +278,7 @@ def replace_failed_job(client, name: str, partial_out, poll_s: float = 2.0,
     """Delete a Failed job of this name (and its partial output: a folder, or an s3:// prefix
     with the checkpoints it would resume from) so submit creates it anew."""
     from kfvision.pipelines.clients.k8s import KubernetesError
-    from kfvision.pipelines.jobs.cluster import job_state
+    from kfvision.pipelines.jobs.jobclient import job_state
 
     try:
         job = client.get(name)

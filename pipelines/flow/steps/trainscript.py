@@ -1,8 +1,8 @@
 """The train step with your own script (pipeline parameter script_source, docs/scripts.md "In the
-pipeline"): the job `kfvision job render --source` renders (kfvision.pipelines.script.job), run as
-`kfvision job run-local` runs it, or submitted and waited for as the built-in train step submits
-its job (kfvision.pipelines.flow.steps.train); the model folder the script wrote becomes the step's
-Model.
+pipeline"): the job `kfvision job render --source` renders
+(kfvision.pipelines.script.manifest), run as `kfvision job run-local` runs it, or submitted and
+waited for as the built-in train step submits its job (kfvision.pipelines.flow.steps.train); the
+model folder the script wrote becomes the step's Model.
 
 Everything the job reads or writes lives in a stage folder: a temporary folder of this step when
 it runs locally; on a cluster `<the run's data place>/jobs/<job>/`
@@ -43,17 +43,17 @@ from kfvision.pipelines.flow.steps.train import (
     job_volumes,
     replace_failed_job,
     staging_folder,
-    tracking_env,
 )
 from kfvision.pipelines.jobs.config import job_name
+from kfvision.pipelines.jobs.mlflowenv import tracking_env
 from kfvision.pipelines.script.entry import resolve
-from kfvision.pipelines.script.job import (
+from kfvision.pipelines.script.manifest import (
     NO_TRAINER,
     ScriptConfig,
     build_script_job,
     choose_transport,
 )
-from kfvision.pipelines.script.pack import InvalidSourceError, Snapshot, pack
+from kfvision.pipelines.script.snapshot import InvalidSourceError, Snapshot, pack
 from kfvision.trainer.errors import InvalidModelDirectoryError, InvalidParameterError, ref
 from kfvision.trainer.fileio import disk_errors
 
@@ -229,7 +229,7 @@ def script_train_step(train_dir, val_dir, out_dir, job_yaml, *, script: dict, se
             _run_here(docs[-1], job_kind, stage, name, out)
         else:
             replace_failed_job(client, name, stage / "result")
-            from kfvision.pipelines.jobs.cluster import submit
+            from kfvision.pipelines.jobs.jobclient import submit
 
             submit(client, docs[-1], wait=True, poll_s=10.0, logs=True)
         summary = keep_model(stage / "result" / "model", out_dir, config, snap, out)

@@ -68,7 +68,7 @@ def build_pytorchjob(cfg: JobConfig) -> dict:
 def set_command(job: dict, command, args, volumes=(), mounts=()) -> dict:
     """`job` with every replica's container running `command` `args` instead of the trainer,
     `volumes` added to the pods and `mounts` to that container (a user's script's job:
-    pipelines/script/job.py). Not validated again: the caller does, once it is complete."""
+    pipelines/script/manifest.py). Not validated again: the caller does, once it is complete."""
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         pod = replica["template"]["spec"]
         container = pod["containers"][0]

@@ -11,7 +11,7 @@ from kfvision.pipelines.clients.cluster import POLL_S, ClusterClient
 from kfvision.pipelines.clients.k8s import Resource, WaitTimeoutError
 from kfvision.pipelines.clients.k8s import connect as connect_api
 from kfvision.pipelines.jobs.errors import JobFailedError
-from kfvision.pipelines.script.job import OUTPUT_ANNOTATION, SHA_ANNOTATION
+from kfvision.pipelines.script.manifest import OUTPUT_ANNOTATION, SHA_ANNOTATION
 from kfvision.pipelines.tune.experiment import TRIAL_KINDS
 from kfvision.pipelines.tune.katib_rules import EXPERIMENT_LABEL, GROUP, KIND, VERSION
 from kfvision.pipelines.tune.katib_rules import TRIAL_KIND as TRIAL

@@ -14,7 +14,7 @@ source snapshot's transport:
                             args=("--epochs", "3")), snap, transport, kind=PYTORCHJOB)
     # -> [ConfigMap, PyTorchJob] (or [PyTorchJob] when the snapshot travels another way)
 
-Pure functions, no I/O: `choose_transport` decides, the CLI uploads (pipelines/cli/jobscript.py).
+Pure functions, no I/O: `choose_transport` decides, pipelines/script/assemble.py ships.
 """
 
 import base64
@@ -24,9 +24,10 @@ from dataclasses import dataclass, replace
 from kfvision.pipelines.jobs.config import LABELS, JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.script.boot import ISOLATED
-from kfvision.pipelines.script.pack import ARCHIVE_NAME, Snapshot
+from kfvision.pipelines.script.snapshot import ARCHIVE_NAME, Snapshot
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.options import ref_of
+from kfvision.trainer.tracking import JOB_NAME
 
 BOOT_COMMAND = ("python", *ISOLATED, "kfvision.pipelines.script.boot")
 LAUNCHERS = ("torchrun", "python")
@@ -229,7 +230,10 @@ def build_script_job(cfg: JobConfig, script: ScriptConfig, snap: Snapshot, trans
     check_script(cfg, script, kind)
     if script.launcher == "python":
         cfg = replace(cfg, procs_per_node=1)
-    cfg = replace(cfg, train=NO_TRAINER, env=(*cfg.env, *script.env))
+    env = (*cfg.env, *script.env)
+    if JOB_NAME not in {n for n, _ in env}:  # Azure's Run and register_model name the job
+        env = (*env, (JOB_NAME, cfg.name))
+    cfg = replace(cfg, train=NO_TRAINER, env=env)
     args = _boot_args(cfg, script, transport, snap.sha256, kind.pod_hosts(cfg.name, cfg.nodes))
     volumes, mounts = _mounts(transport, snap.sha256)
     annotations = {SHA_ANNOTATION: snap.sha256, **(
