@@ -408,8 +408,13 @@ def names_of_different_roles(paths) -> dict:
             if n != "__init__.py" and (n not in SHARED_NAMES or f != SHARED_NAMES[n][1])}
 
 
+# stand-ins for other projects' packages (Azure ML's, Horovod's) carry those packages' names
+FOREIGN_LAYOUTS = ("pipelines/script/shims",)
+
+
 def test_no_two_modules_share_a_name_with_different_meanings():
     paths = [p.relative_to(REPO) for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+    paths = [p for p in paths if not p.as_posix().startswith(FOREIGN_LAYOUTS)]
     assert names_of_different_roles(paths) == {}
 
 
