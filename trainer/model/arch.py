@@ -16,6 +16,7 @@ position embedding resized by torchvision's own `interpolate_embeddings` where w
 another size.
 """
 
+import collections
 import functools
 import inspect
 import json
@@ -244,5 +245,14 @@ def build_model(spec: ModelSpec, num_classes: int, model_dir=None,
         state = {k: v for k, v in state.items() if k not in head}
         state = _fit_position_embedding(state, model, image_size or 224)
         own = model.state_dict()  # aux heads a file may carry are not part of ours
-        model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+        load_into(model, {k: v for k, v in state.items() if k in own}, strict=False)
     return model
+
+
+def load_into(model: nn.Module, state: dict, strict: bool = True):
+    """model.load_state_dict(state), with the model's own module versions where `state` has
+    none (a plain dict of tensors: MNASNet refuses a state_dict without its version)."""
+    if getattr(state, "_metadata", None) is None:
+        state = collections.OrderedDict(state)
+        state._metadata = model.state_dict()._metadata
+    return model.load_state_dict(state, strict=strict)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from kfvision.trainer.errors import InvalidModelDirectoryError
 from kfvision.trainer.fileio import atomic_write, atomic_write_bytes, atomic_write_json
-from kfvision.trainer.model.arch import build_model
+from kfvision.trainer.model.arch import build_model, load_into
 from kfvision.trainer.model.layout import (
     MODEL_FILE,
     MODEL_FORMAT,
@@ -80,7 +80,7 @@ def load_trained_model(model_dir) -> tuple[torch.nn.Module, dict]:
                         image_size=info.get("image_size"))
     state = torch.load(model_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True)
     try:
-        model.load_state_dict(state)
+        load_into(model, state)
     except RuntimeError as e:
         hint = timm_mismatch_hint(spec.timm) if spec.timm else ""
         raise InvalidModelDirectoryError(
