@@ -9,7 +9,7 @@ TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 
-.PHONY: help setup demo test test-fast lint bench bench-smoke bench-gpu clean litdata-venv
+.PHONY: help setup demo test test-fast lint bench bench-smoke bench-gpu clean litdata-venv s3rver
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -24,6 +24,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	  "device', free some space (old clones, /tmp/pytest-of-*) and run it again." >&2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	@command -v bwrap >/dev/null || echo "make setup: bwrap is missing: \`job run-local\` cannot" \
+	  "run the pods inside their filesystem (apt-get install bubblewrap; .ci/run installs it)" >&2
 	touch $@
 
 demo: setup ## the whole KFP pipeline on the digits, locally (KFP local runner), deploy on; prints the evaluation and the served figures
@@ -49,7 +51,7 @@ bench: setup ## throughput vs the usual way (input pipeline, training, serving, 
 	$(PY) -m bench.s3 --images 1000 10000 --rounds 2
 	$(PY) -m bench.script --rounds 4 --epochs 3 --files 2000
 	$(PY) -m bench.startup --rounds 3
-	$(MAKE) litdata-venv
+	$(MAKE) litdata-venv s3rver
 	$(PY) -m bench.objectstore --images 20000 --job --epochs 2
 
 # LitData, bench.objectstore's contender, in a venv of its own that sees .venv's packages (a .pth):
@@ -66,6 +68,17 @@ $(LITDATA_VENV)/.installed: $(VENV)/.installed
 	  print(sysconfig.get_path("purelib"))')')" > $$($(LITDATA_VENV)/bin/python -c \
 	  'import sysconfig; print(sysconfig.get_path("purelib"))')/_project_venv.pth
 	$(LITDATA_VENV)/bin/python -m pip install --quiet -c constraints.txt litdata==$(LITDATA_VERSION)
+	touch $@
+
+# s3rver, bench.objectstore's S3 server that keeps connections open (moto's closes each one), from
+# the npm registry into build/s3rver (Node: /usr/bin/node)
+S3RVER_VERSION ?= 3.7.1
+
+s3rver: build/s3rver/.installed ## s3rver (npm) in build/s3rver: bench.objectstore's keep-alive S3 server
+
+build/s3rver/.installed:
+	mkdir -p build/s3rver
+	npm install --no-audit --no-fund --prefix build/s3rver s3rver@$(S3RVER_VERSION)
 	touch $@
 
 # Speed is never a pass/fail test: this prints the figures (and the processor) for a note
@@ -105,7 +118,7 @@ catalog: setup ## rewrite trainer/model/catalog.py (every torchvision classifier
 	$(PY) -W ignore -m tools.catalog
 
 .PHONY: docs
-docs: setup ## rewrite the generated parts of README.md and docs/*.md (option tables) from the code
+docs: setup ## rewrite the generated parts of README.md, docs/*.md and kfvision --help (option tables, commands) from the code
 	$(PY) -m tools.docgen
 
 .PHONY: golden-pipeline pipeline

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torchvision
 from kfvision.trainer.data.datasets import ImageDataset
+from kfvision.trainer.data.draws import Sample
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.data.pack import write_pack
 from kfvision.trainer.data.transforms import Normalizer, train_transform
@@ -50,10 +51,14 @@ def baseline_dataset(raw, size):
 
 
 def rate(dataset, n: int, batch: int = 16, normalize=None) -> float:
-    """Items per second over the first n items, batched and (optionally) normalised."""
+    """Items per second over the first n items, batched and (optionally) normalised; kfvision's
+    datasets indexed as the trainer's sampler indexes them (a `Sample`: each image's crop drawn
+    from its own keyed stream, trainer/data/draws.py)."""
+    keyed = isinstance(dataset, ImageDataset)
     start = time.perf_counter()
     for first in range(0, n, batch):
-        items = [dataset[i][0] for i in range(first, min(first + batch, n))]
+        items = [dataset[Sample(i, 1, 1) if keyed else i][0]
+                 for i in range(first, min(first + batch, n))]
         x = torch.stack(items)
         if normalize is not None:
             normalize(x)

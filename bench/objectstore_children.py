@@ -1,10 +1,13 @@
 """bench.objectstore's contenders, each run as a child process of its own: LitData's conversion
 and streaming read (in LitData's venv: it is not one of the project's packages) and our fetch (in
-the project's venv). Each prints one JSON line last: the seconds of its measured part (imports
-and interpreter start left out), the images and the bytes it handled.
+the project's venv). Each prints one JSON line last: the seconds and the CPU seconds (every thread
+of the process: time.process_time) of its measured part (imports and interpreter start left out:
+torch, which the node fetcher's sampler order needs, is imported before), the images and the
+bytes it handled.
 
     python -m bench.objectstore_children litdata-optimize DATA s3://b/litdata/
     python -m bench.objectstore_children litdata-stream s3://b/litdata/ CACHE [--workers 2]
+    python -m bench.objectstore_children litdata-raw DATA s3://b/imagedir/ CACHE
     python -m bench.objectstore_children fetch s3://b/imagedir/ DEST [--fetcher s3sync]
     python -m bench.objectstore_children push DATA s3://b/imagedir/
 """
@@ -18,6 +21,15 @@ from pathlib import Path
 
 FETCHERS = {"node": "kfvision node fetcher (one node, one rank)",
             "s3sync": "kfvision s3sync.fetch (the whole prefix)"}
+
+
+def _now() -> tuple:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(start: tuple) -> dict:
+    """The seconds and the process's CPU seconds (all its threads) since `start` (_now())."""
+    return {"seconds": time.perf_counter() - start[0], "cpu_s": time.process_time() - start[1]}
 
 
 def node_fetch(uri: str, dest: Path) -> None:
@@ -77,11 +89,11 @@ def litdata_optimize(data: Path, uri: str, workers: int | None) -> dict:
 
     imdir = read_image_directory(data, verify="none")
     inputs = [(str(imdir.file(e)), e.label) for e in imdir.images]
-    start = time.perf_counter()
+    start = _now()
     litdata.optimize(fn=_sample, inputs=inputs, output_dir=uri, chunk_bytes="64MB",
                      **({"num_workers": workers} if workers else {}))
-    seconds = time.perf_counter() - start
-    return {"seconds": seconds, "images": len(inputs),
+    took = _since(start)
+    return {**took, "images": len(inputs),
             "bytes": sum(e.bytes for e in imdir.images)}
 
 
@@ -91,7 +103,7 @@ def litdata_stream(uri: str, cache: Path, workers: int | None) -> dict:
     cache folder `cache`; the image bytes are counted, never decoded."""
     from litdata import StreamingDataLoader, StreamingDataset
 
-    start = time.perf_counter()
+    start = _now()
     dataset = StreamingDataset(uri, cache_dir=str(cache))
     loader = StreamingDataLoader(dataset, **({"num_workers": workers} if workers else {}))
     images = size = 0
@@ -99,16 +111,52 @@ def litdata_stream(uri: str, cache: Path, workers: int | None) -> dict:
         for data in batch["image"]:
             images += 1
             size += len(data)
-    return {"seconds": time.perf_counter() - start, "images": images, "bytes": size}
+    return {**_since(start), "images": images, "bytes": size}
+
+
+def litdata_raw(data: Path, uri: str, cache: Path, batch: int = 64) -> dict:
+    """Read every image of the image directory at `uri` with LitData's per-file reader,
+    StreamingRawDataset (one GET per file, its asyncio downloads: up to 128 in flight in one
+    process by its own rule), through a torch DataLoader in random order (batch `batch`, no
+    worker process: as the node fetcher reads, one process), the bytes counted, not decoded.
+    Its file list is given from the manifest (an indexer of ours): its own lists the prefix
+    through s3fs, which neither venv has, and stores the list zstd-compressed."""
+    from kfvision.trainer.data.imagedir import read_image_directory
+    from litdata.raw.dataset import StreamingRawDataset
+    from litdata.raw.indexer import BaseIndexer, FileMetadata
+    from torch.utils.data import DataLoader
+
+    imdir = read_image_directory(data, verify="none")
+    files = [FileMetadata(uri + imdir.file(e).relative_to(data).as_posix(), e.bytes)
+             for e in imdir.images]
+
+    class Manifest(BaseIndexer):
+        def discover_files(self, input_dir, storage_options):
+            return files
+
+        def build_or_load_index(self, *args, **kwargs):
+            return files
+
+    start = _now()
+    dataset = StreamingRawDataset(uri, cache_dir=str(cache), indexer=Manifest())
+    loader = DataLoader(dataset, batch_size=batch, shuffle=True, collate_fn=list)
+    images = size = 0
+    for items in loader:
+        images += len(items)
+        size += sum(map(len, items))
+    return {**_since(start), "images": images, "bytes": size}
 
 
 def fetch(uri: str, dest: Path, fetcher: str) -> dict:
     """Our fetch (FETCHERS) of the image directory at `uri` into the empty folder `dest`."""
-    start = time.perf_counter()
+    import torch  # noqa: F401 (the node agent's, once: not a cost of reading)
+    from kfvision.pipelines.clients import nodefetch, s3sync  # noqa: F401
+
+    start = _now()
     {"node": node_fetch, "s3sync": s3sync_fetch}[fetcher](uri, dest)
-    seconds = time.perf_counter() - start
+    took = _since(start)
     files = [p for p in dest.rglob("*") if p.is_file() and not p.name.startswith(".")]
-    return {"seconds": seconds, "images": sum(p.suffix == ".jpg" for p in files),
+    return {**took, "images": sum(p.suffix == ".jpg" for p in files),
             "bytes": sum(p.stat().st_size for p in files if p.suffix == ".jpg")}
 
 
@@ -118,9 +166,9 @@ def push(data: Path, uri: str) -> dict:
     from kfvision.trainer.data.imagedir import read_image_directory
 
     imdir = read_image_directory(data, verify="none")
-    start = time.perf_counter()
+    start = _now()
     push_image_directory(data, uri, progress=False)
-    return {"seconds": time.perf_counter() - start, "images": len(imdir.images),
+    return {**_since(start), "images": len(imdir.images),
             "bytes": sum(e.bytes for e in imdir.images)}
 
 
@@ -135,6 +183,10 @@ def main(argv=None) -> int:
     s.add_argument("uri")
     s.add_argument("cache", type=Path)
     s.add_argument("--workers", type=int, help="the loader's num_workers (default: its own)")
+    r = sub.add_parser("litdata-raw")
+    r.add_argument("data", type=Path)
+    r.add_argument("uri")
+    r.add_argument("cache", type=Path)
     f = sub.add_parser("fetch")
     f.add_argument("uri")
     f.add_argument("dest", type=Path)
@@ -149,6 +201,8 @@ def main(argv=None) -> int:
         result = litdata_optimize(a.data, a.uri, a.workers)
     elif a.what == "litdata-stream":
         result = litdata_stream(a.uri, a.cache, a.workers)
+    elif a.what == "litdata-raw":
+        result = litdata_raw(a.data, a.uri, a.cache)
     else:
         result = fetch(a.uri, a.dest, a.fetcher)
     print(json.dumps(result), flush=True)

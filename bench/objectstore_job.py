@@ -118,7 +118,8 @@ def _metrics(store, out) -> dict:
 
     bucket, _, key = out[len("s3://"):].partition("/")
     client = boto3.client("s3", endpoint_url=store.url, region_name="us-east-1",
-                          aws_access_key_id="bench", aws_secret_access_key="bench")
+                          aws_access_key_id=store.env["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=store.env["AWS_SECRET_ACCESS_KEY"])
     return json.loads(client.get_object(Bucket=bucket, Key=key + "metrics.json")["Body"].read())
 
 

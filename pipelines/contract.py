@@ -28,6 +28,11 @@ SOURCE_SHA256 = "KFVISION_SOURCE_SHA256"
 # {"source_sha256", "entry", "args", "mlflow_run_id", "mlflow_tracking_uri"}. The model readers
 # ignore files they do not know (trainer/model/scripted.py).
 PROVENANCE = "kfvision-source.json"
+# Where node 0's work folder is mounted in a script job's pods (its model/ and outputs/ below), and
+# the annotation that carries --output-uri as given: `job download` reads both
+# (pipelines/jobs/outputs.py).
+WORK_MOUNT = "/kfvision/work"
+OUTPUT_ANNOTATION = "kfvision.dev/output-uri"
 # What node 0 keeps after success, under the boot's work folder, by the names they have under
 # --output-uri (URI/model/, URI/outputs/); SUCCEEDED (in the work folder) says it got there.
 RESULTS = {"model": "model", "outputs": "src/outputs"}

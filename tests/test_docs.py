@@ -34,7 +34,7 @@ def test_committed_docs_are_what_make_docs_writes():
 
 def test_every_region_is_in_exactly_one_page():
     found = {}
-    for path in docgen.pages():
+    for path in docgen.files():
         for match in docgen._REGION.finditer(path.read_text(encoding="utf-8")):
             found.setdefault(match["name"], []).append(path.name)
     assert {name: len(pages) for name, pages in found.items()} == dict.fromkeys(
@@ -64,8 +64,10 @@ def test_regions_are_rewritten_and_the_rest_kept():
 
 
 def test_links_are_relative_to_the_page():
-    assert docgen._link("README.md#training-options", "docs/pipeline.md") == (
-        "../README.md#training-options")
+    assert docgen._link("README.md#two-commands", "docs/pipeline.md") == (
+        "../README.md#two-commands")
+    assert docgen._link("docs/cli.md#training-options", "docs/pipeline.md") == (
+        "cli.md#training-options")
     assert docgen._link("docs/jobs.md#render", "docs/pipeline.md") == "jobs.md#render"
     assert docgen._link("docs/jobs.md#render", "README.md") == "docs/jobs.md#render"
 
@@ -308,7 +310,7 @@ def test_slug_is_githubs(heading, anchor):
 
 @pytest.mark.parametrize("target, problem", [
     ("benchmarks.md#gpu", None), ("#how-the-figures-are-taken", None),
-    ("../README.md#training-options", None), ("https://example.com/x#y", None),
+    ("../README.md#two-commands", None), ("https://example.com/x#y", None),
     ("benchmarks.md#history", "no heading #history in docs/benchmarks.md"),
     ("#test-suite-time", "no heading #test-suite-time in docs/benchmarks.md"),
     ("nowhere.md", "no file nowhere.md"),

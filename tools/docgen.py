@@ -1,6 +1,6 @@
 """The parts of the docs that the code already says, written from it: `make docs`.
 
-    python -m tools.docgen            # rewrite what differs (README.md, docs/*.md)
+    python -m tools.docgen            # rewrite what differs (README.md, docs/*.md, cli/__init__.py)
     python -m tools.docgen --check    # exit 1, naming the files, if anything differs
 
 Each generated part sits between two marker comments in README.md or a docs/*.md file:
@@ -9,13 +9,14 @@ Each generated part sits between two marker comments in README.md or a docs/*.md
     ...
     <!-- end generated -->
 
-and only those parts are rewritten: the option tables (training, job, pipeline parameters,
-storage, s3, deploy, serve, search, cluster) from the option() declarations, `job render`'s kind
-flags from its parser, the message of an out-of-range parameter, and the demo's training
-settings. A region on one line is written on one line (within a sentence). Each part appears in
-exactly one file; other pages link to it. tests/test_docs.py fails when a committed file differs
-from what this writes. Torch-free: it reads the declarations only (kfp is imported for the
-pipeline's defaults).
+and only those parts are rewritten: the option tables (training, job, pipeline parameters, storage,
+s3, deploy, serve, search, cluster) from the option() declarations, `job render`'s kind flags from
+its parser, the message of an out-of-range parameter, the demo's training settings, docs/cli.md's
+table of every command and verb, and the verbs `kfvision --help` lists (VERBS in
+pipelines/cli/__init__.py, from the parsers). A region on one line is written on one line (within a
+sentence). Each part appears in exactly one file; other pages link to it. tests/test_docs.py fails
+when a committed file differs from what this writes. Torch-free: it reads the declarations only (kfp
+is imported for the pipeline's defaults).
 """
 
 import argparse
@@ -31,7 +32,7 @@ END = "<!-- end generated -->"
 _REGION = re.compile(rf"({re.escape(BEGIN)}(?P<name>[^>]+?) -->)(?P<body>.*?)({re.escape(END)})",
                      re.S)
 # Where each table is, for the links of the others (relative to the repository root).
-TRAIN_TABLE = "README.md#training-options"
+TRAIN_TABLE = "docs/cli.md#training-options"
 JOB_TABLE = "docs/jobs.md#render"
 
 
@@ -310,6 +311,37 @@ def model_count(page: str) -> str:
     return str(sum(map(len, FAMILIES.values())))
 
 
+def command_reference(page: str) -> str:
+    """Every command and verb with its one-line help, from the parsers (docs/cli.md)."""
+    from kfvision.pipelines.cli import HELP, LAZY, build_parser
+
+    rows = [_row(["command", "what it does"]), _row(["---"] * 2)]
+    for name in HELP:
+        top = build_parser([name] if name in LAZY else [])
+        command = _subcommand(top, name)
+        actions = [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]
+        if not actions:
+            rows.append(_row([f"`kfvision {name}`", HELP[name]]))
+            continue
+        for verb in actions[0]._choices_actions:
+            rows.append(_row([f"`kfvision {name} {verb.dest}`", verb.help]))
+    return "\n".join(rows)
+
+
+def command_verbs(page: str) -> str:
+    """VERBS of pipelines/cli/__init__.py: each command group's verbs, from its parser, one
+    `group: verb, verb, ...` line each."""
+    from kfvision.pipelines.cli import LAZY, build_parser
+
+    lines = []
+    for name in LAZY:
+        group = _subcommand(build_parser([name]), name)
+        actions = [a for a in group._actions if isinstance(a, argparse._SubParsersAction)]
+        if actions:
+            lines.append(f"{name}: {', '.join(actions[0].choices)}")
+    return "\n".join(lines)
+
+
 REGIONS = {
     "model count": model_count,
     "model families": model_families,
@@ -328,6 +360,8 @@ REGIONS = {
     "cluster options": cluster_options,
     "range error example": range_error_example,
     "demo settings": demo_settings,
+    "command verbs": command_verbs,
+    "command reference": command_reference,
 }
 
 
@@ -358,6 +392,11 @@ def pages(root: Path = REPO) -> list:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
+def files(root: Path = REPO) -> list:
+    """Every file with generated regions: the pages, and the command line's list of verbs."""
+    return [*pages(root), root / "pipelines" / "cli" / "__init__.py"]
+
+
 def generate(root: Path = REPO) -> dict:
     """{path: new text} of every page whose generated regions differ from what is there.
 
@@ -365,7 +404,7 @@ def generate(root: Path = REPO) -> dict:
         DocgenError: an unknown, unclosed, missing or repeated region.
     """
     changed, found = {}, {}
-    for path in pages(root):
+    for path in files(root):
         page = path.relative_to(root).as_posix()
         text = path.read_text(encoding="utf-8")
         for match in _REGION.finditer(text):

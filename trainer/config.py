@@ -49,8 +49,9 @@ class TrainConfig:
     lr: float = option(0.001, "base learning rate of SGD; multiplied by the world size (number "
                        "of processes)", low=0, high=10, low_open=True, pipeline="learning_rate")
     seed: int = option(1, "random seed", doc="The same seed and world size give the same model "
-                       "on CPU; the pipeline's split uses it too.", low=0, high=2**63 - 1,
-                       pipeline="random_seed")
+                       "on CPU, whatever the workers, cache or storage (docs/data.md, \"What a "
+                       "run's result depends on\"); the pipeline's split uses it too.", low=0,
+                       high=2**63 - 1, pipeline="random_seed")
     patience: int = option(3, "stop after this many epochs without a decrease of the validation "
                            "loss", low=1, high=100_000, pipeline=True)
     print_freq: int = option(10, "print training metrics every this many steps", low=1,

@@ -150,12 +150,13 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Everything a restarted run needs to end as if it never stopped: the epochs done and
-        their history, the unwrapped model, optimizer, schedule, early stopping, and the RNG states
-        of every rank (including the data loaders' generators), in rank order.
+        their history, the unwrapped model, optimizer, schedule, early stopping, and the global
+        RNG states of every rank, in rank order (the data's draws need none: they are keyed by
+        the epoch, trainer/data/draws.py).
 
         A collective: every rank calls it (each contributes its RNG states); all get the same.
         """
-        rng = all_gather_object(capture_rng(self._generators(), self.ctx.device), self.ctx)
+        rng = all_gather_object(capture_rng(self.ctx.device), self.ctx)
         return {"epoch": self.epoch, "history": list(self.history),
                 "resumed_from": list(self.resumed_from), "model": self.raw_model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
@@ -172,13 +173,9 @@ class Trainer:
         self.stopper.load_state_dict(state["early_stopping"])
         if self.ema is not None:
             self.ema.load_state_dict(state["ema"])
-        restore_rng(state["rng"][self.ctx.rank], self._generators(), self.ctx.device)
+        restore_rng(state["rng"][self.ctx.rank], self.ctx.device)
         self.epoch, self.history = state["epoch"], list(state["history"])
         self.resumed_from = [*state["resumed_from"], state["epoch"]]
-
-    def _generators(self) -> list:
-        return [g for g in (getattr(self.train_loader, "generator", None),
-                            getattr(self.val_loader, "generator", None)) if g is not None]
 
     def _autocast(self):
         """bf16 autocast when the runtime says so; weights and optimiser stay float32."""

@@ -42,8 +42,10 @@ def add_script_flags(parser, *, positional: bool = True) -> None:
                    "into the job")
     g.add_argument("--entry", metavar="FILE", help="the script to run, relative to --source")
     g.add_argument("-m", "--module", metavar="NAME", help="or the module to run (python -m)")
+    g.add_argument("--console-script", metavar="NAME", help="or a script of the source's "
+                   "pyproject.toml [project.scripts]")
     g.add_argument("--requirements", metavar="FILE", help="pip requirements, relative to "
-                   "--source (default: requirements.txt beside the entry)")
+                   "--source (default: requirements.txt beside the entry, or at --source)")
     g.add_argument("--workdir", metavar="DIR", help="folder to run in, relative to --source "
                    "(a Dockerfile's WORKDIR)")
     g.add_argument("--launcher", choices=LAUNCHERS, default="torchrun",
@@ -51,6 +53,8 @@ def add_script_flags(parser, *, positional: bool = True) -> None:
     g.add_argument("--input", type=_pair("--input"), action="append", default=[],
                    metavar="NAME=URI", help="data channel: s3://, pvc://CLAIM/PATH or a pod "
                    "path (repeatable)")
+    g.add_argument("--collect", action="append", default=[], metavar="DIR", help="a folder the "
+                   "script writes where it runs, kept under outputs/ (repeatable)")
     g.add_argument("--output-uri", metavar="URI", help="where model/ and outputs/ go after "
                    "success: s3://, pvc://CLAIM/PATH or a pod path")
     g.add_argument("--source-store", metavar="S3_URI", help="object-store prefix for a "
@@ -66,6 +70,8 @@ def add_script_flags(parser, *, positional: bool = True) -> None:
                    "(epochs=10, total_steps=5000): progress percentage and time left")
     g.add_argument("--no-progress-reports", action="store_true", help="no progress reports "
                    "from kfvision (the script posts its own)")
+    g.add_argument("--no-check-requirements", action="store_true", help="do not check the "
+                   "requirements against the image's pinned torch and torchvision")
     if positional:
         g.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS",
                        help="the script's own arguments, after --")
@@ -106,7 +112,14 @@ def run_args(args) -> argparse.Namespace:
     return argparse.Namespace(manifest=args.output, namespace=args.namespace, wait=args.wait,
                               timeout=args.timeout, keep_on_timeout=args.keep_on_timeout,
                               poll=args.poll, no_logs=False, log_dir=args.log_dir,
-                              quiet=args.quiet, grace=30.0, fault=[])
+                              quiet=args.quiet, grace=30.0, fault=[],
+                              no_sandbox=args.no_sandbox)
+
+
+def add_no_sandbox(group) -> None:
+    """`--no-sandbox` of `job run-local` and `job run` (pipelines/jobs/sandbox.py)."""
+    group.add_argument("--no-sandbox", action="store_true", help="run the pods with this "
+                       "machine's filesystem and user, not inside the pod's (bwrap)")
 
 
 def job_render_parser() -> argparse.ArgumentParser:

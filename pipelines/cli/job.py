@@ -1,5 +1,6 @@
 """`kfvision job render | run-local | submit | logs | delete | status | list`: the PyTorchJob and
-TrainJob command line."""
+TrainJob command line. logs, delete, status, list and download ask the job's backend, a local
+run's or the cluster's alike (pipelines/jobs/backends.py)."""
 
 import argparse
 import shlex
@@ -91,11 +92,16 @@ def _run_local(args) -> int:
     job, config_maps = read_manifest(args.manifest)  # ConfigMaps: a user's script's source
     name = job["metadata"]["name"]
     log_dir = Path(args.log_dir or Path("build") / "jobs" / name)
+    from kfvision.pipelines.script.snapshot import tag_made
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    tag_made(log_dir)  # a source folder that holds it never packs it
     print(f"running {job['kind']} {name} locally (image {_images(job)} stands in by this "
           f"machine's programs); logs in {log_dir}/", file=sys.stderr)
     try:  # --grace is a PyTorchJob's (a TrainJob's nodes must all succeed)
         result = run_local(job, log_dir, source=args.manifest, quiet=args.quiet,
-                           grace_s=args.grace, faults=args.fault, config_maps=config_maps)
+                           grace_s=args.grace, faults=args.fault, config_maps=config_maps,
+                           sandbox=False if args.no_sandbox else None)
     except KeyboardInterrupt:
         return _stopped(name)  # run_local raised Interrupted once every process was stopped
     print(f"job {name} succeeded in {result.seconds:.1f} s ({result.restarts} restart(s)); "
@@ -134,33 +140,26 @@ def _submit(args) -> int:
 
 
 def _logs(args) -> int:
-    from kfvision.pipelines.jobs import podlogs
-    from kfvision.pipelines.jobs.jobclient import attach, connect
+    from kfvision.pipelines.jobs.backends import pick
 
     if args.all and args.replica:
         raise InvalidJobError("--all shows every replica; drop --replica (or --all).")
-    client = attach(connect(args.namespace), args.name)
+    backend = pick(args.name, args.namespace, args.log_dir)
     if args.follow:
-        replicas = None if args.all else {args.replica or client.kind.primary}
-        podlogs.Follower(client, args.name, write=lambda line: print(line, flush=True),
-                         note=lambda line: print(line, file=sys.stderr, flush=True),
-                         replicas=replicas, tag=args.all).run(args.poll)
+        backend.follow(args.name, write=lambda line: print(line, flush=True),
+                       note=lambda line: print(line, file=sys.stderr, flush=True),
+                       replica=args.replica, all=args.all, poll_s=args.poll)
         return 0
-    if args.all:
-        for line in podlogs.merged(client, args.name, tail=args.tail, previous=args.previous):
-            print(line)
-        return 0
-    sys.stdout.write(client.logs(args.name, args.replica, tail=args.tail,
-                                 previous=args.previous))
+    for line in backend.logs(args.name, args.replica, all=args.all, tail=args.tail,
+                             previous=args.previous):
+        print(line)
     return 0
 
 
 def _delete(args) -> int:
-    from kfvision.pipelines.jobs.jobclient import attach, connect
+    from kfvision.pipelines.jobs.backends import pick
 
-    client = attach(connect(args.namespace), args.name)
-    client.delete(args.name)
-    print(f"deleted {client.kind.kind} {client.namespace}/{args.name}")
+    print(f"deleted {pick(args.name, args.namespace, args.log_dir).delete(args.name)}")
     return 0
 
 
@@ -185,6 +184,9 @@ def register(subparsers, help: str) -> None:
                    metavar="TARGET:SIGNAL:PATTERN",
                    help="fault drill (repeatable): on a log line matching PATTERN, send SIGNAL "
                    "to TARGET")
+    from kfvision.pipelines.cli.flags import add_no_sandbox
+
+    add_no_sandbox(r)
     r.set_defaults(func=_run_local)
     s = add_submit(sub, JobClient, _submit, "create the job on the cluster (re-attach if it "
                    "exists)", manifest="PyTorchJob or TrainJob YAML ('-': standard input)")
@@ -200,7 +202,10 @@ def register(subparsers, help: str) -> None:
     lg.add_argument("--tail", type=int, help="only the last N lines (of each pod)")
     lg.add_argument("--previous", action="store_true", help="the log of the container before "
                     "its last restart")
-    add_command(sub, "delete", _delete, "delete the job (and its pods)", name="job name")
+    lg.add_argument("--log-dir", help="a local run's folder (default: build/jobs/NAME)")
+    d = add_command(sub, "delete", _delete, "delete the job and its pods (a local run: stop it, "
+                    "remove its folder)", name="job name")
+    d.add_argument("--log-dir", help="a local run's folder (default: build/jobs/NAME)")
     # --- a user's own script in one step, and its outputs: pipelines/cli/jobscript.py ---
     from kfvision.pipelines.cli.jobscript import add_download, add_run
 
@@ -215,6 +220,11 @@ def register(subparsers, help: str) -> None:
 def _run_script(args) -> int:
     if args.source is not None:
         check_mode(args)
+    if not args.output:
+        from kfvision.pipelines.script.snapshot import tag_made
+
+        (Path("build") / "jobs").mkdir(parents=True, exist_ok=True)
+        tag_made(Path("build") / "jobs")  # never packed by a `--source .`
     args.output = args.output or str(Path("build") / "jobs" / f"{args.name}.yaml")
     then = run_args(args)
     _render_script(args)

@@ -9,7 +9,7 @@ pipelines/cli/flags.py's; its job is assembled by pipelines/script/assemble.py (
 from pathlib import Path
 
 from kfvision.pipelines.cli.clusterargs import add_cluster_flags, add_command, waiting_flags
-from kfvision.pipelines.cli.flags import add_kind_flags, add_script_flags
+from kfvision.pipelines.cli.flags import add_kind_flags, add_no_sandbox, add_script_flags
 from kfvision.pipelines.jobs.fromflags import JOB_OPTIONS
 from kfvision.pipelines.script.assemble import TRACKING
 
@@ -39,6 +39,7 @@ def add_run(sub, func) -> None:
                    "running here")
     w.add_argument("--log-dir", help="here: per-replica logs (default: build/jobs/NAME)")
     w.add_argument("--quiet", action="store_true", help="here: logs to files only")
+    add_no_sandbox(w)
     from kfvision.pipelines.jobs.jobclient import JobClient
 
     add_cluster_flags(r.add_argument_group("with --submit (its namespace: --namespace above)"),
@@ -48,7 +49,7 @@ def add_run(sub, func) -> None:
 
 def add_download(sub) -> None:
     """`kfvision job download NAME PATH`: a file or folder of a script job's outputs
-    (pipelines/script/outputs.py)."""
+    (pipelines/jobs/outputs.py)."""
     dl = add_command(sub, "download", _download, "fetch a file or folder of a finished script "
                      "job's outputs (model/..., outputs/...)", name="job name",
                      description="Fetch PATH (model/... or outputs/...) of what a script job "
@@ -60,37 +61,13 @@ def add_download(sub) -> None:
 
 
 def _download(args) -> int:
-    from kfvision.pipelines.clients.k8s import KubernetesError
-    from kfvision.pipelines.jobs.errors import JobOutputsError
-    from kfvision.pipelines.script import outputs
+    from kfvision.pipelines.jobs.backends import pick
+    from kfvision.pipelines.jobs.outputs import check_path
     from kfvision.pipelines.script.jobmodel import record_download
 
-    path = outputs.check_path(args.path)
-    log_dir = Path(args.log_dir or Path("build") / "jobs" / args.name)
-    work = None if args.namespace else outputs.local_run(args.name, log_dir)
-    if work is not None:
-        got = outputs.from_local(work, path, Path(args.out))
-        record_download(Path(args.out), got, job=args.name, path=path, where=str(log_dir))
-        print(f"downloaded {path} of job {args.name} from its local run in {log_dir} to {got}")
-        return 0
-    from kfvision.pipelines.jobs.jobclient import attach, connect
-    from kfvision.pipelines.jobs.podstatus import job_state
-
-    try:
-        client = attach(connect(args.namespace), args.name)
-    except KubernetesError as e:
-        if args.namespace or e.status not in (None, 404):
-            raise
-        raise JobOutputsError(f"job {args.name} has no local run in {log_dir} (--log-dir), and "
-                              f"the cluster has none either: {e}") from e
-    job = client.get(args.name)
-    what = f"{client.kind.kind} {client.namespace}/{args.name}"
-    uri = outputs.output_uri(job, what)
-    state, _ = job_state(job)
-    if state != client.kind.succeeded:
-        raise JobOutputsError(f"{what} is {state}, not {client.kind.succeeded}: node 0 copies "
-                              f"its outputs to {uri} after success.")
-    got = outputs.from_uri(uri, path, Path(args.out))
-    record_download(Path(args.out), got, job=args.name, path=path, where=what)
-    print(f"downloaded {path} of {what} from {uri} to {got}")
+    path = check_path(args.path)
+    backend = pick(args.name, args.namespace, args.log_dir)
+    got, source, note = backend.download(args.name, path, Path(args.out))
+    record_download(Path(args.out), got, job=args.name, path=path, where=source)
+    print(note or f"downloaded {path} of job {args.name} from {source} to {got}")
     return 0

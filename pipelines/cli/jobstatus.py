@@ -1,5 +1,6 @@
-"""`kfvision job status NAME` and `kfvision job list`: where jobs stand, local runs and the
-cluster's alike (docs/scripts.md, "Seeing how far it has come").
+"""`kfvision job status NAME [--watch]` and `kfvision job list`: where jobs stand, local runs and
+the cluster's alike (docs/scripts.md, "Seeing how far it has come"), as the job's backend says
+(pipelines/jobs/backends.py); the words and the bar are drawn here.
 
     kfvision job status demo             # a local run (build/jobs/demo), else the cluster's job
     kfvision job status demo -n team-a   # the cluster's
@@ -16,12 +17,11 @@ localstatus.py); a job on a cluster is read as pipelines/jobs/jobstatus.py says.
 """
 
 import json
+import sys
 import time
-from pathlib import Path
 
-from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.backends import LOG_ROOT
 
-LOG_ROOT = Path("build") / "jobs"  # run-local's default: LOG_ROOT/NAME
 BAR = 20  # characters of the progress bar
 
 
@@ -106,82 +106,57 @@ def list_text(views: list) -> str:
                      for r in rows)
 
 
-def _local_view(record: dict) -> dict:
-    return {**record, "where": f"local run in {record['log_dir']}"}
+def _status(args) -> int:
+    from kfvision.pipelines.jobs.backends import ENDED, pick
+
+    backend = pick(args.name, args.namespace, args.log_dir)
+    shown = 0
+    while True:
+        now = time.time()
+        view = backend.status(args.name, now)
+        text = json.dumps(view, indent=1) if args.json else status_text(view, now)
+        if shown and sys.stdout.isatty():  # redraw in place: up over the last block, clear it
+            sys.stdout.write(f"\x1b[{shown}F\x1b[J")
+        print(text, flush=True)
+        shown = text.count("\n") + 1
+        if not args.watch or view["phase"] in ENDED:
+            return 0
+        time.sleep(args.poll)
 
 
-def _cluster(args, namespace_of, what: str, log_dir: Path, call):
-    """call(api) on the cluster; a missing configuration said with the local place too."""
-    from kfvision.pipelines.clients.endpoints import EndpointError
-    from kfvision.pipelines.clients.k8s import KubernetesError
-    from kfvision.pipelines.jobs.jobclient import connect
-
-    try:
-        return call(connect(namespace_of(args)))
-    except (KubernetesError, EndpointError) as e:
-        if args.namespace or getattr(e, "status", None) not in (None, 404):
-            raise
-        raise InvalidJobError(f"{what} in {log_dir} (a local run), nor on the cluster: {e}") from e
-
-
-def _status(args, namespace_of) -> int:
-    from kfvision.pipelines.jobs import localstatus
-
-    now = time.time()
-    log_dir = Path(args.log_dir or LOG_ROOT / args.name)
-    record = None if args.namespace else localstatus.read(log_dir, now)
-    if record is not None:
-        view = _local_view(record)
-    else:
-        from kfvision.pipelines.jobs.jobclient import attach
-        from kfvision.pipelines.jobs.jobstatus import cluster_status
-
-        view = _cluster(args, namespace_of, f"no job {args.name}", log_dir,
-                        lambda client: cluster_status(attach(client, args.name), args.name, now))
-    print(json.dumps(view, indent=1) if args.json else status_text(view, now))
-    return 0
-
-
-def _list(args, namespace_of) -> int:
-    from kfvision.pipelines.jobs import localstatus
+def _list(args) -> int:
+    from kfvision.pipelines.jobs.backends import pick
 
     now = time.time()
-    root = Path(args.log_root or LOG_ROOT)
-    views = [] if args.namespace else [_local_view(r) for r in localstatus.read_all(root)]
-    if not views:
-        from kfvision.pipelines.jobs.jobstatus import cluster_list
-
-        views = _cluster(args, namespace_of, "no job", root,
-                         lambda client: cluster_list(client.api, now))
+    views = pick(None, args.namespace, root=args.log_root or LOG_ROOT).list(now)
     if args.json:
         print(json.dumps(views, indent=1))
     elif views:
         print(list_text(views))
     else:
-        print(f"no job kfvision rendered in namespace {namespace_of(args) or '(the context)'}")
+        print(f"no job kfvision rendered in namespace {args.namespace or '(the context)'}")
     return 0
-
-
-def _namespace(args):
-    return args.namespace
 
 
 def add_status(sub) -> None:
     """`kfvision job status NAME` and `kfvision job list`, with the cluster commands' -n
     (pipelines/cli/clusterargs.py)."""
-    from kfvision.pipelines.cli.clusterargs import add_command
+    from kfvision.pipelines.cli.clusterargs import TARGET, add_command
 
     s = add_command(
-        sub, "status", lambda args: _status(args, _namespace),
+        sub, "status", _status,
         "where a job stands: phase, nodes x processes, progress, metrics", name="job name",
-        allow_abbrev=False, description="Show a job's phase, its nodes x processes, its "
-        "progress (bar, position, time left) and last metrics: from its local run's record "
-        "(`job run-local`, `job run`), else from the cluster (a TrainJob's "
-        "status.trainerStatus, a PyTorchJob's rank-0 log).")
+        flags=(*TARGET, "poll"), allow_abbrev=False,  # --poll: for --watch
+        description="Show a job's phase, its nodes x processes, its progress (bar, position, "
+        "time left) and last metrics: from its local run's record (`job run-local`, `job run`), "
+        "else from the cluster (a TrainJob's status.trainerStatus, a PyTorchJob's rank-0 log); "
+        "with --watch again every --poll seconds until the job has ended.")
     s.add_argument("--log-dir", help="the local run's folder (default: build/jobs/NAME)")
     s.add_argument("--json", action="store_true", help="print it as JSON")
+    s.add_argument("-w", "--watch", action="store_true", help="redraw it every --poll seconds "
+                   "until the job has ended")
     ls = add_command(
-        sub, "list", lambda args: _list(args, _namespace),
+        sub, "list", _list,
         "the jobs and where each stands (local runs, or the cluster's)", allow_abbrev=False,
         description="List the local runs under --log-root, or (with -n, or when there is "
         "none) the jobs kfvision rendered on the cluster, of both kinds, with phase, shape and "

@@ -183,8 +183,17 @@ def _submit(args) -> int:
         run = client.create_run_from_pipeline_package(
             str(package), arguments=arguments, run_name=args.run_name,
             experiment_name=args.experiment, namespace=args.namespace)
-    print(f"submitted run {run.run_id} to {args.endpoint} (experiment {args.experiment}): "
-          f"{args.endpoint.rstrip('/')}/#/runs/details/{run.run_id}")
+    url = f"{args.endpoint.rstrip('/')}/#/runs/details/{run.run_id}"
+    print(f"submitted run {run.run_id} to {args.endpoint} (experiment {args.experiment}): {url}",
+          flush=True)
+    if args.wait:
+        from kfvision.pipelines.flow.runwait import wait_run
+
+        with talking_to(args.endpoint, "the KFP API", check=CHECK_ENDPOINT,
+                        auth_check=CHECK_AUTH):
+            wait_run(client, run.run_id, url, timeout_s=args.timeout, poll_s=args.poll,
+                     say=lambda line: print(line, flush=True))
+        print(f"run {run.run_id} succeeded: {url}")
     return 0
 
 
@@ -236,7 +245,7 @@ def register(subparsers, help: str) -> None:
                    "http://localhost:8080 (kubectl port-forward svc/ml-pipeline-ui)")
     s.add_argument("--experiment", default="kfvision", help="experiment (created if missing)")
     s.add_argument("--run-name", help="run name (default: pipeline name and time)")
-    add_cluster_flags(s, TARGET)  # a multi-user Kubeflow's profile namespace
+    add_cluster_flags(s, (*TARGET, "wait", "timeout", "poll"))  # -n: a profile's namespace
     auth = s.add_mutually_exclusive_group()
     auth.add_argument("--token", help="bearer token for a multi-user Kubeflow (kfp.Client's "
                       "existing_token)")

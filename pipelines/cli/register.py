@@ -46,8 +46,8 @@ def _register(args) -> int:
 
 def register(sub, help: str) -> None:
     r = sub.add_parser("register", help=help, formatter_class=HelpFormatter)
-    r.add_argument("--model", required=True, help="trained model directory, its s3://, "
-                   "models:/ or model-registry:// URI, or any file or folder a job wrote")
+    r.add_argument("--model", required=True, help="model directory, its s3://, models:/ or "
+                   "model-registry:// URI, or a file or folder a job wrote")
     r.add_argument("--name", required=True, help="registered model name")
     r.add_argument("--registry", default=registry.REGISTRIES[0],
                    help=f"one of {', '.join(registry.REGISTRIES)} "

@@ -8,7 +8,7 @@ build and the CRD schemas check) and CoreV1Api (pods, logs, claims), not the ope
 second model of each object to keep in step, and every call is one we choose, so each failure can
 name kind/namespace/name and the Roles in manifests/ can list exactly these verbs.
 
-One mapping of failures, whichever command made the call (README, "Exit codes"):
+One mapping of failures, whichever command made the call (docs/cli.md, "Errors"):
     nothing answered, timed out   EndpointUnreachableError  69  (pipelines/clients/endpoints.py)
     TLS handshake failed          EndpointTLSError          76
     credentials refused (401)     EndpointAuthError         77

@@ -8,8 +8,8 @@ trainer's side: a rank waits for a file that is not there yet).
     fetcher.stop(); fetcher.summary()   # objects and bytes per epoch and per channel
 
 What is fetched, and when:
-- epoch e's training images of this node's ranks, in their DistributedSampler's order (the same
-  sampler, seeded the same: `rank_order`), interleaved rank by rank as the ranks read in step;
+- epoch e's training images of this node's ranks, in their sampler's order (the same
+  order, keyed the same: `rank_order`), interleaved rank by rank as the ranks read in step;
   the validation images of its ranks (every world_size-th, as EvalShard reads) after epoch 1's;
 - an image already held is never fetched again: every epoch after the first only adds what the
   reshuffle brings that this node has not seen, until it holds the whole dataset;
@@ -19,6 +19,14 @@ What is fetched, and when:
 - a file a rank has been waiting for (a `want-*` note) first, whatever the plan says: the order
   above is a prediction, and nothing breaks where it is wrong (a one-process node reading with
   persistent workers, a resumed run), training only waits.
+
+Requests in flight: `max_connections` (the job's `--max-connections`) downloads at once, each a
+thread blocked on its own kept-alive connection, and as many queued behind them; a 503 SlowDown
+pauses every request of the process for its backoff (pipelines/clients/s3.py's `retried`). A
+small GET (up to HEDGE_BYTES) that has run HEDGE_FACTOR times longer than the median of the last
+ones (and at least `hedge_after` seconds) is asked again once beside it: whichever copy lands
+first is kept (a stalled connection or a slow server thread does not hold a rank up), the other
+one's bytes are counted apart (`hedged` in the summary).
 
 Each object is downloaded by pipelines/clients/s3.py's `download`: the listed ETag asked for
 (If-Match), size, ETag and MD5 checked, retried under the retry policy, written to a hidden part
@@ -31,8 +39,10 @@ import contextlib
 import json
 import math
 import os
+import statistics
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +55,9 @@ from kfvision.trainer.exitcodes import error_line
 AHEAD_SHARE = 0.02  # of an epoch's share: fetched before the ranks begin that epoch
 POLL_S = 0.02
 NOTE, NOTE_BYTES = ".failed-note", 4096  # the failure note's room, taken before the disk fills
+HEDGE_BYTES = 8 << 20  # a GET this small is asked again when it takes far longer than its peers
+HEDGE_FACTOR = 8.0  # "far longer": this many times the median of the last GETs
+HEDGE_AFTER_S = 1.0  # and never sooner than this
 
 
 class ScratchFullError(OutputError):
@@ -97,24 +110,11 @@ class Plan:
 
 
 def rank_order(n: int, world_size: int, rank: int, seed: int, epoch: int) -> list:
-    """The indices `rank` trains on in `epoch`, as the trainer's loader draws them
-    (kfvision.trainer.data.datasets.make_loader): a DistributedSampler for more than one process;
-    for one, a seeded RandomSampler (fresh iterator each epoch)."""
-    import torch
-    from torch.utils.data import DistributedSampler
+    """The indices `rank` trains on in `epoch`, as the trainer's sampler deals them
+    (kfvision.trainer.data.draws.epoch_order, for any world size)."""
+    from kfvision.trainer.data.draws import epoch_order
 
-    if world_size > 1:
-        sampler = DistributedSampler(range(n), num_replicas=world_size, rank=rank, shuffle=True,
-                                     seed=seed, drop_last=False)
-        sampler.set_epoch(epoch)
-        return list(sampler)
-    g = torch.Generator().manual_seed(seed + rank)
-    order = []
-    for _ in range(epoch):  # each epoch's iterator: its base seed, the permutation, and (at its
-        torch.empty((), dtype=torch.int64).random_(generator=g)  # end) RandomSampler's
-        order = torch.randperm(n, generator=g).tolist()  # empty remainder, drawn all the same
-        torch.randperm(n, generator=g)
-    return order
+    return epoch_order(n, seed, epoch, rank, world_size)
 
 
 def node_order(orders: list) -> list:
@@ -134,8 +134,15 @@ class NodeFetcher:
     """See the module doc. `val` may be None."""
 
     def __init__(self, train: Channel, val: Channel | None, plan: Plan, arrival: Path, *,
-                 max_connections: int = s3.DEFAULT_CONNECTIONS, ahead: float = AHEAD_SHARE):
+                 max_connections: int = s3.DEFAULT_CONNECTIONS, ahead: float = AHEAD_SHARE,
+                 hedge_after: float = HEDGE_AFTER_S):
         self.train, self.val, self.plan = train, val, plan
+        self.hedge_after = hedge_after
+        self._running: dict = {}  # (channel, path) -> (Channel, time.monotonic() at its start)
+        self._hedged: set = set()
+        self._took: deque = deque(maxlen=256)  # seconds of the last small GETs
+        self.second_copies = 0  # bytes of the hedged GETs' copies that landed second
+        self._pool = None
         self.arrival = Path(arrival)
         self.max_connections = max_connections
         self.ahead = ahead
@@ -197,7 +204,8 @@ class NodeFetcher:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        pool = ThreadPoolExecutor(self.max_connections, thread_name_prefix="fetch")
+        pool = self._pool = ThreadPoolExecutor(self.max_connections + 4,  # + hedges
+                                               thread_name_prefix="fetch")
         slots = threading.Semaphore(2 * self.max_connections)
         try:
             self._schedule(pool, slots)
@@ -252,6 +260,21 @@ class NodeFetcher:
     def _idle(self) -> None:
         self._touch()
         time.sleep(POLL_S)
+        self._hedge(self._pool)
+
+    def _hedge(self, pool) -> None:
+        """Ask again, once, for each small GET that has run far longer than its peers."""
+        if pool is None or len(self._took) < 8:
+            return
+        limit = max(self.hedge_after, HEDGE_FACTOR * statistics.median(self._took))
+        now = time.monotonic()
+        with self._lock:
+            late = [(key, ch) for key, (ch, t) in self._running.items()
+                    if now - t > limit and key not in self._hedged and key not in self.held
+                    and ch.objects[key[1]].size <= HEDGE_BYTES]
+            self._hedged.update(key for key, _ in late)
+        for (_, rel), ch in late:
+            pool.submit(self._fetch, ch, rel)
 
     def _touch(self) -> None:
         with contextlib.suppress(OSError):
@@ -282,7 +305,10 @@ class NodeFetcher:
             self._queued.add(key)
         if self.error is not None:
             raise self.error
-        slots.acquire()
+        while not slots.acquire(timeout=POLL_S):  # all in flight: look for a late one
+            self._hedge(pool)
+            if self.error is not None:
+                raise self.error
         now = time.monotonic()
         if now - self._touched >= POLL_S:  # a sign of life for the readers, not a write per item
             self._touched = now
@@ -292,18 +318,28 @@ class NodeFetcher:
     def _fetch(self, ch: Channel, rel: str) -> None:
         if self._stop.is_set():
             return
-        obj = ch.objects[rel]
+        obj, key = ch.objects[rel], (ch.name, rel)
         bucket, _ = s3.split_uri(ch.uri)
+        start = time.monotonic()
+        with self._lock:
+            self._running.setdefault(key, (ch, start))
         try:
             got = s3.download(obj, bucket, ch.folder / rel, self.max_connections)
         except OutputError as e:
             self._fail(self.full(e))
             return
         except BaseException as e:  # noqa: BLE001 (the first failure stops the fetch)
-            self._fail(e)
+            if key not in self.held:  # the other copy of a hedged GET may have landed
+                self._fail(e)
             return
         epoch = max(1, self.trainer_epoch())
         with self._lock:
+            self._running.pop(key, None)
+            if obj.size <= HEDGE_BYTES:
+                self._took.append(time.monotonic() - start)
+            if key in self.held:  # the second copy of a hedged GET
+                self.second_copies += got
+                return
             self.held.add((ch.name, rel))
             row = self.fetched.setdefault((epoch, ch.name), [0, 0])
             row[0] += 1
@@ -344,6 +380,7 @@ class NodeFetcher:
                                   else 0]},
                 "fetched": fetched,
                 "held": len(self.held),
+                "hedged": {"gets": len(self._hedged), "second_copy_bytes": self.second_copies},
                 "seconds": round(time.monotonic() - self.started, 3),
                 "error": None if self.error is None else error_line(self.error)}
 

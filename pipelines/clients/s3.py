@@ -2,7 +2,8 @@
 MinIO, Ceph RGW, SeaweedFS, the pipelines' own artifact store), and one mapping of their failures
 onto the named errors. No other module imports boto3 (pipelines/clients/s3sync.py builds fetching,
 pushing and the model cache on these calls; pipelines/clients/s3get.py is the GetObject of
-`download`, botocore's request and signature without its per-call work).
+`download`, botocore's request and signature without its per-call work; pipelines/clients/
+s3put.py is `upload`: one checked PUT, or parts each checked against its own MD5).
 
 boto3 rather than fsspec/s3fs: boto3 is what AWS documents and what KServe's storage initializer
 and Kubeflow Trainer's initializers use, it reads the standard credential chain (environment,
@@ -10,7 +11,7 @@ and Kubeflow Trainer's initializers use, it reads the standard credential chain 
 `AWS_ENDPOINT_URL_S3` itself, and its errors carry the S3 error code we map below; s3fs would add
 aiobotocore (pinned to one botocore) and an async layer for a job a thread pool does.
 
-One mapping of failures, whichever command made the call (README, "Errors"):
+One mapping of failures, whichever command made the call (docs/cli.md, "Errors"):
     no such bucket                     NoSuchBucketError           2
     no such key, nothing under prefix  NoSuchObjectError           2
     nothing answered, timed out, 5xx   EndpointUnreachableError   69  (clients/endpoints.py)
@@ -32,7 +33,6 @@ check) is one try, and a try that fails in a way another may fix (throttled, 5xx
 short, stalled, wrong bytes) is repeated under one `RetryPolicy`: exponential backoff with full
 jitter, a bounded number of tries and a bounded total time (docs/data.md, "Object storage").
 """
-import base64
 import contextlib
 import hashlib
 import os
@@ -57,7 +57,6 @@ SCHEME = "s3://"
 PART = ".kfvision-part-"
 CHUNK = 1 << 20
 DEFAULT_CONNECTIONS = 16
-SINGLE_PUT = 8 << 20  # files up to this size go up in one PUT whose ETag is checked
 AUTH_HINT = ("check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / "
              "AWS_SESSION_TOKEN, AWS_PROFILE, or the pod's web identity) and that they may read "
              "and write this bucket")
@@ -226,7 +225,9 @@ def _getter(bucket: str, max_connections: int):
 
 def reset_clients() -> None:
     """Forget the clients made so far (after the environment's endpoint or credentials changed:
-    tests)."""
+    tests), and any backoff a throttled call asked of the process."""
+    global _throttled_until
+    _throttled_until = 0.0
     with _clients_lock:
         _clients.clear()
         _credentials.clear()
@@ -237,7 +238,7 @@ def _error(e: Exception, uri: str, doing: str) -> KfvisionError | None:
     """The named error of a boto3/botocore failure while `doing` `uri`, or None."""
     from botocore import exceptions as bx
 
-    where = _where()
+    where = known_endpoint()
     if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError,
                       bx.CredentialRetrievalError)):
         return EndpointAuthError(f"cannot {doing} {uri}: no usable AWS credentials ({e}); "
@@ -303,7 +304,29 @@ _TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "ThrottledE
                     "ServiceUnavailable", "BadDigest", "IncompleteBody"}
 
 
-class _BadBody(Exception):
+_THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "ThrottledException",
+                   "RequestThrottled", "RequestLimitExceeded", "TooManyRequestsException"}
+_throttled_until = 0.0  # time.monotonic() before which no try starts: the store said slow down
+
+
+def _throttling(e: BaseException) -> bool:
+    """Whether `e` is the store asking to slow down (503 SlowDown, 429, Throttling...)."""
+    from botocore.exceptions import ClientError
+
+    if not isinstance(e, ClientError):
+        return False
+    status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return str(e.response.get("Error", {}).get("Code", "")) in _THROTTLE_CODES or status == 429
+
+
+def _pause_while_throttled() -> None:
+    """Wait out the backoff of a throttled call of this process, whichever thread made it."""
+    left = _throttled_until - time.monotonic()
+    if left > 0:
+        time.sleep(left)
+
+
+class BadBody(Exception):
     """A GET or PUT whose answer came but is not the object: short, or another ETag or MD5."""
 
 
@@ -315,7 +338,7 @@ def _transient(e: BaseException) -> bool:
     from urllib3.exceptions import ProtocolError
     from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
-    if isinstance(e, _BadBody):
+    if isinstance(e, BadBody):
         return True
     if isinstance(e, bx.ClientError):
         code = str(e.response.get("Error", {}).get("Code", ""))
@@ -335,7 +358,7 @@ def _what_failed(e: BaseException) -> str:
     """A few words on a failed try, for the error after the last one."""
     from botocore import exceptions as bx
 
-    if isinstance(e, _BadBody):
+    if isinstance(e, BadBody):
         return str(e)
     if isinstance(e, bx.ClientError):
         err = e.response.get("Error", {})
@@ -349,13 +372,17 @@ def _what_failed(e: BaseException) -> str:
 
 def retried(uri: str, doing: str, attempt):
     """attempt() under the retry policy; its failures, and the last of a spent budget, as named
-    errors (the module doc's table)."""
+    errors (the module doc's table). Throttling slows the whole process: after a 503 SlowDown
+    (or 429, Throttling) no call of any thread starts a try until that call's backoff is over,
+    so many requests in flight back off together rather than each asking again at once."""
     from botocore import exceptions as bx
 
+    global _throttled_until
     policy, start = _policy, time.monotonic()
     with mapped(uri, doing):
         for n in range(policy.attempts):
             try:
+                _pause_while_throttled()
                 return attempt()
             except Exception as e:
                 if isinstance(e, KfvisionError) or not _transient(e):
@@ -370,12 +397,15 @@ def retried(uri: str, doing: str, attempt):
                     raise ObjectTransferError(
                         f"cannot {doing} {uri}: {_what_failed(e)}, on the last of {tries} (the "
                         "retry budget: docs/data.md, 'Object storage'). Running the same command "
-                        "again resumes: what is done is kept.", _where()) from e
+                        "again resumes: what is done is kept.", known_endpoint()) from e
+                if _throttling(e):
+                    _throttled_until = max(_throttled_until, time.monotonic() + wait)
                 time.sleep(wait)
     raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
 
-def _where() -> str:
+def known_endpoint() -> str:
+    """The endpoint of the clients made so far, for messages (none made: "the S3 endpoint")."""
     made = list(_clients.values())
     return made[0].meta.endpoint_url if made else "the S3 endpoint"
 
@@ -426,7 +456,7 @@ def list_objects(uri: str, max_connections: int = DEFAULT_CONNECTIONS) -> Iterat
         args["ContinuationToken"] = page["NextContinuationToken"]
 
 
-def _is_md5(etag: str, answer: dict) -> bool:
+def is_md5(etag: str, answer: dict) -> bool:
     """Whether `etag` is the MD5 of the object's bytes: a single-part upload not encrypted with
     KMS or a customer key (AWS S3 user guide, "Checking object integrity": those ETags are not)."""
     return (len(etag) == 32 and "-" not in etag
@@ -454,8 +484,8 @@ def download(obj: Obj, bucket: str, target: Path, max_connections: int = DEFAULT
             r = _getter(bucket, max_connections).get_object(obj.key, f'"{obj.etag}"')
             etag = r["ETag"].strip('"')
             if etag != obj.etag:  # a stale cache or proxy: the server itself checked If-Match
-                raise _BadBody(f"an answer with ETag {etag}, not the listed {obj.etag}")
-            md5 = hashlib.md5(usedforsecurity=False) if _is_md5(etag, r) else None
+                raise BadBody(f"an answer with ETag {etag}, not the listed {obj.etag}")
+            md5 = hashlib.md5(usedforsecurity=False) if is_md5(etag, r) else None
             with disk_errors(target, obj.size), open(tmp, "wb") as f:
                 for chunk in r["Body"].iter_chunks(CHUNK):
                     f.write(chunk)
@@ -465,9 +495,9 @@ def download(obj: Obj, bucket: str, target: Path, max_connections: int = DEFAULT
                     if on_bytes:
                         on_bytes(len(chunk))
             if written != obj.size:
-                raise _BadBody(f"a body of {written} bytes, not {obj.size}")
+                raise BadBody(f"a body of {written} bytes, not {obj.size}")
             if md5 is not None and md5.hexdigest() != etag:
-                raise _BadBody(f"a body whose MD5 {md5.hexdigest()} is not its ETag {etag}")
+                raise BadBody(f"a body whose MD5 {md5.hexdigest()} is not its ETag {etag}")
         except BaseException:
             if on_bytes and written:
                 on_bytes(-written)  # the progress bar counts this try's bytes again
@@ -488,39 +518,6 @@ def download(obj: Obj, bucket: str, target: Path, max_connections: int = DEFAULT
         raise
 
 
-def upload(path: Path, bucket: str, key: str,
-           max_connections: int = DEFAULT_CONNECTIONS) -> None:
-    """Upload the file `path` to `key`, retried under the policy. Up to SINGLE_PUT bytes: one PUT
-    with its Content-MD5 (the server refuses a damaged body) whose answered ETag must be that
-    MD5; larger: multipart (boto3's transfer manager), then its size checked with a HEAD."""
-    uri = f"{SCHEME}{bucket}/{key}"
-    path = Path(path)
-    size = path.stat().st_size
-    if size > SINGLE_PUT:
-        from boto3.s3.inject import upload_file  # boto3's transfer manager, on our client
-
-        retried(uri, "write", lambda: upload_file(client(max_connections), str(path), bucket,
-                                                  key))
-        got = head(uri)
-        if got is None or got.size != size:
-            raise ObjectTransferError(f"{uri} holds {got and got.size} bytes after its upload, "
-                                      f"not the {size} of {path}: push again.", _where())
-        return
-    data = path.read_bytes()
-    digest = hashlib.md5(data, usedforsecurity=False)
-
-    def attempt() -> None:
-        r = client(max_connections).put_object(
-            Bucket=bucket, Key=key, Body=data,
-            ContentMD5=base64.b64encode(digest.digest()).decode())
-        etag = r["ETag"].strip('"')
-        if _is_md5(etag, r) and etag != digest.hexdigest():
-            raise _BadBody(f"an answer with ETag {etag}, not the MD5 {digest.hexdigest()} of "
-                           "what was sent")
-
-    retried(uri, "write", attempt)
-
-
 def delete(bucket: str, keys: list) -> None:
     """Delete `keys` (best effort: used to clean up; a failure is not raised)."""
     with contextlib.suppress(KfvisionError):
@@ -528,22 +525,3 @@ def delete(bucket: str, keys: list) -> None:
             batch = {"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True}
             retried(f"{SCHEME}{bucket}/", "delete from",
                     lambda b=batch: client().delete_objects(Bucket=bucket, Delete=b))
-
-
-def local_etag(path: Path) -> str:
-    """The ETag `upload(path)` gives its object where the store's ETags are MD5s (a single PUT:
-    the file's MD5; in parts: the MD5 of the parts' MD5s, "-" and their count, with the part
-    size boto3's transfer manager picks), so a push can skip an object that is already there."""
-    from boto3.s3.transfer import TransferConfig
-    from s3transfer.utils import ChunksizeAdjuster
-
-    path = Path(path)
-    size = path.stat().st_size
-    if size <= SINGLE_PUT:
-        return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
-    part = ChunksizeAdjuster().adjust_chunksize(TransferConfig().multipart_chunksize, size)
-    digests = []
-    with open(path, "rb") as f:
-        while chunk := f.read(part):
-            digests.append(hashlib.md5(chunk, usedforsecurity=False).digest())
-    return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"

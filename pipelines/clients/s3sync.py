@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from kfvision.pipelines.clients import s3
+from kfvision.pipelines.clients import s3, s3put
 from kfvision.trainer.errors import ChangedDatasetError, InvalidParameterError
 from kfvision.trainer.fileio import atomic_write_bytes, disk_errors
 
@@ -290,7 +290,7 @@ def push(folder, uri: str, *, max_connections: int = s3.DEFAULT_CONNECTIONS, ski
 
     def up(path: Path) -> None:
         k = prefix + path.relative_to(folder).as_posix()
-        s3.upload(path, bucket, k, max_connections)
+        s3put.upload(path, bucket, k, max_connections)
         with lock:
             written.append(k)
 

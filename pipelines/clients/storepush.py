@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from kfvision.pipelines.clients import s3
+from kfvision.pipelines.clients import s3, s3put
 from kfvision.trainer.errors import InvalidModelDirectoryError
 
 
@@ -149,7 +149,7 @@ def _local_only(parts: tuple) -> bool:
 def _same(path: Path, there: s3.Obj | None) -> bool:
     """Whether `there` (listed) already holds the bytes of `path`."""
     return (there is not None and there.size == path.stat().st_size
-            and there.etag == s3.local_etag(path))
+            and there.etag == s3put.local_etag(path))
 
 
 def _push(files: list, n_last: int, uri: str, what: str, max_connections: int,
@@ -200,7 +200,7 @@ def _upload_all(body: list, final: list, bucket: str, prefix: str, max_connectio
     lock = threading.Lock()
 
     def up(path: Path, key: str) -> None:
-        s3.upload(path, bucket, prefix + key, max_connections)
+        s3put.upload(path, bucket, prefix + key, max_connections)
         if update is not None:
             with lock:
                 update(path.stat().st_size)

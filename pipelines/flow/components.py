@@ -61,7 +61,8 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
                      procs_per_node: int, gpus_per_node: int, node_selector: str,
                      tolerations: str, cpu_per_node: str, memory_per_node: str, shm_size: str,
                      timeout_seconds: int, image: str, pvc_name: str, model_uri: str,
-                     s3_secret: str, execution_mode: str, job_kind: str,
+                     s3_secret: str, service_account: str, scratch_size: str,
+                     scratch_class: str, execution_mode: str, job_kind: str,
                      trainer_runtime: str, script_source: str, script_entry: str,
                      script_args: str, script_requirements: str, script_launcher: str,
                      deploy: bool, deploy_name: str,
@@ -182,7 +183,8 @@ def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: 
                         workspace: str = "", model_uri: str = "", script_source: str = "",
                         script_entry: str = "", script_args: str = "",
                         script_requirements: str = "", script_launcher: str = "torchrun",
-                        store: str = "", s3_secret: str = ""):
+                        store: str = "", s3_secret: str = "", service_account: str = "",
+                        scratch_size: str = "", scratch_class: str = ""):
     """Train PyTorch Model: a TrainJob or PyTorchJob (torchrun, DDP) of the built-in trainer, or
     of your own script (script_source: then `model` is not used), on the cluster inside
     Kubernetes and as local processes elsewhere; the trained model, its metrics and curves."""

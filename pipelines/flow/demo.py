@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-# Settings that reach >= 0.985 validation top-1 with resnet18 on CPU (see README, "Demo"), as
-# the pipeline's parameters.
+# Settings that reach >= 0.985 validation top-1 with resnet18 on CPU (see docs/cli.md, "Demo
+# settings and measurements"), as the pipeline's parameters.
 DEMO_TRAIN = {"image_size": 32, "batch_size": 32, "learning_rate": 0.05, "warmup_epochs": 1,
               "augment": "light", "patience": 5, "print_frequency": 20}
 

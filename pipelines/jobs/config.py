@@ -23,7 +23,7 @@ pipelines/jobs/storejob.py.
 Pods meet the Kubernetes "restricted" Pod Security Standard: non-root, no privilege escalation,
 all capabilities dropped, RuntimeDefault seccomp, only emptyDir, generic ephemeral and PVC
 volumes; the root filesystem is read-only (an emptyDir at /tmp takes what torchrun and Python
-write there).
+write there, another HOME and the caches: pipelines/jobs/home.py).
 """
 
 import re
@@ -35,6 +35,7 @@ from kfvision.pipelines.clients.k8s import GPU_RESOURCE, dns1035_problem, dns112
 from kfvision.pipelines.contract import SCRATCH_MOUNT, STORE_COMMAND
 from kfvision.pipelines.jobs import storejob
 from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.home import home_env, home_mount, home_volume
 from kfvision.pipelines.jobs.pytorchjob.rules import RESTART_POLICIES
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.errors import InvalidParameterError, ref
@@ -150,15 +151,17 @@ class JobConfig:
     service_account: str | None = option(
         None, "ServiceAccount of the pods", doc="For IRSA / workload identity: the role bound "
         "to it reads and writes the s3:// paths.", metavar="NAME",
-        unset="the namespace's default")
+        unset="the namespace's default", pipeline=True)
     scratch_size: str | None = option(
         None, "size of each pod's scratch volume for s3:// jobs (e.g. 100Gi)", doc="Where the "
         f"node agent keeps what it fetches and writes ({SCRATCH_MOUNT}): an emptyDir's "
-        "sizeLimit, or the request of --scratch-class's volume.", unset="no limit")
+        "sizeLimit, or the request of --scratch-class's volume.", unset="no limit",
+        pipeline=True)
     scratch_class: str | None = option(
         None, "StorageClass of a per-pod volume for the scratch (needs --scratch-size)",
         doc="A generic ephemeral volume (a PVC made and deleted with the pod) instead of the "
-        "emptyDir on the node's own disk.", metavar="CLASS", unset="an emptyDir")
+        "emptyDir on the node's own disk.", metavar="CLASS", unset="an emptyDir",
+        pipeline=True)
     labels: tuple = ()  # extra ((key, value), ...) on the job and its pods
     env: tuple = ()  # extra ((name, value), ...) in the training container (MLflow's variables)
 
@@ -290,9 +293,11 @@ def train_flags(cfg: TrainConfig) -> list:
 
 
 def container_env(cfg: JobConfig) -> list:
-    """The container's extra `env` entries: the given values in order, then the S3 credentials
+    """The container's extra `env` entries: HOME and the caches on the pod's home volume
+    (pipelines/jobs/home.py) unless given, the given values in order, then the S3 credentials
     Secret's keys by reference."""
-    return [*({"name": name, "value": value} for name, value in cfg.env),
+    return [*home_env(name for name, _ in cfg.env),
+            *({"name": name, "value": value} for name, value in cfg.env),
             *storejob.secret_env(cfg.s3_credentials)]
 
 
@@ -315,6 +320,7 @@ def _container(cfg: JobConfig, name: str, ports: list) -> dict:
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     mounts += [{"name": f"pvc-{i}", "mountPath": v.mount} for i, v in enumerate(cfg.volumes)]
     mounts.append({"name": "tmp", "mountPath": TMP_MOUNT})
+    mounts.append(home_mount())
     if storejob.uses_store(cfg.train):
         mounts.append(storejob.scratch_mount())
     env = container_env(cfg)
@@ -350,6 +356,7 @@ def pod_spec(cfg: JobConfig, container: str, ports: list = ()) -> dict:
     volumes += [{"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": v.claim}}
                 for i, v in enumerate(cfg.volumes)]
     volumes.append({"name": "tmp", "emptyDir": {}})
+    volumes.append(home_volume())
     if storejob.uses_store(cfg.train):
         volumes.append(storejob.scratch_volume(cfg.scratch_size, cfg.scratch_class))
     spec = {

@@ -9,9 +9,10 @@ progress and last metrics:
   read as the pod's boot reads them (pipelines/jobs/progress.py), timed by the kubelet's stamps.
 
 `job list` lists the jobs kfvision rendered (its labels, pipelines/jobs/config.py LABELS), of
-both kinds the cluster serves, in one namespace; their progress from status.trainerStatus only
-(reading every PyTorchJob's log would cost a request per job). The calls are those manifests/
-rbac.yaml grants: get and list of the jobs, list of pods, get of pods/log.
+both kinds the cluster serves, in one namespace, with their progress as `job status` reads it
+(a TrainJob's status.trainerStatus, else rank 0's log: two requests per such job that runs). The
+calls are those manifests/rbac.yaml grants: get and list of the jobs, list of pods, get of
+pods/log.
 
 A view is a plain dict (what `--json` prints): name, kind, where, phase, message, nodes, procs,
 started, progress (pipelines/jobs/progress.py's snapshot shape, or None) and `source`, what the
@@ -87,7 +88,8 @@ def cluster_status(client, name: str, now: float) -> dict:
 
 def cluster_list(api, now: float) -> list:
     """The views of the jobs kfvision rendered in `api`'s namespace, of each kind the cluster
-    serves, by name (progress from status.trainerStatus only).
+    serves, by name, with their progress (that of a job that no longer runs from its
+    status.trainerStatus only).
 
     Raises:
         KubernetesError, EndpointError: an API call failed.
@@ -96,7 +98,13 @@ def cluster_list(api, now: float) -> list:
     for kind in served_kinds(api):
         for job in api.list(kind, SELECTOR):
             view = _base(kind, job, f"namespace {api.namespace}")
-            if kind is TRAINJOB:
-                _from_status(view, job, now)
+            if not (kind is TRAINJOB and _from_status(view, job, now)) and \
+                    view["phase"] == "Running":
+                from kfvision.pipelines.jobs.jobclient import JobClient
+
+                name = view["name"]
+                got = log_progress(JobClient(api, kind), name, job, now)
+                if got is not None:
+                    view.update(progress=got, source=f"the log of {kind.primary}")
             views.append(view)
     return sorted(views, key=lambda v: (v["name"], v["kind"]))

@@ -28,6 +28,7 @@ from pathlib import Path
 from kfvision.pipelines.clients.k8s import GPU_RESOURCE
 from kfvision.pipelines.jobs import ranktag
 from kfvision.pipelines.jobs.errors import InvalidJobError
+from kfvision.pipelines.jobs.home import CACHE_VARS
 from kfvision.pipelines.jobs.signals import STOP
 
 # Launcher variables a parent process may have set; a pod starts without them.
@@ -103,8 +104,10 @@ def exit_status(returncode: int) -> int:
 class ReplicaProcess:
     """One replica's command, running in its own session; output to a log file and a callback."""
 
-    def __init__(self, name: str, argv: list, env: dict, log_path: Path, on_line, cwd=None):
+    def __init__(self, name: str, argv: list, env: dict, log_path: Path, on_line, cwd=None,
+                 memory=None):
         self.name, self.argv, self.env, self.cwd = name, argv, env, cwd
+        self.memory = memory  # the pod's memory cgroup (pipelines/jobs/memlimit.py) or None
         self.log_path, self.on_line = Path(log_path), on_line
         self.proc: subprocess.Popen | None = None
         self.seen: set = set()  # (pid, start time) of every descendant ever seen
@@ -148,6 +151,12 @@ class ReplicaProcess:
             return None
         # Descendants (e.g. a DataLoader worker) can hold the pipe open; they are stopped later.
         self._pump.join(timeout=2.0)
+        if self.memory is not None and self.memory.oom_killed():
+            note = (f"OOMKilled: a process of the pod passed its limits.memory "
+                    f"({self.memory.limit} bytes) and the kernel killed it, as the kubelet would")
+            with self.log_path.open("a", encoding="utf-8") as f:
+                f.write(note + "\n")
+            self.on_line(self.name, note)
         return exit_status(code)
 
     def remember_descendants(self, table: dict) -> None:
@@ -199,6 +208,9 @@ def stop_all(replicas: list, grace_s: float = 5.0) -> None:
             if r._pump is not None:
                 r._pump.join(timeout=2.0)
     _wait_gone(replicas, 2.0)
+    for r in replicas:
+        if r.memory is not None:
+            r.memory.close()
 
 
 def _alive_of(replicas: list, table: dict) -> set:
@@ -297,11 +309,14 @@ def gpu_env(plan, plans: list) -> dict:
 
 
 def pod_env(container: dict, source: str) -> dict:
-    """A pod's start environment here: the host's less launcher variables, this environment's
-    bin folder first on PATH, then the container's env."""
+    """A pod's start environment here: the host's (standing in for the image's, and for the
+    Secrets' keys) less launcher variables and the caller's caches (a pod has its own:
+    pipelines/jobs/home.py), this environment's bin folder first on PATH, then the container's
+    env."""
     bindir = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items()
-           if k not in _LAUNCHER_VARS and not k.startswith(("PET_", "TORCHELASTIC_"))}
+           if k not in _LAUNCHER_VARS and not k.startswith(("PET_", "TORCHELASTIC_"))
+           and (k == "HOME" or k not in CACHE_VARS)}
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     env.update(container_env(container, source))
     return env

@@ -1,6 +1,7 @@
-"""How far a job has come, from what rank 0 prints: its `name=value` lines (Katib's format, read
-as pipelines/jobs/metriclines.py reads them) are its metrics; an `epoch` or `step` among them is
-its position; with the position's total known, a percentage and the time left.
+"""How far a job has come, from what rank 0 prints: its `name=value` lines (Katib's format) and
+Hugging Face Trainer's log dicts and size lines (both read by pipelines/jobs/metriclines.py
+progress_pairs) are its metrics; an `epoch` or `step` among them is its position; with the
+position's total known, a percentage and the time left.
 
     epochs=10                      # a total, printed once (or render's --progress-total epochs=10)
     epoch=3 loss=0.412 acc=0.91    # after every epoch (or step=1200 ... every N steps)
@@ -22,7 +23,7 @@ import re
 from datetime import datetime, timezone
 
 from kfvision.pipelines.jobs import ranktag
-from kfvision.pipelines.jobs.metriclines import parse_metrics
+from kfvision.pipelines.jobs.metriclines import parse_metrics, progress_pairs
 from kfvision.trainer.errors import InvalidParameterError
 
 # Ours, set in the training container by render (--progress-total, --no-progress-reports) and read
@@ -98,7 +99,7 @@ class Progress:
     def feed(self, text: str, when: float) -> dict:
         """Read one line rank 0 printed at `when`; its pairs ({} when it has none). Of a line
         that a progress bar redraws (`\\r`), the last state."""
-        pairs = parse_metrics(text.rsplit("\r", 1)[-1])
+        pairs = progress_pairs(text.rsplit("\r", 1)[-1])
         if not pairs:
             return {}
         self.lines, self.updated = self.lines + 1, when

@@ -28,3 +28,14 @@ def torchrun_template(node) -> str:
 def tagged(line: str, node, rank=POD) -> str:
     """`line` with the prefix of (node, rank) unless it already carries one."""
     return line if TAGGED.match(line) else tag(node, rank) + line
+
+
+_GLUED = re.compile(r"(?<=.)(?=\[\d+/\d+\] )")
+
+
+def split_glued(line: str) -> list:
+    """`line` cut where another rank-tagged line starts inside it: torchrun's tee writes a rank's
+    unfinished line (a progress bar, which ends in `\\r`, not a line break) and the next line of
+    the rank's other stream after it, so `[0/0]  11%|#  | 1/9[0/0] {'loss': ...}` is two lines.
+    Only a line that starts tagged is cut."""
+    return _GLUED.split(line) if TAGGED.match(line) else [line]

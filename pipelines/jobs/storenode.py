@@ -39,7 +39,7 @@ import threading
 from pathlib import Path
 
 from kfvision.pipelines import contract
-from kfvision.pipelines.clients import nodefetch, s3, s3sync, storedirs
+from kfvision.pipelines.clients import nodefetch, s3, s3put, s3sync, storedirs
 from kfvision.pipelines.jobs.storejob import STORE_PATHS
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
 from kfvision.trainer.errors import KfvisionError
@@ -168,7 +168,7 @@ class CheckpointMirror:
         for name, sig in sorted(here.items()):
             if self.sent.get(name) != sig:
                 with contextlib.suppress(FileNotFoundError):  # rotated away meanwhile
-                    s3.upload(self.folder / name, self.bucket, self.key + name,
+                    s3put.upload(self.folder / name, self.bucket, self.key + name,
                               self.max_connections)
                     self.sent[name] = sig
         gone = sorted(set(self.sent) - set(here))
@@ -230,7 +230,7 @@ def push_model(folder: Path, uri: str, max_connections: int) -> None:
     files = sorted(p for p in folder.rglob("*") if p.is_file())
     files.sort(key=lambda p: p.name == "metrics.json")
     for p in files:
-        s3.upload(p, bucket, key + p.relative_to(folder).as_posix(), max_connections)
+        s3put.upload(p, bucket, key + p.relative_to(folder).as_posix(), max_connections)
 
 
 def _checkpoints(cfg, uris: dict, scratch: Path, max_connections: int):

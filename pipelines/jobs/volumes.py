@@ -24,11 +24,12 @@ HOST_MOUNTS = ("/dev/shm", "/tmp")  # the machine's own, shared as the built-in 
 POD_OWN = {"configMap", "emptyDir", "ephemeral"}  # volume kinds that are the pod's own folder
 
 
-def trainjob_pod(job: dict) -> tuple:
-    """(pod volumes, the `node` container's volumeMounts) of a TrainJob's runtime patches."""
+def trainjob_pod(job: dict, security: dict | None = None) -> tuple:
+    """(pod volumes, the `node` container's volumeMounts) of a TrainJob's runtime patches;
+    `security` (when given) gets their securityContexts: {"pod": ..., "container": ...}."""
     from kfvision.pipelines.jobs.trainjob.rules import NODE
 
-    volumes, mounts = [], []
+    volumes, mounts, security = [], [], {} if security is None else security
     for patch in job["spec"].get("runtimePatches") or []:
         spec = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
         for rjob in spec.get("replicatedJobs") or []:
@@ -36,16 +37,20 @@ def trainjob_pod(job: dict) -> tuple:
                 continue
             pod = rjob["template"]["spec"]["template"]["spec"]
             volumes += pod.get("volumes") or []
+            security["pod"] = pod.get("securityContext") or security.get("pod")
             for c in pod.get("containers") or []:
                 if c.get("name") == NODE:
                     mounts += c.get("volumeMounts") or []
+                    security["container"] = c.get("securityContext") or security.get("container")
     return volumes, mounts
 
 
 def materialize(volumes: list, mounts: list, config_maps: dict, root: Path,
-                source: str = "the manifest") -> dict:
+                source: str = "the manifest", env: dict | None = None) -> dict:
     """Lay out the pod's ConfigMap, emptyDir and ephemeral mounts under `root` (emptied first); the
-    environment that tells the pod where ({} when it has none).
+    environment that tells the pod where ({} when it has none): POD_ROOT, and each value of `env`
+    that is a path under such a mount (HOME and the caches: pipelines/jobs/home.py) as its
+    folder here.
 
     Raises:
         InvalidJobError: a ConfigMap the pod mounts is not in the file.
@@ -78,4 +83,9 @@ def materialize(volumes: list, mounts: list, config_maps: dict, root: Path,
                 (folder / key).write_text(text, encoding="utf-8")
             for key, b64 in (cm.get("binaryData") or {}).items():
                 (folder / key).write_bytes(base64.b64decode(b64))
-    return {POD_ROOT: str(root)}
+    moved = {POD_ROOT: str(root)}
+    for name, value in (env or {}).items():
+        for path, _ in local:
+            if value == path or value.startswith(path + "/"):
+                moved[name] = str(root) + value
+    return moved

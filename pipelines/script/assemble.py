@@ -14,9 +14,10 @@ from kfvision.pipelines.jobs.errors import InvalidJobError
 
 # the built-in trainer's flags a script job takes too: its MLflow run (pipelines/script/track.py)
 TRACKING = ("tracking_uri", "experiment")
-SCRIPT_FLAGS = ("source", "entry", "module", "requirements", "workdir", "launcher", "input",
-                "output_uri", "source_store", "source_pvc", "include_secret", "env",
-                "progress_total", "no_progress_reports")
+SCRIPT_FLAGS = ("source", "entry", "module", "console_script", "requirements", "workdir",
+                "launcher", "input", "collect", "output_uri", "source_store", "source_pvc",
+                "include_secret", "env", "progress_total", "no_progress_reports",
+                "no_check_requirements")
 
 
 def check_mode(args) -> bool:
@@ -48,12 +49,25 @@ def check_mode(args) -> bool:
 
 def script_config(args, snap):
     """The ScriptConfig of the script flags, resolved against the snapshot's files."""
-    from kfvision.pipelines.script.entry import resolve
+    from kfvision.pipelines.script.collect import check_collect
+    from kfvision.pipelines.script.entry import console_script, resolve
     from kfvision.pipelines.script.manifest import ScriptConfig
 
-    start = resolve(snap.files, source=args.source, entry=args.entry, module=args.module,
+    module, call = args.module, None
+    if args.console_script:
+        if args.entry or args.module:
+            raise InvalidJobError("give the script as one of --entry, --module or "
+                                  "--console-script.")
+        module, call = console_script(Path(args.source), args.console_script)
+    start = resolve(snap.files, source=args.source, entry=args.entry, module=module,
                     requirements=args.requirements, workdir=args.workdir)
-    return ScriptConfig(source=args.source, **start, args=tuple(args.script_args),
+    if start["requirements"]:
+        from kfvision.pipelines.script.requirements import check_file
+
+        check_file(Path(args.source), start["requirements"], not args.no_check_requirements)
+    return ScriptConfig(source=args.source, **start, args=tuple(args.script_args), call=call,
+                        console_script=args.console_script if call else None,
+                        collect=tuple(check_collect(d) for d in args.collect),
                         launcher=args.launcher, inputs=tuple(args.input),
                         output_uri=args.output_uri,
                         env=(*args.env, *tracking_env_of(args, {n for n, _ in args.env}),
@@ -113,7 +127,7 @@ def ship(snap, transport, output: str | None) -> str:
     if transport.how == "s3":
         import tempfile
 
-        from kfvision.pipelines.clients import s3
+        from kfvision.pipelines.clients import s3, s3put
 
         if s3.head(transport.where) is not None:
             return f"at {transport.where} (already there)"
@@ -121,7 +135,7 @@ def ship(snap, transport, output: str | None) -> str:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "source.tar.gz"
             path.write_bytes(snap.data)
-            s3.upload(path, bucket, key)
+            s3put.upload(path, bucket, key)
         return f"uploaded to {transport.where}"
     target = Path(transport.where)
     if not target.parent.is_dir():
@@ -134,13 +148,21 @@ def ship(snap, transport, output: str | None) -> str:
     return f"at {transport.where}"
 
 
+def made_here(args) -> list:
+    """What kfvision writes for this job (its YAML, its local run's folder): never packed."""
+    made = [getattr(args, "output", None), getattr(args, "log_dir", None)]
+    if getattr(args, "submit", None) is not None and not args.log_dir:  # `job run`'s default
+        made.append(Path("build") / "jobs" / args.name)
+    return [Path(p) for p in made if p not in (None, "-")]
+
+
 def script_parts(args) -> tuple:
     """(snapshot, ScriptConfig, Transport) of the script flags: the source packed and checked;
     nothing shipped yet."""
     from kfvision.pipelines.script.manifest import choose_transport
     from kfvision.pipelines.script.snapshot import pack
 
-    snap = pack(args.source, include=args.include_secret)
+    snap = pack(args.source, include=args.include_secret, exclude=made_here(args))
     script = script_config(args, snap)
     return snap, script, choose_transport(snap, args.source_store, args.source_pvc)
 
@@ -170,6 +192,9 @@ def script_job(args, then: str = "the job") -> tuple:
     said = [f"source {args.source}: {len(snap.files)} file(s), {snap.size:,} bytes packed "
             f"({encoded_size(snap):,} as base64), sha256 {snap.sha256}; "
             f"{ship(snap, transport, getattr(args, 'output', None))}"]
+    said.append(f"requirements: {script.requirements or 'none'}" + (
+        " (at the source's root)" if script.requirements == "requirements.txt" and
+        script.entry and "/" in script.entry else ""))
     if snap.left_out:
         said.append(f"left out as secrets: {', '.join(snap.left_out)} (--include-secret PATH "
                     "packs one anyway)")

@@ -52,8 +52,9 @@ from pathlib import Path
 from kfvision.pipelines import contract
 from kfvision.pipelines.jobs import ranktag
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
-from kfvision.pipelines.script import bridges, track
+from kfvision.pipelines.script import bridges, collect, prepare, ranks, track
 from kfvision.pipelines.script.exits import Exits
+from kfvision.pipelines.script.redraws import Redraws, last_state
 from kfvision.pipelines.script.reporter import Reporter
 from kfvision.pipelines.script.snapshot import ARCHIVE_NAME, InvalidSourceError, unpack, verify
 from kfvision.trainer import cpus, exitcodes
@@ -138,8 +139,8 @@ def save_outputs(uri: str, folders: dict) -> None:
     """Copy each {name: folder} to URI/name (s3:// or a path); says so when all are empty."""
     if not any(any(Path(folder).iterdir()) for folder in folders.values()):
         say(f"nothing to copy to {uri}: the script wrote nothing to the model folder "
-            f"({contract.MODEL_DIR}) or ./outputs; files it wrote elsewhere (beside the script, "
-            "for one) stay in the pod")
+            f"({contract.MODEL_DIR}) or ./outputs; the folders it wrote elsewhere stay in the pod "
+            "(named above)")
         return
     for name, folder in folders.items():
         if not any(Path(folder).iterdir()):
@@ -153,34 +154,6 @@ def save_outputs(uri: str, folders: dict) -> None:
         else:
             shutil.copytree(folder, target, dirs_exist_ok=True)
             say(f"{name}: copied to {target}")
-
-
-def _requirements(args, src: Path) -> Path | None:
-    if args.requirements:
-        path = src / args.requirements
-        if not path.is_file():
-            raise InvalidSourceError(f"--requirements {args.requirements} is not a file of the "
-                                     "source snapshot.")
-        return path
-    beside = src / Path(args.entry or "").parent / "requirements.txt"
-    return beside if args.entry and beside.is_file() else None
-
-
-def _env_cache(work: Path) -> Path:
-    given = os.environ.get(contract.ENV_CACHE)
-    if given:
-        return Path(given)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    if not os.path.isabs(base):  # a uid without a home (no HOME, no passwd entry)
-        return work / "envs"
-    home = Path(base) / "kfvision" / "envs"
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-        if os.access(home, os.W_OK):
-            return home
-    except OSError:  # a pod's read-only root filesystem: the environment lives with the pod
-        pass
-    return work / "envs"
 
 
 def processes_per_pod(args, environ) -> int:
@@ -230,12 +203,23 @@ def command(args, python: Path, node: str, work: Path, src: Path | None = None) 
     imports")."""
     entry = str(src / args.entry) if src is not None and args.entry else args.entry
     target = ["-m", args.module] if args.module else [entry]
+    if args.call:  # a console script: what pip's generated wrapper does, argv[0] its name
+        target = ["-c", f"import sys; sys.argv[0] = {args.console_script or args.call!r}; "
+                  f"from {args.module} import {args.call.split('.')[0]}; "
+                  f"sys.exit({args.call}())"]
     if args.launcher == "torchrun":
         tee = ["--tee", "3", "--log-line-prefix-template", ranktag.torchrun_template(node),
                "--log-dir", str(work / "logs")]
         return [sys.executable, *ISOLATED, "kfvision.trainer.launch", *tee, "--no-python",
                 str(python), "-u", *target, *args.script_args]
     return [str(python), *target, *args.script_args]
+
+
+def _job_processes(args, env: dict) -> int:
+    """How many processes the whole job runs: the pods times each pod's."""
+    if args.launcher == "python":
+        return int(env.get("WORLD_SIZE") or env.get(_NNODES) or 1)
+    return int(env.get(_NNODES) or 1) * processes_per_pod(args, env)
 
 
 def say_setup(args, python: Path, env: dict) -> None:
@@ -253,16 +237,23 @@ def relay(stream, node: str, rank: str, out, seen=None, on_line=None) -> None:
     """Copy the launcher's output to `out` line by line, each line prefixed with its
     `[node/rank] ` unless it carries one (torchrun's tee'd lines do); `seen` is called with each
     line as it came (the failure records: pipelines/script/exits.py), `on_line` with it tagged
-    (node 0's progress: pipelines/script/reporter.py)."""
+    (node 0's progress: pipelines/script/reporter.py). A progress bar's redraws are written as
+    their last state, at most every few seconds (pipelines/script/redraws.py)."""
+    bars = Redraws()
+
+    def write(lines: list) -> None:
+        if lines:
+            out.write("".join(f"{kept}\n" for kept in lines).encode("utf-8"))
+            out.flush()
+
     for raw in iter(stream.readline, b""):
-        line = raw.decode("utf-8", errors="replace").rstrip("\n")
-        if seen is not None:
-            seen(line)
-        tagged = ranktag.tagged(line, node, rank)
-        out.write((tagged + "\n").encode("utf-8"))
-        out.flush()
-        if on_line is not None:
-            on_line(tagged)
+        for line in ranktag.split_glued(raw.decode("utf-8", errors="replace").rstrip("\n")):
+            if seen is not None:
+                seen(line)
+            write(bars.feed(ranktag.tagged(last_state(line), node, rank)))
+            if on_line is not None:
+                on_line(ranktag.tagged(line, node, rank))
+    write(bars.flush())
     stream.close()
 
 
@@ -302,7 +293,7 @@ def boot(args) -> int:
         shutil.rmtree(src)  # a restarted container starts from the snapshot again
     (work / contract.SUCCEEDED).unlink(missing_ok=True)
     files = unpack(read_snapshot(args.snapshot, args.sha256), src)
-    target = args.module or args.entry
+    target = f"{args.module}:{args.call}" if args.call else (args.module or args.entry)
     say(f"source {args.sha256[:12]}: {len(files)} file(s) into {src}")
     if args.entry and not (src / args.entry).is_file():
         raise InvalidSourceError(f"--entry {args.entry} is not in the source snapshot.")
@@ -310,18 +301,14 @@ def boot(args) -> int:
     if not cwd.is_dir():
         raise InvalidSourceError(f"--workdir {args.workdir} is not a folder of the source "
                                  "snapshot.")
-    requirements = _requirements(args, src)
-    python = Path(sys.executable)
-    if requirements is not None:
-        from kfvision.pipelines.script.env import ensure_env
-
-        python = ensure_env(requirements, _env_cache(work), say=say)
+    python = prepare.install(prepare.requirements_file(args, src, files), src, work, say)
     state = contract.pod_path(args.state) if args.state else work / "state"
     dirs = {"model": work / contract.RESULTS["model"],
             "outputs": cwd / "outputs",  # the script's ./outputs, where it runs (--workdir)
             "checkpoints": state / "checkpoints", "tensorboard": state / "tensorboard"}
     for d in dirs.values():
         d.mkdir(parents=True, exist_ok=True)
+    before = collect.entries(cwd)  # the script's own folders are what is new after it
     inputs = fetch_inputs(args.input, work)
     node = node_of(os.environ)
     tracker = None if node != "0" else track.open_run(
@@ -329,13 +316,14 @@ def boot(args) -> int:
         launcher=args.launcher, state=state, say=say)
     reporter = None if node != "0" else Reporter.from_env(os.environ, tracker, say)
     env = script_env(args, python, {k: str(v) for k, v in dirs.items()}, inputs)
-    if cwd != src and args.module:  # python -m finds it in the source folder, not in cwd
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
+    prepare.script_path(args, env, files, src, cwd, say)
+    prepare.cpu_accelerate(args, env, python, say)
     track.script_env(tracker, env, dirs["outputs"])
     add, lines = bridges.plan(src, python, env)  # Azure's Run, horovod.torch: when theirs lacks
     for line in lines:
         say(line)
     bridges.apply(env, add)
+    env = ranks.rank_env(env, work / "groups")
     argv = command(args, python, node, work, src if cwd != src else None)
     say_setup(args, python, env)
     say(f"ready in {time.monotonic() - start:.1f} s; running {target} ({args.launcher})")
@@ -352,7 +340,13 @@ def boot(args) -> int:
         track.close_run(tracker, False, {})
         return code
     say(f"node {node}: {target} succeeded in {took:.1f} s")
+    alone = ranks.alone_line(work / "groups", _job_processes(args, env))
+    if node == "0" and alone:
+        say(alone)
     if node == "0":
+        kept = collect.collect(cwd, args.collect, dirs["outputs"], say)
+        left = collect.made(cwd, before, dirs["outputs"], kept)
+        collect.say_left(left, say)
         results = {"model": dirs["model"], "outputs": dirs["outputs"]}
         write_provenance(dirs["model"], args, tracker)
         track.close_run(tracker, True, results)
@@ -361,7 +355,8 @@ def boot(args) -> int:
         # the marker says where the results are (./outputs moves with --workdir)
         (work / contract.SUCCEEDED).write_text(json.dumps(
             {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             **{n: os.path.relpath(f, work) for n, f in results.items()}}) + "\n")
+             **{n: os.path.relpath(f, work) for n, f in results.items()},
+             "left": {name: [files, size] for name, files, size in left}}) + "\n")
     return 0
 
 
@@ -372,7 +367,8 @@ def write_provenance(model_dir: Path, args, tracker) -> None:
 
     if not any(model_dir.iterdir()):  # the script saved no model there
         return
-    record = {"source_sha256": args.sha256, "entry": args.module or args.entry,
+    record = {"source_sha256": args.sha256, "entry": f"{args.module}:{args.call}" if args.call
+              else args.module or args.entry,
               "args": list(args.script_args), "job": os.environ.get(JOB_NAME)}
     if tracker is not None and not tracker.off:
         record.update(mlflow_run_id=tracker.run_id, mlflow_tracking_uri=tracker.uri)
@@ -388,6 +384,8 @@ def get_parser() -> argparse.ArgumentParser:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--entry", help="the script, relative to the source folder")
     where.add_argument("-m", "--module", help="the module to run (python -m)")
+    p.add_argument("--call", help="with --module: the function to call (a console script)")
+    p.add_argument("--console-script", help="with --call: its name (the script's argv[0])")
     p.add_argument("--requirements", help="requirements file, relative to the source folder")
     p.add_argument("--workdir", help="the folder the script runs in, relative to the source "
                    "folder (default: the source folder)")
@@ -396,6 +394,8 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", help="folder that outlives the pod (checkpoints, TensorBoard)")
     p.add_argument("--input", type=parse_input, action="append", default=[],
                    metavar="NAME=URI", help="data channel (repeatable)")
+    p.add_argument("--collect", type=collect.check_collect, action="append", default=[],
+                   metavar="DIR", help="a folder the script writes, kept under ./outputs")
     p.add_argument("--output-uri", help="where node 0 copies model/ and outputs/ after success")
     p.add_argument("--hosts", help="the pods' host names, node 0 first (SM_HOSTS)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs per pod (SM_NUM_GPUS)")

@@ -56,8 +56,9 @@ def what_it_is(path: Path) -> tuple:
 
     path = Path(path)
     if not path.exists():
-        raise InvalidModelDirectoryError(f"{path} does not exist: give a file or folder the job "
-                                         "wrote (`kfvision job download NAME model/...`).")
+        raise InvalidModelDirectoryError(f"{path} does not exist: give a model directory, or a "
+                                         "file or folder a job wrote (`kfvision job download "
+                                         "NAME model/...`).")
     why = "a file, not a model directory"
     if path.is_dir():
         try:

@@ -21,6 +21,7 @@ import base64
 import re
 from dataclasses import dataclass, replace
 
+from kfvision.pipelines.contract import OUTPUT_ANNOTATION, WORK_MOUNT
 from kfvision.pipelines.jobs.config import LABELS, JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.script.boot import ISOLATED
@@ -32,9 +33,8 @@ from kfvision.trainer.tracking import JOB_NAME
 BOOT_COMMAND = ("python", *ISOLATED, "kfvision.pipelines.script.boot")
 LAUNCHERS = ("torchrun", "python")
 SOURCE_VOLUME, SOURCE_MOUNT = "kfvision-source", "/kfvision/source"
-WORK_VOLUME, WORK_MOUNT = "kfvision-work", "/kfvision/work"
+WORK_VOLUME = "kfvision-work"  # mounted at contract.WORK_MOUNT
 SHA_ANNOTATION = "kfvision.dev/source-sha256"
-OUTPUT_ANNOTATION = "kfvision.dev/output-uri"  # --output-uri as given: `job download` reads it
 # Kubernetes v1.33 pkg/apis/core/types.go MaxSecretSize (1 MiB), which
 # pkg/apis/core/validation/validation.go ValidateConfigMap applies to the sum of a ConfigMap's
 # data and binaryData. We count the base64 text the manifest carries, not the decoded bytes: the
@@ -70,9 +70,14 @@ class ScriptConfig:
     inputs: tuple = ()  # ((name, uri), ...)
     output_uri: str | None = None
     env: tuple = ()  # ((name, value), ...)
+    collect: tuple = ()  # folders the script writes, kept under ./outputs
+    call: str | None = None  # with module: a console script's function (`module:call`)
+    console_script: str | None = None  # its name in [project.scripts], its argv[0]
 
     @property
     def target(self) -> str:
+        if self.call:
+            return f"{self.console_script} ({self.module}:{self.call})"
         return self.entry or f"-m {self.module}"
 
 
@@ -164,7 +169,8 @@ def _location(uri: str, cfg: JobConfig, what: str) -> str:
 def check_script(cfg: JobConfig, script: ScriptConfig, kind) -> None:
     """Raise InvalidJobError for a script setting the job of `kind` (a JobKind) cannot carry."""
     if bool(script.entry) == bool(script.module):
-        raise InvalidJobError("give the script as --entry FILE or --module NAME (one of them).")
+        raise InvalidJobError("give the script as --entry FILE, --module NAME or "
+                              "--console-script NAME (one of them).")
     if script.launcher not in LAUNCHERS:
         raise InvalidJobError(f"--launcher {script.launcher!r} is not one of "
                               f"{', '.join(LAUNCHERS)}.")
@@ -192,6 +198,8 @@ def _boot_args(cfg: JobConfig, script: ScriptConfig, transport: Transport, sha25
                hosts: list) -> list:
     args = ["--sha256", sha256, "--snapshot", transport.where]
     args += ["--entry", script.entry] if script.entry else ["--module", script.module]
+    if script.call:
+        args += ["--call", script.call, "--console-script", script.console_script]
     if script.requirements:
         args += ["--requirements", script.requirements]
     if script.workdir:
@@ -201,6 +209,8 @@ def _boot_args(cfg: JobConfig, script: ScriptConfig, transport: Transport, sha25
         args += ["--state", f"{cfg.volumes[0].mount.rstrip('/')}/kfvision/{cfg.name}"]
     for name, uri in script.inputs:
         args += ["--input", f"{name}={_location(uri, cfg, '--input')}"]
+    for folder in script.collect:
+        args += ["--collect", folder]
     if script.output_uri:
         args += ["--output-uri", _location(script.output_uri, cfg, "--output-uri")]
     args += ["--hosts", ",".join(hosts), "--gpus", str(cfg.gpus_per_node)]

@@ -7,8 +7,9 @@ reads its `name=value` pairs (pipelines/jobs/progress.py) and sends them
   gives the pod, a rotating token, failures logged once and never fatal), at most once every
   EVERY_S (the Kubeflow SDK's update_trainjob_status throttles to the same) and once at the end;
 - into the script's MLflow run (the one node 0's boot opened, pipelines/script/track.py), each
-  pair a point whose step is the line's `step`, else its `epoch`, else the count of metric lines
-  so far, so that the MLflow UI draws each name as a curve.
+  pair a point whose step is the line's `step`, else its `epoch`, else (no position, or one that
+  came as a fraction: Trainer's epoch) the count of metric lines so far, so that the MLflow UI
+  draws each name as a curve.
 
 Lines are read by the relay thread and sent by a thread of its own, so that a slow status
 endpoint or tracking server never holds the script's output up. `KFVISION_PROGRESS_REPORTS=off`
@@ -50,6 +51,7 @@ class Reporter:
         self.progress = Progress(totals)
         self.points, self.changed = [], False  # MLflow points not sent; a status not sent
         self.count = 0  # metric lines so far: the step of a line without a position
+        self.fractional = False  # whether a position came as a fraction
         self.lock, self.stop = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self._loop, name="progress", daemon=True)
         self.thread.start()
@@ -81,7 +83,10 @@ class Reporter:
             self.changed = True
             step = next((pairs[p] for p in POSITIONS if p in pairs and math.isfinite(pairs[p])),
                         None)
-            step = self.count if step is None else step
+            # a fractional position (Trainer's `epoch`: 0.3333) is no step: the line's count,
+            # from then on, keeps the points in order
+            self.fractional = self.fractional or (step is not None and not step.is_integer())
+            step = self.count if step is None or self.fractional else step
             self.count += 1
             self.points += [(n, v, int(step), int(now * 1000)) for n, v in pairs.items()
                             if n not in TOTALS and math.isfinite(v) and _mlflow_name(n)]

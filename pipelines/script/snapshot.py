@@ -5,6 +5,10 @@
 
 What is packed: every regular file under the directory, in sorted order, except
 - `.git/` and `__pycache__/` folders (and `*.pyc`), always;
+- folders that hold a `CACHEDIR.TAG` (the Cache Directory Tagging Specification, which GNU tar's
+  `--exclude-caches` honours too): kfvision tags those it makes (`build/jobs`, a job's logs, the
+  requirements cache), so a `--source .` never packs them; and the paths in `exclude` (the job's
+  own YAML and log folder);
 - what a `.gitignore` or `.kfvisionignore` (anywhere in the tree, git's rules: last match wins,
   `!` re-includes, a trailing `/` matches folders only, a pattern with a `/` is anchored to its
   file's folder, `**` spans folders) excludes;
@@ -17,6 +21,7 @@ mtime 0, and the gzip header carries no name and mtime 0, so the archive depends
 paths, contents and executable bits only. Stdlib only: the pod-side boot imports it too.
 """
 
+import contextlib
 import fnmatch
 import gzip
 import hashlib
@@ -41,6 +46,26 @@ SECRET_PATTERNS = (".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa
 SECRET_PATHS = (".aws/credentials", ".aws/config", ".docker/config.json", ".kube/config",
                 ".config/gcloud/application_default_credentials.json")
 _CHUNK = 1 << 20
+# https://bford.info/cachedir/: a file of this name that starts with this line marks its folder
+CACHEDIR_TAG = "CACHEDIR.TAG"
+CACHEDIR_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"
+
+
+def tag_made(folder: Path) -> None:
+    """Mark `folder` (one kfvision made) as a cache, so that no snapshot packs it."""
+    tag = Path(folder) / CACHEDIR_TAG
+    if not tag.exists():
+        with contextlib.suppress(OSError):  # a read-only place: nothing to pack there either
+            tag.write_bytes(CACHEDIR_SIGNATURE + b"\n# made by kfvision: never packed into a "
+                            b"job's source snapshot\n")
+
+
+def _tagged(folder: Path) -> bool:
+    try:
+        with (folder / CACHEDIR_TAG).open("rb") as f:
+            return f.read(len(CACHEDIR_SIGNATURE)) == CACHEDIR_SIGNATURE
+    except OSError:
+        return False
 
 
 class InvalidSourceError(KfvisionError):
@@ -171,13 +196,15 @@ def looks_secret(rel: str, path: Path) -> bool:
     return False
 
 
-def source_files(root: Path, include=()) -> tuple:
-    """([(rel, path)...] to pack, sorted; [rel...] left out as secrets) of the folder `root`."""
+def source_files(root: Path, include=(), exclude=()) -> tuple:
+    """([(rel, path)...] to pack, sorted; [rel...] left out as secrets) of the folder `root`;
+    `exclude`: paths (files or folders) never packed."""
     root = Path(root)
     if not root.is_dir():
         raise InvalidSourceError(f"--source {root} is not a folder; give the folder of your "
                                  "training script.")
     include = {Path(p).as_posix() for p in include}
+    exclude = {Path(p).resolve() for p in exclude}
     packed, secrets = [], []
 
     def walk(folder: Path, rel_dir: str, rules: list) -> None:
@@ -192,8 +219,10 @@ def source_files(root: Path, include=()) -> tuple:
             rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
             path = Path(e.path)
             is_dir = path.is_dir()
+            if exclude and path.resolve() in exclude:
+                continue
             if is_dir and not path.is_symlink():
-                if e.name in ALWAYS_SKIPPED or ignored(rules, rel, True):
+                if e.name in ALWAYS_SKIPPED or ignored(rules, rel, True) or _tagged(path):
                     continue
                 walk(path, rel, rules)
                 continue
@@ -221,15 +250,16 @@ def _info(rel: str, mode: int, size: int) -> tarfile.TarInfo:
     return info
 
 
-def pack(root, include=()) -> Snapshot:
+def pack(root, include=(), exclude=()) -> Snapshot:
     """Pack the folder `root` reproducibly (see the module docstring).
 
     Args:
         include: secret-looking files to pack anyway (paths relative to `root`).
+        exclude: paths never packed (kfvision's own output: the job's YAML, its logs).
     Raises:
         InvalidSourceError: `root` is not a folder, or an `include` path is not in it.
     """
-    files, secrets = source_files(Path(root), include)
+    files, secrets = source_files(Path(root), include, exclude)
     buf = io.BytesIO()
     # compresslevel 6: zlib's default; mtime 0 and no file name keep the gzip header constant
     with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=6) as gz, \

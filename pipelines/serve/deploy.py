@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from kfvision.pipelines.clients.cluster import namespace_option
 from kfvision.pipelines.clients.k8s import GPU_RESOURCE, dns1123_problem, quantity
+from kfvision.pipelines.jobs.home import home_env, home_mount, home_volume
 from kfvision.pipelines.serve.server import ServeOptions
 from kfvision.trainer.errors import InvalidParameterError
 from kfvision.trainer.options import check_options, option, ref_of
@@ -161,7 +162,7 @@ def _container(cfg: DeployConfig) -> dict:
         "image": cfg.image,
         "command": ["kfvision"],
         "args": serve_args(cfg),
-        "env": [{"name": "STORAGE_URI", "value": cfg.model}],
+        "env": [{"name": "STORAGE_URI", "value": cfg.model}, *home_env()],
         "ports": [{"containerPort": PORT, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": READY_PATH, "port": PORT},
                            "initialDelaySeconds": 5, "periodSeconds": 10,
@@ -170,7 +171,7 @@ def _container(cfg: DeployConfig) -> dict:
         "securityContext": {"allowPrivilegeEscalation": False,
                             "capabilities": {"drop": ["ALL"]},
                             "readOnlyRootFilesystem": True},
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, home_mount()],
     }
 
 
@@ -191,7 +192,7 @@ def build_inference_service(cfg: DeployConfig) -> dict:
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS,
                             "fsGroup": RUN_AS, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [_container(cfg)],
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, home_volume()],
     }
     if cfg.service_account:
         predictor["serviceAccountName"] = cfg.service_account

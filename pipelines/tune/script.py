@@ -164,7 +164,7 @@ class ScriptTrial:
     def keep(self, number: int, best: Path) -> None:
         """Copy trial `number`'s model and outputs folders (node 0's) to best/model, best/outputs,
         as `kfvision job download` names them."""
-        from kfvision.pipelines.script.outputs import local_run, result_folders
+        from kfvision.pipelines.jobs.outputs import local_run, result_folders
 
         work = local_run(self.folder(number).name, self.folder(number))
         shutil.rmtree(best, ignore_errors=True)

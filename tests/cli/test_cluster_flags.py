@@ -37,7 +37,8 @@ SUBMIT = {("job", "submit"): JobClient, ("tune", "submit"): ExperimentClient,
 # flags they take besides -n.
 TARGETS = {("job", "logs"): ("poll",), ("job", "delete"): (), ("job", "download"): (),
            ("tune", "status"): (), ("tune", "delete"): (), ("deploy", "delete"): (),
-           ("pipeline", "submit"): ()}
+           ("pipeline", "submit"): ("wait", "timeout", "poll"), ("job", "status"): ("poll",),
+           ("job", "list"): ()}
 OPTIONS = {o.name: o for o in CLUSTER_OPTIONS}
 
 

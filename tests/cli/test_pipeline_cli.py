@@ -1,5 +1,6 @@
 """`kfvision pipeline submit` against a fake kfp.Client (no KFP backend can run here; a loopback
-server answers the health check submit makes first), and the flags every command shares."""
+server answers the health check submit makes first), and the flags every command shares. The
+fake's get_run plays the states a run passes through, for `--wait`."""
 
 import http.server
 import threading
@@ -33,6 +34,14 @@ class FakeClient:
                            "run_name": run_name, "experiment": experiment_name,
                            "namespace": namespace})
         return types.SimpleNamespace(run_id="run-123")
+
+    states = []  # what get_run answers, one after the other (the last one stays)
+
+    def get_run(self, run_id):
+        state = FakeClient.states.pop(0) if len(FakeClient.states) > 1 else FakeClient.states[0]
+        self.calls.append({"get_run": run_id})
+        return types.SimpleNamespace(run_id=run_id, state=state, error=types.SimpleNamespace(
+            message="task train-pytorch-model failed") if state == "FAILED" else None)
 
 
 class _Healthy(http.server.BaseHTTPRequestHandler):
@@ -186,3 +195,21 @@ def test_submit_refuses_a_script_folder_it_cannot_ship_before_contacting_anythin
                    "https://example.com/photos.tgz", *flags])
     assert rc == 2 and fake_kfp.made == []
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("states, rc, said", [
+    (["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"], 0, "run run-123 succeeded: "),
+    (["RUNNING", "FAILED"], 1, "PipelineRunFailedError: run run-123 ended FAILED: task "
+                               "train-pytorch-model failed; its steps and logs: "),
+    (["RUNNING"], 124, "WaitTimeoutError: run run-123 is still RUNNING after 0.05 s; it goes on"),
+])
+def test_submit_wait_follows_the_run_until_it_ends(fake_kfp, capsys, states, rc, said):
+    fake_kfp.states = list(states)
+    argv = ["pipeline", "submit", "--endpoint", fake_kfp.endpoint, "--data-pvc", "photos",
+            "--train-source", "/kfvision-data/digits/train.tar.gz", "--wait", "--poll", "0.01"]
+    assert cli.main(argv + (["--timeout", "0.05"] if rc == 124 else [])) == rc
+    out = capsys.readouterr()
+    assert said in out.out + out.err
+    assert [line for line in out.out.splitlines() if line.startswith("run run-123: ")] == [
+        f"run run-123: {s}" for s in dict.fromkeys(states)]
+

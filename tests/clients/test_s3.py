@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from kfvision.pipelines.cli import main
-from kfvision.pipelines.clients import s3, s3sync
+from kfvision.pipelines.clients import s3, s3put, s3sync
 from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory
 from kfvision.trainer.errors import InvalidParameterError
 
@@ -198,15 +198,16 @@ def test_one_fetch_folder_one_source(s3_bucket, tiny_digits, tmp_path):
         s3sync.fetch(s3_bucket.uri("a/"), tmp_path / "mine", progress=False)
 
 
-def test_a_file_over_the_single_put_size_goes_up_through_the_transfer_manager(s3_bucket,
-                                                                              tmp_path,
-                                                                              monkeypatch):
-    monkeypatch.setattr(s3, "SINGLE_PUT", 1000)  # boto3's upload_file, on our botocore client
+def test_a_file_over_the_single_put_size_goes_up_in_parts_with_the_etag_push_expects(
+        s3_bucket, tmp_path, monkeypatch):
+    monkeypatch.setattr(s3put, "SINGLE_PUT", 1000)  # one part: a part may be small when it is last
     data = bytes(range(256)) * 20
     (tmp_path / "big.bin").write_bytes(data)
-    s3.upload(tmp_path / "big.bin", s3_bucket.name, "big/big.bin")
-    got = s3_bucket.client.get_object(Bucket=s3_bucket.name, Key="big/big.bin")["Body"].read()
-    assert got == data
+    s3put.upload(tmp_path / "big.bin", s3_bucket.name, "big/big.bin")
+    got = s3_bucket.client.get_object(Bucket=s3_bucket.name, Key="big/big.bin")
+    assert got["Body"].read() == data
+    assert got["ETag"].strip('"') == s3put.local_etag(tmp_path / "big.bin")
+    assert s3put.local_etag(tmp_path / "big.bin").endswith("-1")
 
 
 @pytest.mark.parametrize("text", ["2026-11-26T10:07:57.000Z", "2026-11-26T10:07:57Z",

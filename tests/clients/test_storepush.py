@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 from helpers.s3proxy import FaultProxy, Rule
-from kfvision.pipelines.clients import s3, s3sync, storepush
+from kfvision.pipelines.clients import s3, s3put, s3sync, storepush
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory
 from kfvision.trainer.errors import InvalidDatasetError, InvalidModelDirectoryError
@@ -17,14 +17,14 @@ from kfvision.trainer.errors import InvalidDatasetError, InvalidModelDirectoryEr
 
 @pytest.fixture
 def uploads(monkeypatch) -> list:
-    """The keys s3.upload is asked to write, in the order it finishes them."""
-    done, real = [], s3.upload
+    """The keys s3put.upload is asked to write, in the order it finishes them."""
+    done, real = [], s3put.upload
 
     def upload(path, bucket, key, max_connections=s3.DEFAULT_CONNECTIONS):
         real(path, bucket, key, max_connections)
         done.append(key)
 
-    monkeypatch.setattr(s3, "upload", upload)
+    monkeypatch.setattr(s3put, "upload", upload)
     return done
 
 
@@ -148,11 +148,11 @@ def test_a_large_file_in_parts_is_skipped_when_already_there(s3_bucket, tmp_path
     model = tmp_path / "m"
     model.mkdir()
     (model / "spec.json").write_text("{}")
-    (model / "weights.pt").write_bytes(bytes(range(256)) * ((s3.SINGLE_PUT + 4096) // 256))
+    (model / "weights.pt").write_bytes(bytes(range(256)) * ((s3put.SINGLE_PUT + 4096) // 256))
     storepush.push_model(model, s3_bucket.uri("big/"), progress=False)
     listed = {o.key: o.etag for o in s3.list_objects(s3_bucket.uri("big/"))}
     assert "-" in listed["big/weights.pt"]
-    assert listed["big/weights.pt"] == s3.local_etag(model / "weights.pt")
+    assert listed["big/weights.pt"] == s3put.local_etag(model / "weights.pt")
     uploads.clear()
     assert storepush.push_model(model, s3_bucket.uri("big/")).skipped == 2 and uploads == []
 

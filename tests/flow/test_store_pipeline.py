@@ -92,7 +92,8 @@ class FakeJobs:
 
 def _settings(nodes: int) -> dict:
     keys = ("image", "nodes", "procs_per_node", "gpus_per_node", "node_selector", "tolerations",
-            "cpu_per_node", "memory_per_node", "shm_size", "timeout_seconds")
+            "cpu_per_node", "memory_per_node", "shm_size", "timeout_seconds", "service_account",
+            "scratch_size", "scratch_class")
     return {**{k: parameter_defaults()[k] for k in keys}, "nodes": nodes}
 
 
@@ -148,10 +149,11 @@ def test_two_nodes_through_the_store_need_no_shared_volume(tmp_path, monkeypatch
     monkeypatch.setattr(jobclient, "submit", submit)
     summary = train_step.train_step(
         resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "out",
-        tmp_path / "job.yaml", options=train_options(**OPTIONS), settings=_settings(2),
+        tmp_path / "job.yaml", options=train_options(**OPTIONS),
+        settings={**_settings(2), "service_account": "bucket-reader", "scratch_size": "50Gi",
+                  "scratch_class": "fast-ssd"},
         run_key="run-1/train", mode="cluster", kind="pytorchjob", workspace=str(workspace),
-        store=paths,
-        s3_secret="kfvision-s3")
+        store=paths, s3_secret="kfvision-s3")
     assert summary == {"final": {"val_top1": 0.5}} and fake.asked == []
     assert (tmp_path / "out" / "spec.json").is_file()  # the model, in the step's output
     assert not (workspace / "kfvision").exists()  # nothing staged
@@ -165,6 +167,12 @@ def test_two_nodes_through_the_store_need_no_shared_volume(tmp_path, monkeypatch
     refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]
             if "valueFrom" in e]
     assert set(refs) == {"kfvision-s3"}
+    # the job's account and scratch volume, as `kfvision job render` takes them
+    assert pod["serviceAccountName"] == "bucket-reader"
+    (scratch,) = [v for v in pod["volumes"] if "ephemeral" in v]
+    claim = scratch["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim["storageClassName"] == "fast-ssd"
+    assert claim["resources"]["requests"]["storage"] == "50Gi"
     from kfvision.pipelines.clients import s3
 
     keys = {o.key for o in s3.list_objects(paths["model"])}

@@ -23,14 +23,14 @@ def local_status(name: str, log_dir, capsys) -> dict:
 
 
 def run_watched(tmp_path, name: str, style: str, script_args: list, tracking: str,
-                capsys) -> list:
+                capsys, target=("--entry", "train.py")) -> list:
     """`kfvision job run` of tests/script/styles/`style` 2 x 2 in a process of its own, its
-    MLflow run at `tracking`; the views `job status` gave while it ran (from when its record is
-    there), the last one after it ended. Its logs: tmp_path/logs."""
+    MLflow run at `tracking`, started as `target`; the views `job status` gave while it ran (from
+    when its record is there), the last one after it ended. Its logs: tmp_path/logs."""
     log_dir = tmp_path / "logs"
     argv = [sys.executable, "-m", "kfvision.pipelines.cli", "job", "run", "--name", name,
             "--image", "local", "--nodes", "2", "--nproc-per-node", "2", "--source",
-            str(STYLES / style), "--entry", "train.py", "--tracking-uri", tracking, "--quiet",
+            str(STYLES / style), *target, "--tracking-uri", tracking, "--quiet",
             "--log-dir", str(log_dir), "-o", str(tmp_path / "job.yaml"), "--", *script_args]
     views = []
     with open(tmp_path / "run.log", "wb") as out:
@@ -59,12 +59,22 @@ def running_progress(views: list) -> list:
 
 def mlflow_history(tracking: str, name: str, log_dir, metric: str) -> list:
     """(step, value) of `metric` in the MLflow run node 0's boot opened for the local run of
-    job `name` (its id in the provenance file of node 0's model folder)."""
+    job `name`: its id in the provenance file of node 0's model folder, else (a script that
+    saved no model there) the newest run tagged with the job's name."""
     from kfvision.pipelines import contract
-    from kfvision.pipelines.script.outputs import local_run
+    from kfvision.pipelines.jobs.outputs import local_run
+    from kfvision.trainer.tracking import JOB_TAGS
     from mlflow.tracking import MlflowClient
 
-    work = local_run(name, log_dir)
-    run_id = contract.read_provenance(work / contract.RESULTS["model"])["mlflow_run_id"]
-    history = MlflowClient(tracking_uri=tracking).get_metric_history(run_id, metric)
+    client = MlflowClient(tracking_uri=tracking)
+    model = local_run(name, log_dir) / contract.RESULTS["model"]
+    if (model / contract.PROVENANCE).is_file():
+        run_id = contract.read_provenance(model)["mlflow_run_id"]
+    else:
+        tag = JOB_TAGS["KFVISION_JOB_NAME"]
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        runs = client.search_runs(experiments, f"tags.`{tag}` = '{name}'",
+                                  order_by=["attributes.start_time DESC"], max_results=1)
+        run_id = runs[0].info.run_id
+    history = client.get_metric_history(run_id, metric)
     return sorted((m.step, m.value) for m in history)

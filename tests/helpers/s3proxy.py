@@ -15,10 +15,12 @@ and refuses, as a server does, with no retry to follow (not in KINDS: no try get
     denied        403 with S3's `AccessDenied` error body, the request never forwarded
     precondition  412 with S3's `PreconditionFailed` body (the object changed), never forwarded
 
-Which requests: a `Rule` (methods, the share of them, the kinds, a path pattern), decided per
+Which requests: a `Rule` (methods, the share of them, the kinds, a path pattern, and whether only
+a request's first sight), or several (the first that faults a request decides), decided per
 request by a seeded draw keyed on (seed, method, path, how many times that method and path were
 seen), so the same test meets the same faults in the same places whatever order its threads run
-in:
+in. `Rule(rate=1.0, methods={"PUT"}, kinds=("stale_etag",), path=PART_1, first=True)` damages
+the answer to the first PUT of every multipart upload's part 1, and no part sent again:
 
     with FaultProxy(upstream, Rule(rate=0.1, methods={"GET"}), seed=7) as proxy:
         ...                 # proxy.url is the endpoint; proxy.faults counts what it did
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+PART_1 = r"[?&]partNumber=1(&|$)"  # a multipart upload's first part (its path names the upload)
 KINDS = ("slowdown", "reset", "truncate", "stall", "stale_etag", "corrupt")
 REFUSALS = ("denied", "precondition")
 
@@ -65,6 +68,7 @@ class Rule:
     methods: frozenset = frozenset({"GET"})
     kinds: tuple = KINDS
     path: str = ""  # a regular expression searched in the path; "" matches all
+    first: bool = False  # only the first time a method and path are seen (no retry of it)
 
     def __post_init__(self):
         object.__setattr__(self, "methods", frozenset(self.methods))
@@ -77,16 +81,19 @@ class FaultProxy:
 
     Args:
         upstream: the server's http:// URL.
-        rule: which requests to fault (`rule` may be replaced while it runs).
+        rule: which requests to fault, a Rule or a tuple of them (`rule` may be replaced while
+            it runs).
         seed: fixes which requests are faulted and with what.
         stall_s: how long a stalled answer says nothing (longer than the client's read timeout).
     """
 
-    def __init__(self, upstream: str, rule: Rule = Rule(), seed: int = 0, stall_s: float = 2.0):
+    def __init__(self, upstream: str, rule: Rule | tuple = Rule(), seed: int = 0,
+                 stall_s: float = 2.0):
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port or 80)
         self.rule, self.seed, self.stall_s = rule, seed, stall_s
         self.faults: Counter = Counter()  # kind -> how many
+        self.by_rule: Counter = Counter()  # the rule's index (in a tuple of rules) -> faults
         self.requests: Counter = Counter()  # method -> how many
         self._seen: Counter = Counter()
         self._lock = threading.Lock()
@@ -120,20 +127,25 @@ class FaultProxy:
 
     def decide(self, method: str, path: str) -> str | None:
         """The fault for this request, or None (counts it either way)."""
-        rule = self.rule
+        rules = self.rule if isinstance(self.rule, tuple) else (self.rule,)
         with self._lock:
             self.requests[method] += 1
             n = self._seen[method, path]
             self._seen[method, path] += 1
-        if method not in rule.methods or (rule.path and not re.search(rule.path, path)):
-            return None
-        draw = random.Random(f"{self.seed}:{method}:{path}:{n}")  # noqa: S311
-        if draw.random() >= rule.rate:
-            return None
-        kind = draw.choice(rule.kinds)
-        with self._lock:
-            self.faults[kind] += 1
-        return kind
+        for i, rule in enumerate(rules):
+            if method not in rule.methods or (rule.path and not re.search(rule.path, path)) \
+                    or (rule.first and n > 0):
+                continue
+            salt = f"{self.seed}" if i == 0 else f"{self.seed}:{i}"  # the first: as before
+            draw = random.Random(f"{salt}:{method}:{path}:{n}")  # noqa: S311
+            if draw.random() >= rule.rate:
+                continue
+            kind = draw.choice(rule.kinds)
+            with self._lock:
+                self.faults[kind] += 1
+                self.by_rule[i] += 1
+            return kind
+        return None
 
     def forward(self, method: str, path: str, headers: list, body: bytes):
         """(status, reason, headers, body) of the upstream server's answer."""

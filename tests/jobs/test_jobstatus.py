@@ -1,6 +1,9 @@
 """`kfvision job status` and `job list`: a local run's record as it runs (pipelines/jobs/
 localstatus.py), and jobs on a cluster (pipelines/jobs/jobstatus.py) against the FAKE API of
-tests/helpers/fake_k8s.py (not a cluster: it serves what the test stores and scripts)."""
+tests/helpers/fake_k8s.py (not a cluster: it serves what the test stores and scripts). The other
+verbs of the one job protocol (pipelines/jobs/backends.py: logs, follow, watch, delete, wait) on
+the same real local run; their cluster side is tests/jobs/test_job_cluster.py's, against the
+same fake."""
 
 import json
 import subprocess
@@ -22,6 +25,7 @@ from helpers.fake_k8s import (
 )
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.jobs import jobclient, localstatus
+from kfvision.pipelines.jobs.backends import LocalJobs
 from kfvision.pipelines.jobs.progress import PROGRESS_TOTAL, Progress
 from kfvision.pipelines.jobs.render import run_local
 from test_trainjob_cluster import TJOB
@@ -85,6 +89,30 @@ def test_a_local_run_records_rank_zeros_progress_as_it_runs(tmp_path, capsys):
     assert [r.split()[:5] for r in rows[1:]] == [["failing", "TrainJob", "local", "Failed",
                                                   "2x1"], ["demo", "TrainJob", "local",
                                                            "Succeeded", "2x1"]]
+    # the verbs a job on the cluster answers, on the same local run (pipelines/jobs/backends.py)
+    demo = ["--log-dir", str(tmp_path / "demo")]
+    assert main(["job", "logs", "demo", *demo]) == 0  # rank 0's: node-0-0
+    out = capsys.readouterr().out
+    assert "epoch=2 loss=0.25" in out and "epoch=9" not in out
+    assert main(["job", "logs", "demo", "--all", "--tail", "2", *demo]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "[0/-] epoch=2 loss=0.25" in lines and "[1/-] epoch=9 loss=9" in lines
+    assert len(lines) == 4  # two of each node's
+    assert main(["job", "logs", "demo", "--replica", "node-0-1", "-f", *demo]) == 0
+    followed = capsys.readouterr()
+    assert "epoch=9 loss=9" in followed.out and "0.25" not in followed.out
+    assert f"job demo (local run in {tmp_path / 'demo'}): Succeeded" in followed.err
+    assert main(["job", "logs", "demo", "--previous", *demo]) == 2
+    assert "a local run's log holds every restart in one file" in capsys.readouterr().err
+    assert main(["job", "status", "demo", "--watch", *demo]) == 0  # it has ended: drawn once
+    assert capsys.readouterr().out.count("phase     Succeeded") == 1
+    assert main(["job", "delete", "demo", *demo]) == 0
+    assert f"deleted TrainJob demo (its local run in {tmp_path / 'demo'})" in \
+        capsys.readouterr().out
+    assert not (tmp_path / "demo").exists()
+    assert main(["job", "list", "--log-root", str(tmp_path)]) == 0
+    assert [r.split()[0] for r in capsys.readouterr().out.splitlines()[1:]] == ["failing"]
+    assert LocalJobs(root=tmp_path).wait("failing", timeout_s=0)["phase"] == "Failed"
 
 
 def test_a_record_whose_run_local_is_gone_reads_as_stopped(tmp_path, capsys):
@@ -156,6 +184,12 @@ def test_job_list_shows_the_jobs_kfvision_rendered_of_both_kinds(monkeypatch, ca
     rows = [r.split() for r in capsys.readouterr().out.splitlines()]
     assert rows[1:] == [["digits", "PyTorchJob", NS, "Running", "3x1", "-", "-"],
                         ["tj", "TrainJob", NS, "Running", "3x1", "25%", "-"]]
+    # a running PyTorchJob's progress, as `job status` reads it: rank 0's log
+    fake.logs = {"digits-master-0": [("2026-01-02T03:04:06Z", "[0/0] epochs=4"),
+                                     ("2026-01-02T03:04:10Z", "[0/0] epoch=1 loss=0.5")]}
+    assert main(["job", "list", "-n", NS]) == 0
+    rows = [r.split() for r in capsys.readouterr().out.splitlines()]
+    assert rows[1][:6] == ["digits", "PyTorchJob", NS, "Running", "3x1", "25%"]
     assert LIST_CALLS <= set(fake.calls) <= rbac_rules()  # manifests/rbac.yaml grants them
 
 

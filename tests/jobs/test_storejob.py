@@ -97,7 +97,7 @@ def test_an_emptydir_without_a_size_and_no_credentials_is_the_default(tmp_path):
     pod = job_pods(job)[0]
     assert {"name": "kfvision-scratch", "emptyDir": {}} in pod["volumes"]
     assert "serviceAccountName" not in pod
-    assert "env" not in pod["containers"][0]
+    assert not any(e["name"].startswith("AWS_") for e in pod["containers"][0]["env"])  # HOME's
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -197,7 +197,8 @@ def test_run_local_lays_the_scratch_out_under_the_pod_root(tmp_path, kind, scrat
     root = tmp_path / "pods" / "node-0"
     assert materialize(volumes, mounts, {}, root) == {POD_ROOT: str(root.absolute())}
     assert (root / SCRATCH_MOUNT.lstrip("/")).is_dir()
-    assert sorted(p.name for p in root.iterdir()) == [SCRATCH_MOUNT.lstrip("/")]
+    # the scratch, and HOME's volume (/kfvision/home: pipelines/jobs/home.py)
+    assert sorted(p.name for p in root.iterdir()) == ["kfvision", SCRATCH_MOUNT.lstrip("/")]
 
 
 def test_run_local_stands_this_machines_aws_variables_in_for_the_secret(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ folder of its own, against the same job reading the folders."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,18 +21,20 @@ FLAGS = JOB_FLAGS
 
 
 def test_the_fetchers_order_is_the_samplers():
-    """rank_order is what the trainer's loaders draw: DistributedSampler per rank, and the
-    seeded RandomSampler of one process (a fresh iterator each epoch, as with no workers)."""
-    import torch
+    """rank_order is what the trainer's loaders draw, for one process or several."""
     from kfvision.trainer.data.datasets import make_loader
+    from kfvision.trainer.data.draws import split_key
 
-    data = torch.utils.data.TensorDataset(torch.arange(37))
+    class Indices(list):  # what the dataset was asked for, as the trainer's datasets read it
+        def __getitem__(self, item):
+            return (split_key(item)[0],)
+
+    data = Indices(range(37))
     for world, rank in ((1, 0), (4, 0), (4, 3)):
         loader, sampler = make_loader(data, batch_size=5, workers=0, shuffle=True, seed=7,
                                       rank=rank, world_size=world)
         for epoch in (1, 2, 3):
-            if sampler is not None:
-                sampler.set_epoch(epoch)
+            sampler.set_epoch(epoch)
             seen = [int(i) for (batch,) in loader for i in batch]
             assert seen == nodefetch.rank_order(37, world, rank, 7, epoch), (world, rank, epoch)
     assert nodefetch.node_order([[1, 2, 3], [4, 5]]) == [1, 4, 2, 5, 3]
@@ -92,8 +95,10 @@ def _fetched(bucket, key: str, into: Path) -> Path:
 def test_a_2x2_job_on_object_storage_alone_trains_the_same_model(tmp_path, s3_bucket,
                                                                   micro_digits, resnet18_dir,
                                                                   pytorchjob_2x2):
-    """Same weights, bit for bit, as the job on the folders; each node fetched its ranks' share
-    in epoch 1 and never an image twice; the model and no checkpoint are left in the store."""
+    """Same weights, bit for bit, as the job on the folders, every loading option at its default
+    (there: cached, no workers; here: uncached, a worker a process); each node fetched its ranks'
+    share in epoch 1 and never an image twice; the model and no checkpoint are left in the
+    store."""
     from kfvision.pipelines.cli import main
 
     uris = _upload(s3_bucket, micro_digits, resnet18_dir)
@@ -109,6 +114,8 @@ def test_a_2x2_job_on_object_storage_alone_trains_the_same_model(tmp_path, s3_bu
     assert (model / "weights.pt").read_bytes() == (local / "weights.pt").read_bytes()
     ours, theirs = (json.loads((m / "metrics.json").read_text()) for m in (model, local))
     assert ours["status"] == "completed"
+    assert (ours["fast_path"]["cache"], theirs["fast_path"]["cache"]) == (False, True)
+    assert ours["fast_path"]["workers"] >= 1 and theirs["fast_path"]["workers"] == 0
     assert [h["val_loss"] for h in ours["history"]] == [h["val_loss"] for h in theirs["history"]]
     keys = [o["Key"] for o in s3_bucket.client.list_objects_v2(
         Bucket=s3_bucket.name, Prefix="runs/r18-1/").get("Contents", [])]
@@ -139,8 +146,10 @@ def test_a_job_killed_mid_epoch_resumes_on_new_pods_from_the_stores_checkpoint(
     """Every process SIGKILLed in epoch 2, once epoch 1's checkpoint is in the store; the job
     started again on new pods (empty scratch disks) resumes from it and ends with the same
     weights as the unbroken job on folders. The store is flaky meanwhile: 10% of its GETs and
-    PUTs fail (reset, cut short, 503 SlowDown, wrong ETag, a flipped byte), retried."""
-    from helpers.s3proxy import FaultProxy, Rule
+    PUTs fail (reset, cut short, 503 SlowDown, wrong ETag, a flipped byte), retried; and the
+    first answer to every multipart upload's part 1 (checkpoints, the model: larger than
+    s3put.SINGLE_PUT) carries a wrong ETag, on every run: that part is sent again."""
+    from helpers.s3proxy import PART_1, FaultProxy, Rule
 
     uris = _upload(s3_bucket, micro_digits, resnet18_dir)
     flags = ["--model", uris["model"], "--train", uris["train"], "--val", uris["val"],
@@ -150,8 +159,9 @@ def test_a_job_killed_mid_epoch_resumes_on_new_pods_from_the_stores_checkpoint(
         return "epoch 2 [" in log and "runs/resumed/checkpoints/epoch-0001.pt" in _keys(
             s3_bucket, "runs/resumed/checkpoints/")
 
-    rule = Rule(rate=0.1, methods={"GET", "PUT"},
-                kinds=("slowdown", "reset", "truncate", "stale_etag", "corrupt"))
+    rule = (Rule(rate=1.0, methods={"PUT"}, kinds=("stale_etag",), path=PART_1, first=True),
+            Rule(rate=0.1, methods={"GET", "PUT"},
+                 kinds=("slowdown", "reset", "truncate", "stale_etag", "corrupt")))
     with FaultProxy(s3_bucket.endpoint, rule, seed=3) as proxy:
         env = {"AWS_ENDPOINT_URL": proxy.url}
         first = _nodes(tmp_path / "pods-1", flags, kill_on=epoch_1_is_in_the_store, env=env)
@@ -159,7 +169,8 @@ def test_a_job_killed_mid_epoch_resumes_on_new_pods_from_the_stores_checkpoint(
         second = _nodes(tmp_path / "pods-2", flags, env=env)
     for rc, text in second:
         assert rc == 0, text[-4000:]
-    assert sum(proxy.faults.values()) > 0, proxy.faults
+    assert proxy.by_rule[1] > 0, proxy.faults
+    assert proxy.by_rule[0] >= 2, proxy.by_rule  # every multipart upload's part 1, once
     log = second[0][1]
     assert "checkpoint(s) from s3://" in log and "resuming from" in log, log[-3000:]
     model = _fetched(s3_bucket, "runs/resumed/", tmp_path / "model")
@@ -219,3 +230,38 @@ def test_a_restarted_node_fetches_again_and_never_reads_a_part_file(tmp_path, s3
     from kfvision.trainer.data.imagedir import check_files
 
     check_files(imdir, hash=True)  # every image whole, its sha256 the manifest's
+
+
+def test_a_stalled_small_get_is_asked_again_and_does_not_hold_the_node_up(tmp_path, s3_bucket,
+                                                                          micro_digits,
+                                                                          monkeypatch):
+    """The first GET of one image mid-epoch stalls (its headers and half its body, then
+    nothing: a try would end at the read timeout, 10 s here): the fetcher asks again beside it
+    once it has run far longer than its peers, and holds every image well before that."""
+    from helpers.s3proxy import FaultProxy, Rule
+    from kfvision.pipelines.clients import s3
+    from kfvision.pipelines.jobs.storenode import stage_images
+
+    s3_bucket.upload_folder(micro_digits["train"], "data/train/")
+    channel = stage_images("train", s3_bucket.uri("data/train"), tmp_path / "scratch")
+    channel.list(4)
+    n = len(channel.paths)
+    plan = nodefetch.Plan(world_size=1, ranks=(0,), seed=1, epochs=1)
+    late = channel.paths[nodefetch.rank_order(n, 1, 0, 1, 1)[n // 2]]  # its peers timed first
+    rule = Rule(rate=1.0, methods={"GET"}, kinds=("stall",), first=True,
+                path=re.escape(f"/data/train/{late}") + "$")
+    with FaultProxy(s3_bucket.endpoint, rule, stall_s=20.0) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        s3.reset_clients()
+        start = time.monotonic()
+        fetcher = nodefetch.NodeFetcher(channel, None, plan, tmp_path / "arrival",
+                                        max_connections=4, hedge_after=0.5).start()
+        while len(fetcher.held) < n and time.monotonic() - start < 30:
+            time.sleep(0.05)
+        took = time.monotonic() - start
+        fetcher.stop(timeout=1)
+        summary = fetcher.summary()
+    s3.reset_clients()
+    assert proxy.faults == {"stall": 1}
+    assert fetcher.error is None and len(fetcher.held) == n, summary
+    assert summary["hedged"]["gets"] >= 1 and took < 8, (took, summary)

@@ -191,13 +191,13 @@ def test_a_trainjob_with_pet_names_in_trainer_env_is_refused(tmp_path):
 
 
 def test_a_big_tree_goes_to_the_store_and_is_uploaded_once(tmp_path, monkeypatch):
-    from kfvision.pipelines.clients import s3
+    from kfvision.pipelines.clients import s3, s3put
 
     root = tree(tmp_path / "src", {"train.py": "", "w.bin": random.Random(1).randbytes(900_000)})
     uploads, present = [], set()
     monkeypatch.setattr(s3, "head", lambda uri: object() if uri in present else None)
-    monkeypatch.setattr(s3, "upload", lambda path, b, k: (uploads.append(f"s3://{b}/{k}"),
-                                                          present.add(f"s3://{b}/{k}")))
+    monkeypatch.setattr(s3put, "upload", lambda path, b, k: (uploads.append(f"s3://{b}/{k}"),
+                                                             present.add(f"s3://{b}/{k}")))
     for _ in range(2):
         docs = render(tmp_path, "--source", str(root), "--entry", "train.py",
                       "--source-store", "s3://bucket/src/", [])
@@ -253,12 +253,18 @@ def test_render_without_source_still_needs_the_trainer_paths(capsys):
 
 # --- the boot ---
 
+def _reqs(folder: Path):
+    from kfvision.pipelines.script.requirements import read
+
+    return read(folder / "requirements.txt", folder)
+
+
 def test_a_requirement_that_does_not_exist_is_a_named_error_with_pips_lines(tmp_path,
                                                                             monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # no index: fails at once, the same way
     (tmp_path / "requirements.txt").write_text("no-such-package-kfvision==1.0\n")
     with pytest.raises(env.RequirementsInstallError) as e:
-        env.ensure_env(tmp_path / "requirements.txt", tmp_path / "cache", say=lambda s: None)
+        env.ensure_env(_reqs(tmp_path), tmp_path / "cache", "requirements.txt", say=lambda s: None)
     assert e.value.exit_code == 2
     assert "pip could not install requirements.txt" in str(e.value)
     assert "no-such-package-kfvision" in str(e.value)
@@ -268,10 +274,11 @@ def test_a_requirement_that_does_not_exist_is_a_named_error_with_pips_lines(tmp_
 def test_the_environment_pins_torch_and_a_second_setup_installs_nothing(tmp_path):
     (tmp_path / "requirements.txt").write_text("torch\n")  # a stray torch line: already met
     t = time.monotonic()
-    python = env.ensure_env(tmp_path / "requirements.txt", tmp_path / "c", say=lambda s: None)
+    python = env.ensure_env(_reqs(tmp_path), tmp_path / "c", "requirements.txt",
+                            say=lambda s: None)
     first = time.monotonic() - t
     t = time.monotonic()
-    assert env.ensure_env(tmp_path / "requirements.txt", tmp_path / "c",
+    assert env.ensure_env(_reqs(tmp_path), tmp_path / "c", "requirements.txt",
                           say=lambda s: None) == python
     assert time.monotonic() - t < 0.5 < first
     assert "torch==" in (python.parent.parent / "constraints.txt").read_text()

@@ -247,6 +247,10 @@ with open(os.path.join(os.environ["KFVISION_MODEL_DIR"], "weights.txt"), "w") as
 os.makedirs("outputs/plots", exist_ok=True)
 with open("outputs/plots/loss.txt", "w") as f:
     f.write("0.1\\n")
+os.makedirs("outputs/empty", exist_ok=True)
+os.makedirs("runs", exist_ok=True)  # beside the script: not collected
+with open("runs/events.txt", "w") as f:
+    f.write("e\\n")
 """
 
 
@@ -264,6 +268,11 @@ def test_download_a_file_and_a_folder_of_a_local_run(tmp_path, capsys):
     assert "from its local run in" in capsys.readouterr().out
     assert main([*dl[:3], "outputs", *dl[3:]]) == 0
     assert (got / "outputs" / "plots" / "loss.txt").read_text() == "0.1\n"
+    assert main([*dl[:3], "outputs/empty", *dl[3:]]) == 0
+    said = capsys.readouterr().out
+    assert "outputs/empty is empty: the script wrote nothing there. The job kept: " \
+        "model/kfvision-source.json, model/weights.txt, outputs/plots/loss.txt." in said
+    assert "Left in the pod: runs/; render with --collect runs" in said
     assert main([*dl[:3], "outputs/nope.txt", *dl[3:]]) == 2
     err = capsys.readouterr().err
     assert "JobOutputsError: outputs/nope.txt is not among the outputs" in err

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 from kfvision.trainer.data.ahead import ahead
-from kfvision.trainer.data.batchcrop import crop_boxes, draw_flips, resized_crops
+from kfvision.trainer.data.batchcrop import resized_crops
 from kfvision.trainer.data.datasets import ImageDataset, make_loader
 from kfvision.trainer.data.devicedata import EncodedImages, make_device_loader
+from kfvision.trainer.data.draws import Sample
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.data.transforms import CROP_PRESETS, Normalizer, train_transform
 from kfvision.trainer.presets import IMAGENET_MEAN, IMAGENET_STD
@@ -38,12 +39,13 @@ def _stats(boxes, shapes) -> dict:
 
 
 def test_crop_area_and_aspect_ratio_are_distributed_as_torchvisions():
-    """10,000 crops, the scale and ratio the trainer's default preset uses (torchvision's
-    defaults): each mean and standard deviation of the area fraction and of the aspect ratio
-    within 2% of RandomResizedCrop's."""
+    """10,000 crops, each from its own keyed stream, the scale and ratio the trainer's default
+    preset uses (torchvision's defaults): each mean and standard deviation of the area fraction
+    and of the aspect ratio within 2% of RandomResizedCrop's."""
     scale, ratio, _ = CROP_PRESETS["standard"]
     shapes = [SHAPES[i % len(SHAPES)] for i in range(10_000)]
-    ours = crop_boxes(shapes, scale, ratio, torch.Generator().manual_seed(0))
+    crop = train_transform("standard", 224)
+    ours = [crop.draw(*s, Sample(i, 0, 1).stream())[0] for i, s in enumerate(shapes)]
     torch.manual_seed(0)
     theirs = [RandomResizedCrop.get_params(torch.empty(3, *s), list(scale), list(ratio))
               for s in shapes]
@@ -53,7 +55,10 @@ def test_crop_area_and_aspect_ratio_are_distributed_as_torchvisions():
     a, b = _stats(ours, shapes), _stats(theirs, shapes)
     for k in a:
         assert a[k] == pytest.approx(b[k], rel=0.02), (k, a, b)
-    assert crop_boxes(shapes[:5], scale, ratio, torch.Generator().manual_seed(0)) == ours[:5]
+    assert [crop.draw(*s, Sample(i, 0, 1).stream())[0] for i, s in enumerate(shapes[:5])] \
+        == ours[:5]
+    flips = [crop.draw(*s, Sample(i, 0, 1).stream())[1] for i, s in enumerate(shapes)]
+    assert abs(sum(flips) / len(flips) - 0.5) < 0.02
 
 
 def test_the_batched_resize_is_torchvisions_resized_crop_within_resampling():
@@ -72,17 +77,15 @@ def test_the_batched_resize_is_torchvisions_resized_crop_within_resampling():
 
 def test_a_batch_split_into_canvases_gives_what_one_canvas_gives():
     images = [_photo(s, i) for i, s in enumerate(SMALL * 2)]
-    boxes = crop_boxes([i.shape[-2:] for i in images], (0.08, 1.0), (3 / 4, 4 / 3),
-                       torch.Generator().manual_seed(1))
+    crop = train_transform("standard", 32)
+    boxes = [crop.draw(*i.shape[-2:], Sample(k, 1, 1).stream())[0] for k, i in enumerate(images)]
     flips = [i % 3 == 0 for i in range(len(images))]
     one = resized_crops(images, boxes, 32, flips)
     split = resized_crops(images, boxes, 32, flips, canvas_bytes=1)  # one image per canvas
     assert torch.equal(one, split)
 
 
-def test_flips_are_half_and_flip_exactly_the_images_drawn():
-    flips = draw_flips(10_000, torch.Generator().manual_seed(0))
-    assert abs(sum(flips) / len(flips) - 0.5) < 0.02
+def test_flips_flip_exactly_the_images_drawn():
     images = [_photo(s, i) for i, s in enumerate(SMALL)]
     boxes = [(0, 0, *img.shape[-2:]) for img in images]
     some = [True, False, True, True, False]
@@ -111,11 +114,12 @@ def _device(imdir, augment, batch_size, shuffle=False, **options):
 @pytest.mark.parametrize("rank", [0, 1])
 def test_labels_and_order_per_rank_are_the_cpu_paths(jpeg_dirs, rank):
     """The same DataLoader, sampler and seed as the CPU path: each rank sees the same images in
-    the same order, epoch after epoch (pixels compared without augmentation)."""
+    the same order, with the same crops and flips, epoch after epoch (the pixels differ as
+    box and triangle antialiasing do)."""
     imdir = read_image_directory(jpeg_dirs["train"])
     shard = {"rank": rank, "world_size": 2, "shuffle": True}
-    device, device_sampler = _device(imdir, "none", 5, **shard)
-    cpu, cpu_sampler = make_loader(ImageDataset(imdir, train_transform("none", 32)),
+    device, device_sampler = _device(imdir, "standard", 5, **shard)
+    cpu, cpu_sampler = make_loader(ImageDataset(imdir, train_transform("standard", 32)),
                                    batch_size=5, workers=0, seed=1, **shard)
     for epoch in (1, 2):
         device_sampler.set_epoch(epoch)

@@ -35,8 +35,9 @@ from kfvision.trainer.train import main
 
 CPU = torch.device("cpu")
 ALONE = DistContext(0, 0, 1, 1, CPU)
-# 3 short epochs on 40 images; "light" augmentation draws from the torch RNG every image, and
-# workers 0 keeps every RNG in this process, so a resumed run can match bit for bit.
+# 3 short epochs on 40 images; "light" augmentation draws for every image, from a stream keyed
+# by the seed, the epoch and the image (trainer/data/draws.py), so a resumed run can match bit for
+# bit without any generator's state.
 OPTIONS = {"epochs": 3, "image_size": 32, "batch_size": 16, "lr": 0.02, "augment": "light",
            "print_freq": 100, "workers": 0, "seed": 5}
 
@@ -48,7 +49,7 @@ def _state(epoch=1, size=64) -> dict:
     g = torch.Generator().manual_seed(epoch)
     return {"model": {"w": torch.randn(size, generator=g), "n": torch.tensor(epoch)},
             "history": [{"epoch": epoch, "val_loss": 1.0 / epoch}], "settings": {"lr": 0.1},
-            "rng": [capture_rng([g], CPU)], "early_stopping": {"best_loss": float("inf")}}
+            "rng": [capture_rng(CPU)], "early_stopping": {"best_loss": float("inf")}}
 
 
 def test_digest_survives_save_and_load_and_notices_one_flipped_bit():
@@ -62,17 +63,15 @@ def test_digest_survives_save_and_load_and_notices_one_flipped_bit():
 
 
 def test_rng_states_round_trip_through_a_checkpoint_file(tmp_path):
-    gen = torch.Generator().manual_seed(3)
     random.seed(1)
     np.random.seed(2)
     torch.manual_seed(3)
-    saved = capture_rng([gen], CPU)
-    draws = (random.random(), np.random.rand(), torch.rand(2), torch.randperm(9, generator=gen))
+    saved = capture_rng(CPU)
+    draws = (random.random(), np.random.rand(), torch.rand(2))
     torch.save(saved, tmp_path / "rng.pt")
-    restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True), [gen], CPU)
-    again = (random.random(), np.random.rand(), torch.rand(2), torch.randperm(9, generator=gen))
-    assert draws[:2] == again[:2]
-    assert torch.equal(draws[2], again[2]) and torch.equal(draws[3], again[3])
+    restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True), CPU)
+    again = (random.random(), np.random.rand(), torch.rand(2))
+    assert draws[:2] == again[:2] and torch.equal(draws[2], again[2])
 
 
 def test_keeps_the_newest_two_and_the_best_and_clears_stale_temporary_files(tmp_path):
@@ -377,3 +376,30 @@ def test_a_checkpoint_of_other_settings_is_refused_before_training(
     assert main(train_argv(resnet18_dir, micro, out, **OPTIONS)) == 2
     err = capsys.readouterr().err
     assert "epochs 9 (now 3)" in err and "epoch-0001.pt" in err
+
+
+def test_the_weights_depend_on_no_loader_storage_or_cache_choice_nor_a_restart(
+        tmp_path, micro, resnet18_dir, reference, monkeypatch):
+    """The reference ran from the folders with the defaults (cache on, no workers). The same run
+    from a pack, uncached, 2 workers; and one from the folders, uncached, 1 worker, killed in
+    epoch 3 and resumed cached with none: the same weights, bit for bit (trainer/data/draws.py).
+    """
+    import shutil
+
+    from kfvision.trainer.data.pack import write_pack
+
+    packed = {"train": tmp_path / "packed", "val": micro["val"]}
+    shutil.copytree(micro["train"], packed["train"])
+    write_pack(packed["train"], progress=False)
+    options = {**OPTIONS, "cache": "off"}
+    out = tmp_path / "from-pack"
+    assert main(train_argv(resnet18_dir, packed, out, **{**options, "workers": 2})) == 0
+    fast_path = json.loads((out / "metrics.json").read_text())["fast_path"]
+    assert (fast_path["cache"], fast_path["workers"]) == (False, 2)
+    assert_same_run(out, reference)
+    out = tmp_path / "restarted"
+    _run_until_it_crashes_in_epoch_3(
+        train_argv(resnet18_dir, micro, out, **{**options, "workers": 1}), monkeypatch)
+    assert main(train_argv(resnet18_dir, micro, out, **{**OPTIONS, "cache": "on"})) == 0
+    assert json.loads((out / "metrics.json").read_text())["resumed_from"] == [2]
+    assert_same_run(out, reference)

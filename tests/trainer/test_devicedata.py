@@ -22,6 +22,7 @@ from kfvision.trainer.data.devicedata import (
     device_decodable,
     make_device_loader,
 )
+from kfvision.trainer.data.draws import Sample
 from kfvision.trainer.data.imagedir import read_image_directory
 from kfvision.trainer.data.transforms import train_transform
 from kfvision.trainer.distributed import DistContext
@@ -148,19 +149,25 @@ def test_only_8_bit_grey_or_colour_jpegs_go_to_the_device(make, expected):
 def test_standard_flips_half_the_images_and_light_none(augment, flips):
     img = torch.arange(3 * 16 * 16, dtype=torch.int64).reshape(3, 16, 16).to(torch.uint8)
     loader = DeviceDecodeLoader(None, augment, 16, "cpu")
-    loader.scale, loader.ratio = (1.0, 1.0), (1.0, 1.0)  # whole-image crops: only flips differ
-    out = loader.transform([img] * 64, torch.Generator().manual_seed(0))
+    loader.crop.scale, loader.crop.ratio = (1.0, 1.0), (1.0, 1.0)  # whole-image crops: flips only
+    out = loader.transform([img] * 64, [Sample(k, 0, 1) for k in range(64)])
     flipped = sum(torch.equal(o, img.flip(-1)) for o in out)
     assert flipped + sum(torch.equal(o, img) for o in out) == 64
     assert (16 <= flipped <= 48) if flips else flipped == 0
 
 
-def test_augmentation_is_seeded_and_changes_every_epoch(jpeg_dirs):
+def test_augmentation_is_keyed_by_the_seed_and_changes_every_epoch(jpeg_dirs):
     imdir = read_image_directory(jpeg_dirs["train"])
-    a, b = (_loader(imdir, "standard", shuffle=True, seed=3) for _ in range(2))
-    a1, a2, b1 = list(a), list(a), list(b)
+    (a, sampler), (b, _), (c, other) = (make_device_loader(
+        EncodedImages(imdir), augment="standard", image_size=32, device="cpu", batch_size=8,
+        workers=0, shuffle=True, seed=seed) for seed in (3, 3, 4))
+    a1, b1 = list(a), list(b)
+    sampler.set_epoch(2)
+    a2 = list(a)
+    other.set_epoch(2)
     assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a1, b1))
     assert not all(torch.equal(x, y) for (x, _), (y, _) in zip(a1, a2))
+    assert not all(torch.equal(x, y) for (x, _), (y, _) in zip(a2, list(c)))
 
 
 class _Cfg:

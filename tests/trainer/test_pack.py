@@ -14,6 +14,7 @@ from kfvision.pipelines.cli import main as kfvision
 from kfvision.trainer.data.convert import convert
 from kfvision.trainer.data.datasets import ImageDataset
 from kfvision.trainer.data.decode import load_rgb
+from kfvision.trainer.data.draws import Sample
 from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory, write_manifest
 from kfvision.trainer.data.pack import INDEX, PIXELS, StalePackWarning, write_pack
 from kfvision.trainer.data.transforms import eval_transform, train_transform
@@ -89,10 +90,7 @@ def test_a_cache_filled_from_the_pack_holds_the_same_crops_in_its_own_memory(mix
     start = packed.pack._pixels.ctypes.data
     mapped = range(start, start + packed.pack._pixels.nbytes)
     for i in range(len(imdir.images)):
-        torch.manual_seed(i)
-        a = plain[i][0]
-        torch.manual_seed(i)
-        assert torch.equal(a, packed[i][0])
+        assert torch.equal(plain[Sample(i, 1, 2)][0], packed[Sample(i, 1, 2)][0])
         assert torch.equal(evals[0][i][0], evals[1][i][0])
         for kept in (packed.images[i], evals[1].images[i]):  # not views of the mapped file
             assert kept.untyped_storage().data_ptr() not in mapped

@@ -24,12 +24,10 @@ differ by a level or so on photographs (tests/trainer/test_batchcrop.py bounds i
 small crop) both are plain bilinear. `aligned=True` puts pixel centres at half-integers, as
 `F.resize` does.
 
-The random numbers (crop boxes, flips) are drawn on the CPU from a torch.Generator and reach the
-device in one copy from pinned memory: a tensor copied from pageable memory would make the CPU wait
-for the steps already queued.
+The crop boxes and flips are drawn on the CPU (trainer/data/devicedata.py: each image's from its
+own stream, as the CPU path draws them) and reach the device in one copy from pinned memory: a
+tensor copied from pageable memory would make the CPU wait for the steps already queued.
 """
-
-import math
 
 import torch
 from torchvision.ops import roi_align
@@ -37,42 +35,6 @@ from torchvision.ops import roi_align
 # Most bytes of float32 canvas at once: a batch of 256 ImageNet-sized images (about 500 x 400)
 # fits in one, 256 phone photos (4032 x 3024) take about 50 groups.
 CANVAS_BYTES = 1 << 30
-
-
-def crop_boxes(shapes, scale, ratio, gen: torch.Generator, attempts: int = 10) -> list:
-    """(top, left, height, width) of a RandomResizedCrop for each (height, width) in `shapes`.
-
-    torchvision's sampling (RandomResizedCrop.get_params): up to `attempts` draws of an area
-    fraction in `scale` and a log-uniform aspect ratio in `ratio`, else the centre crop clamped to
-    `ratio`; all the batch's random numbers come from `gen` in one call.
-    """
-    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-    draws = torch.rand(len(shapes), attempts, 4, generator=gen, dtype=torch.float64).tolist()
-    boxes = []
-    for (height, width), tries in zip(shapes, draws):
-        height, width = int(height), int(width)
-        for u_area, u_ratio, u_top, u_left in tries:
-            area = height * width * (scale[0] + u_area * (scale[1] - scale[0]))
-            aspect = math.exp(log_lo + u_ratio * (log_hi - log_lo))
-            w, h = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
-            if 0 < w <= width and 0 < h <= height:
-                boxes.append((int(u_top * (height - h + 1)), int(u_left * (width - w + 1)), h, w))
-                break
-        else:
-            in_ratio = width / height
-            if in_ratio < min(ratio):
-                w, h = width, round(width / min(ratio))
-            elif in_ratio > max(ratio):
-                w, h = round(height * max(ratio)), height
-            else:
-                w, h = width, height
-            boxes.append(((height - h) // 2, (width - w) // 2, h, w))
-    return boxes
-
-
-def draw_flips(n: int, gen: torch.Generator) -> list:
-    """Whether to flip each of n images: half of them, on average."""
-    return (torch.rand(n, generator=gen) < 0.5).tolist()
 
 
 def _on(device: torch.device, values, dtype) -> torch.Tensor:

@@ -9,15 +9,15 @@ import functools
 import math
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 from kfvision.trainer.data.arrival import begin_epoch, wait_for
 from kfvision.trainer.data.decode import JPEG_SUFFIXES, decode_file, jpeg_frame
+from kfvision.trainer.data.draws import EpochSampler, split_key
 from kfvision.trainer.data.imagedir import ImageDirectory
 from kfvision.trainer.data.pack import INDEX, open_pack
-from kfvision.trainer.data.transforms import EvalResize, TrainCrop, kept_size
+from kfvision.trainer.data.transforms import EvalResize, TrainCrop, kept_size, scale_box
 from kfvision.trainer.progressbar import progress_bar
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 from torchvision.io import read_file
 from torchvision.transforms.v2 import functional as F
 
@@ -36,6 +36,10 @@ def cache_bytes(imdir: ImageDirectory, transform, dct_scaling: bool) -> int:
 
 class ImageDataset(Dataset):
     """(uint8 CHW image, label) pairs of an ImageDirectory; label is -1 when unlabelled.
+
+    Indexed by a `Sample` (trainer/data/draws.py: what the training sampler yields), a TrainCrop
+    draws image i's crop and flip from that sample's own stream, whichever way the image was
+    loaded; by a plain index, from torch's global generator.
 
     Args:
         imdir: the image directory.
@@ -61,6 +65,7 @@ class ImageDataset(Dataset):
         # a referenced directory's files can change under it: each read is checked (check_bytes)
         self.imdir = imdir if imdir.referenced else None
         self.labels = [(-1 if e.label is None else e.label) for e in imdir.images]
+        self.sizes = [(e.height, e.width) for e in imdir.images]  # what crops are drawn on
         self.transform = transform
         self.pack = open_pack(imdir) if pack else None
         self.dct_scaling = (dct_scaling and self.pack is None
@@ -116,19 +121,31 @@ class ImageDataset(Dataset):
         if self.imdir is not None and self.imdir.arrival is not None:
             begin_epoch(self.imdir.arrival, rank, epoch)
 
-    def __getitem__(self, i):
+    def __getitem__(self, item):
+        i, stream = split_key(item)
         if self.images is None and self.dct_scaling:
-            return self._decode_for(i, self.transform), self.labels[i]
+            return self._decode_for(i, self.transform, stream=stream), self.labels[i]
         img = self.images[i] if self.images is not None else self._load(i)
-        if self.transform is not None:
+        if isinstance(self.transform, TrainCrop):
+            img = self._crop(i, img, stream)
+        elif self.transform is not None:
             img = self.transform(img)
         return img, self.labels[i]
 
-    def _decode_for(self, i, transform, apply: bool = True) -> torch.Tensor:
+    def _crop(self, i, img: torch.Tensor, stream) -> torch.Tensor:
+        """The TrainCrop of image i: drawn on its full size, whatever size it is kept at (a
+        cached JPEG may be kept at reduced size: the same crop box, scaled to it)."""
+        kept = tuple(img.shape[-2:])
+        full = self.sizes[i] if self.dct_scaling and self.images is not None else kept
+        box, flip = self.transform.draw(*full, stream)
+        return self.transform.apply(img, scale_box(box, full, kept), flip)
+
+    def _decode_for(self, i, transform, apply: bool = True, stream=None) -> torch.Tensor:
         """`transform` of image i (or, not `apply`, the image to keep for it), the JPEG decoded
         knowing the output from its header's size: a TrainCrop's crop is drawn first; otherwise
         the decode is scaled down as far as `transform.decode_factor` allows. An image kept is
-        always at that scale (`kept_size`), whatever its format: `cache_bytes` counts on it."""
+        always at that scale (`kept_size`), whatever its format: `cache_bytes` counts on it.
+        `stream`: the stream a TrainCrop draws from (see `split_key`)."""
         path = self.paths[i]
         frame = None
         if str(path).lower().endswith(JPEG_SUFFIXES):
@@ -141,12 +158,14 @@ class ImageDataset(Dataset):
             img = self._load(i)
             full = tuple(img.shape[-2:])
         elif apply and isinstance(transform, TrainCrop):
-            box, flip = transform.draw(frame[1], frame[2])
+            box, flip = transform.draw(frame[1], frame[2], stream)
             img = self._load(i, (data, box, transform.size))
             return img.flip(-1) if flip else img
         else:
             full = frame[1:3]
             img = self._load(i, data=data, reduce=transform.decode_factor(*full))
+        if apply and isinstance(transform, TrainCrop):
+            return transform(img, stream)
         if apply:
             return transform(img)
         size = kept_size(transform, *full)
@@ -165,16 +184,6 @@ class EvalShard(Dataset):
 
     def __getitem__(self, i):
         return self.base[self.indices[i]]
-
-
-def _seed_worker(worker_id: int) -> None:
-    # torch seeds each worker from the loader's generator; numpy/random follow that seed so any
-    # user transform that uses them is reproducible too.
-    import random
-
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
 
 
 def _map_in_threads(fn, n: int, threads: int, desc: str, progress) -> list:
@@ -198,17 +207,17 @@ def _map_in_threads(fn, n: int, threads: int, desc: str, progress) -> list:
 def make_loader(dataset: Dataset, *, batch_size: int, workers: int, shuffle: bool, seed: int,
                 rank: int = 0, world_size: int = 1, pin_memory: bool = False,
                 drop_last: bool = False, collate_fn=None):
-    """A DataLoader; with world_size > 1 and shuffle, a seeded DistributedSampler (returned too,
-    so the caller can `set_epoch`). `collate_fn`: None for the default (stacked tensors)."""
-    sampler = None
-    if shuffle and world_size > 1:
-        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                     seed=seed, drop_last=drop_last)
-    generator = torch.Generator().manual_seed(seed + rank)
+    """A DataLoader; with shuffle, over an EpochSampler (trainer/data/draws.py: the order and the
+    augmentation keyed by the seed, the epoch and the image, for any world size), returned too so
+    that the caller can `set_epoch`; without, in order (sampler None). `collate_fn`: None for the
+    default (stacked tensors)."""
+    sampler = EpochSampler(len(dataset), seed, rank, world_size, drop_last) if shuffle else None
+    # the loader's own generator only seeds its workers' global generators, which nothing of
+    # ours draws from; fixed, so that the loader never draws from torch's global one
+    generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(
-        dataset, batch_size=batch_size, shuffle=shuffle and sampler is None, sampler=sampler,
-        num_workers=workers, pin_memory=pin_memory, drop_last=drop_last, generator=generator,
-        worker_init_fn=_seed_worker if workers else None, collate_fn=collate_fn,
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+        pin_memory=pin_memory, drop_last=drop_last, generator=generator, collate_fn=collate_fn,
         persistent_workers=workers > 0, prefetch_factor=4 if workers else None,
     )
     return loader, sampler

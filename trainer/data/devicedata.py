@@ -15,23 +15,22 @@ What the device cannot decode goes to the CPU, per image, never failing the batc
 - a JPEG the device decoder refuses is decoded by `load_rgb` in the training process.
 
 The same code runs with device "cpu" (libjpeg-turbo), which is how the tests exercise it.
-Augmentation is drawn from a torch.Generator seeded at each epoch from the state of the
-DataLoader's generator: runs are reproducible, a resumed run (trainer/checkpoint.py restores that
-generator) draws the same crops as one that never stopped, and the data order is the CPU path's.
+Each image's crop box and flip are drawn by the preset's `TrainCrop.draw` from the image's own
+stream (trainer/data/draws.py: keyed by the seed, the epoch and the image), on its full size: the
+very crops the CPU path draws, in the CPU path's order; only the resampling differs (roi_align's
+box filter against torchvision's triangle filter).
 """
 
-import hashlib
 import logging
 
 import torch
 from kfvision.trainer.data.ahead import ahead
-from kfvision.trainer.data.batchcrop import crop_boxes, draw_flips, resized_crops
+from kfvision.trainer.data.batchcrop import resized_crops
 from kfvision.trainer.data.datasets import ImageDataset, make_loader
 from kfvision.trainer.data.decode import jpeg_frame
+from kfvision.trainer.data.draws import split_key
 from kfvision.trainer.data.imagedir import ImageDirectory
-from kfvision.trainer.data.transforms import CROP_PRESETS
-from kfvision.trainer.errors import check_choice
-from kfvision.trainer.presets import AUGMENTATIONS
+from kfvision.trainer.data.transforms import TrainCrop
 from torchvision.io import ImageReadMode, decode_jpeg
 
 log = logging.getLogger("trainer")
@@ -47,7 +46,8 @@ def device_decodable(data: torch.Tensor) -> bool:
 
 
 class EncodedImages(ImageDataset):
-    """(encoded JPEG bytes or decoded uint8 CHW image, label, index) of an ImageDirectory.
+    """(encoded JPEG bytes or decoded uint8 CHW image, label, key) of an ImageDirectory; the key is
+    what it was indexed by (a `Sample` from the training sampler, or a plain index).
 
     A 1-D uint8 tensor is a JPEG for the device decoder; anything it cannot take arrives decoded
     on the CPU (3-D), with the errors of `ImageDataset` for files that changed on disk.
@@ -56,14 +56,15 @@ class EncodedImages(ImageDataset):
     def __init__(self, imdir: ImageDirectory):
         super().__init__(imdir, transform=None)
 
-    def __getitem__(self, i):
+    def __getitem__(self, item):
+        i, _ = split_key(item)
         try:
             data = self.read(i)
         except RuntimeError:  # gone or unreadable: _load raises the dataset error that says so
             data = None
         if data is None or not device_decodable(data):
             data = self.load(i)
-        return data, self.labels[i], i
+        return data, self.labels[i], item
 
     def load(self, i) -> torch.Tensor:
         """Image i decoded on the CPU (`load_rgb`), as the CPU path does."""
@@ -72,17 +73,17 @@ class EncodedImages(ImageDataset):
 
 def collate_encoded(items):
     """Batch of EncodedImages items -> (all JPEG bytes in one tensor, their lengths (0 for an
-    image decoded in the worker), the images decoded in the worker, labels, dataset indices).
+    image decoded in the worker), the images decoded in the worker, labels, the items' keys).
 
     One tensor rather than one per image: a worker hands each tensor over through its own shared
     memory file, and hundreds per batch can run out of file descriptors.
     """
-    data, labels, indices = zip(*items)
+    data, labels, keys = zip(*items)
     jpegs = [d for d in data if d.dim() == 1]
     flat = torch.cat(jpegs) if jpegs else torch.empty(0, dtype=torch.uint8)
     lengths = [d.numel() if d.dim() == 1 else 0 for d in data]
     decoded = [d for d in data if d.dim() != 1]
-    return flat, lengths, decoded, torch.tensor(labels), list(indices)
+    return flat, lengths, decoded, torch.tensor(labels), list(keys)
 
 
 def split_encoded(flat: torch.Tensor, lengths: list, decoded: list) -> list:
@@ -105,19 +106,13 @@ class DeviceDecodeLoader:
     """
 
     def __init__(self, loader, augment: str, size: int, device, prefetch: bool | None = None):
-        check_choice("augment", augment, AUGMENTATIONS)
+        self.crop = TrainCrop(augment, size)
         self.loader, self.size, self.device = loader, size, torch.device(device)
         self.prefetch = self.device.type == "cuda" if prefetch is None else prefetch
-        self.scale, self.ratio, self.flip = CROP_PRESETS[augment]
         self.cpu_fallbacks = 0  # JPEGs the device decoder refused, decoded by load_rgb instead
 
     def __len__(self):
         return len(self.loader)
-
-    @property
-    def generator(self) -> torch.Generator:
-        """The DataLoader's generator: checkpoints save and restore it (augmentation included)."""
-        return self.loader.generator
 
     @property
     def dataset(self) -> EncodedImages:
@@ -127,14 +122,10 @@ class DeviceDecodeLoader:
         return ahead(self._batches(), self.device) if self.prefetch else self._batches()
 
     def _batches(self):
-        # derived from the loader generator's state, not drawn from it: drawing would change the
-        # shuffle order, which then would no longer match the CPU path's for the same seed
-        state = self.loader.generator.get_state().numpy().tobytes()
-        gen = torch.Generator().manual_seed(
-            int.from_bytes(hashlib.sha256(state).digest()[:8], "little"))
-        for flat, lengths, decoded, labels, indices in self.loader:
-            images = self.decode(split_encoded(flat, lengths, decoded), indices)
-            yield self.transform(images, gen), labels
+        for flat, lengths, decoded, labels, keys in self.loader:
+            images = self.decode(split_encoded(flat, lengths, decoded),
+                                 [split_key(k)[0] for k in keys])
+            yield self.transform(images, keys), labels
 
     def decode(self, data: list, indices: list) -> list:
         """Every image of a batch as a uint8 RGB CHW tensor on the device."""
@@ -161,18 +152,13 @@ class DeviceDecodeLoader:
                             "CPU", self.device.type, self.dataset.paths[index], e)
             return self.dataset.load(index).to(self.device, non_blocking=True)
 
-    def transform(self, images: list, gen: torch.Generator) -> torch.Tensor:
-        """The preset's crop + resize (+ flip) of the whole batch (trainer/data/batchcrop.py).
-
-        Every random number is drawn on the CPU from `gen`: the boxes first, then the flips.
-        """
-        shapes = [img.shape[-2:] for img in images]
-        if self.scale is None:
-            boxes = [(0, 0, int(h), int(w)) for h, w in shapes]
-        else:
-            boxes = crop_boxes(shapes, self.scale, self.ratio, gen)
-        flips = draw_flips(len(images), gen) if self.flip else None
-        return resized_crops(images, boxes, self.size, flips)
+    def transform(self, images: list, keys: list) -> torch.Tensor:
+        """The preset's crop + resize (+ flip) of the whole batch (trainer/data/batchcrop.py),
+        each image's box and flip drawn on the CPU from its key's stream (`split_key`)."""
+        draws = [self.crop.draw(*(int(s) for s in img.shape[-2:]), split_key(k)[1])
+                 for img, k in zip(images, keys)]
+        boxes, flips = zip(*draws)
+        return resized_crops(images, list(boxes), self.size, list(flips) if any(flips) else None)
 
 
 def make_device_loader(dataset: EncodedImages, *, augment: str, image_size: int, device,

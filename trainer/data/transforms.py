@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import torch
 from kfvision.trainer.data.decode import dct_factor
+from kfvision.trainer.data.draws import GlobalStream
 from kfvision.trainer.errors import check_choice
 from kfvision.trainer.presets import AUGMENTATIONS, IMAGENET_MEAN, IMAGENET_STD
-from torchvision.transforms import RandomResizedCrop, v2
+from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 # preset -> (scale, ratio) of its RandomResizedCrop (None: resize the whole image), and whether it
@@ -33,25 +34,32 @@ def _resize_exact(size):
 class TrainCrop:
     """A training preset: a random resized crop (or a plain resize) to size x size, maybe flipped.
 
-    Called on a uint8 CHW tensor it draws the same random numbers and gives the same pixels as
-    torchvision's v2 `RandomResizedCrop` (+ `RandomHorizontalFlip`). `draw` takes the random
-    decisions from the image's size alone, so a JPEG can be decoded knowing its crop
-    (`load_rgb_crop`: at reduced size when the crop shrinks it enough).
+    The crop is drawn as torchvision's `RandomResizedCrop.get_params` draws it (up to 10 tries of
+    an area fraction in `scale` and a log-uniform aspect ratio in `ratio`, else the centre crop at
+    the nearest allowed ratio), and cut and resized as its v2 functional `resized_crop` does; the
+    random numbers come from the generator given (trainer/data/draws.py: one stream per image and
+    epoch), all of them in one call. `draw` takes the decisions from the image's size alone, so a
+    JPEG can be decoded knowing its crop (`load_rgb_crop`: at reduced size when the crop shrinks
+    it enough), and `--gpu-decode` draws the very same crops (trainer/data/devicedata.py).
     """
+
+    ATTEMPTS = 10  # torchvision's
 
     def __init__(self, augment: str, size: int):
         check_choice("augment", augment, AUGMENTATIONS)
         self.size = size
         self.scale, self.ratio, self.flip = CROP_PRESETS[augment]
 
-    def draw(self, height: int, width: int) -> tuple[tuple[int, int, int, int], bool]:
-        """((top, left, height, width) of the crop, whether to flip) for an image of that size."""
+    def draw(self, height: int, width: int, stream=None) -> tuple[tuple[int, int, int, int], bool]:
+        """((top, left, height, width) of the crop, whether to flip) for an image of that size,
+        drawn from `stream` (trainer/data/draws.py; None: torch's global generator): the flip's
+        number first, then 4 for each try of the crop."""
+        stream = stream or GlobalStream()
+        first = stream.uniforms(5)
+        flip = bool(self.flip and first[0] < 0.5)
         if self.scale is None:
-            box = (0, 0, height, width)
-        else:  # torchvision's sampling; the empty tensor only carries the size
-            box = tuple(RandomResizedCrop.get_params(torch.empty(0, height, width),
-                                                     list(self.scale), list(self.ratio)))
-        return box, bool(self.flip and torch.rand(1).item() < 0.5)
+            return (0, 0, height, width), flip
+        return random_resized_box(height, width, self.scale, self.ratio, first[1:], stream), flip
 
     def decode_factor(self, height: int, width: int) -> int:
         """The DCT scale-down (8, 4, 2, else 1) at which an image of that size can be decoded and
@@ -69,8 +77,42 @@ class TrainCrop:
         out = F.resized_crop(img, *box, [self.size, self.size], antialias=True)
         return out.flip(-1) if flip else out
 
-    def __call__(self, img: torch.Tensor) -> torch.Tensor:
-        return self.apply(img, *self.draw(*img.shape[-2:]))
+    def __call__(self, img: torch.Tensor, stream=None) -> torch.Tensor:
+        return self.apply(img, *self.draw(*img.shape[-2:], stream))
+
+
+def random_resized_box(height: int, width: int, scale, ratio, first: list, stream,
+                       attempts: int = TrainCrop.ATTEMPTS) -> tuple:
+    """(top, left, height, width): torchvision's RandomResizedCrop.get_params for an image of
+    that size, the first try's 4 uniforms `first`, the others' read from `stream` as needed."""
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    for attempt in range(attempts):
+        u_area, u_ratio, u_top, u_left = first if attempt == 0 else stream.uniforms(4)
+        area = height * width * (scale[0] + u_area * (scale[1] - scale[0]))
+        aspect = math.exp(log_lo + u_ratio * (log_hi - log_lo))
+        w, h = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return int(u_top * (height - h + 1)), int(u_left * (width - w + 1)), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, round(width / min(ratio))
+    elif in_ratio > max(ratio):
+        w, h = round(height * max(ratio)), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def scale_box(box, full: tuple, kept: tuple) -> tuple:
+    """A crop box drawn on an image of size `full`, for the same image kept at size `kept` (the
+    cache holds large JPEGs decoded at reduced size: the same crop, fewer pixels)."""
+    if tuple(full) == tuple(kept):
+        return box
+    top, left, h, w = box
+    sy, sx = kept[0] / full[0], kept[1] / full[1]
+    t, lft = min(round(top * sy), kept[0] - 1), min(round(left * sx), kept[1] - 1)
+    return (t, lft, max(1, min(round((top + h) * sy), kept[0]) - t),
+            max(1, min(round((left + w) * sx), kept[1]) - lft))
 
 
 def train_transform(augment: str, size: int) -> TrainCrop:

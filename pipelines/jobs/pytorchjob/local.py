@@ -39,6 +39,7 @@ from kfvision.pipelines.jobs.pytorchjob.rules import (
     PORT_NAME,
     validate_pytorchjob,
 )
+from kfvision.pipelines.jobs.sandbox import choose, pod_argv
 from kfvision.pipelines.jobs.volumes import materialize
 
 LOCAL_BACKOFF_LIMIT = 6  # when the manifest sets none: what a Kubernetes Job uses, so we end
@@ -198,7 +199,8 @@ def _supervise(job: dict, plans: list, procs: list, restart_delay_s: float) -> t
 
 def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, quiet: bool = False,
               grace_s: float = 30.0, restart_delay_s: float = 1.0, faults=(),
-              config_maps: dict | None = None, on_line=None) -> LocalResult:
+              config_maps: dict | None = None, on_line=None,
+              sandbox: bool | None = None) -> LocalResult:
     """Run the PyTorchJob `job` (a dict) on this machine, the way the Training Operator would.
 
     Args:
@@ -211,6 +213,8 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
         config_maps: {name: ConfigMap} of the same file, for the pods' ConfigMap volumes
             (pipelines/jobs/volumes.py).
         on_line: called with (replica name, line) for every line a replica prints.
+        sandbox: run each pod inside its filesystem (pipelines/jobs/sandbox.py): None = where
+            bwrap can, False = never.
     Returns:
         LocalResult (seconds, restarts, exit codes of the replicas that ended by themselves).
     Raises:
@@ -223,17 +227,21 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None, qui
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     printer = FaultInjector(faults, Printer(out or sys.stdout, quiet, also=on_line))
-    commands = [replica_command(job, p, plans, port, source) for p in plans]
-    for plan, (_, env) in zip(plans, commands, strict=True):  # the pod's ConfigMaps, emptyDirs
-        pod = job["spec"]["pytorchReplicaSpecs"][plan.rtype]["template"]["spec"]
-        env.update(materialize(pod.get("volumes") or [], plan.container.get("volumeMounts") or [],
-                               config_maps or {}, log_dir / "pods" / plan.name, source))
+    bwrap = choose(sandbox, say=lambda text: print(f"[run-local] {text}", file=sys.stderr))
     procs = []
-    for plan, (argv, env) in zip(plans, commands, strict=True):
+    for plan in plans:
+        argv, env = replica_command(job, plan, plans, port, source)
+        pod = job["spec"]["pytorchReplicaSpecs"][plan.rtype]["template"]["spec"]
+        mounts = plan.container.get("volumeMounts") or []  # the pod's ConfigMaps, emptyDirs
+        env.update(materialize(pod.get("volumes") or [], mounts, config_maps or {},
+                               log_dir / "pods" / plan.name, source, env))
+        cwd = plan.container.get("workingDir")
+        argv, memory = pod_argv(bwrap, argv, pod, plan.container, env, cwd=cwd, say=lambda text,
+                                n=plan.name: print(f"[{n}] {text}", file=sys.stderr))
         path = log_dir / f"{plan.name}.log"
         path.write_text("")
-        procs.append(ReplicaProcess(plan.name, argv, env, path, printer,
-                                    cwd=plan.container.get("workingDir")))
+        procs.append(ReplicaProcess(plan.name, argv, env, path, printer, cwd=cwd,
+                                    memory=memory))
     printer.attach(procs)
     start = time.monotonic()
     with supervised(procs):

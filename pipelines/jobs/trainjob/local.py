@@ -39,6 +39,7 @@ from kfvision.pipelines.jobs.procs import (
     stop_all,
     supervised,
 )
+from kfvision.pipelines.jobs.sandbox import choose, pod_argv
 from kfvision.pipelines.jobs.trainjob.build import KFVISION_RUNTIME, build_runtime
 from kfvision.pipelines.jobs.trainjob.rules import (
     ANCESTOR_LABEL,
@@ -316,14 +317,16 @@ class _Supervisor:
 def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
               quiet: bool = False, restart_delay_s: float = 1.0, faults=(),
               status: StatusEndpoint | None = None,
-              config_maps: dict | None = None, on_line=None) -> LocalResult:
+              config_maps: dict | None = None, on_line=None,
+              sandbox: bool | None = None) -> LocalResult:
     """Run the TrainJob `job` (a dict) on this machine, as Kubeflow Trainer and its runtime would.
 
     Args and result as kfvision.pipelines.jobs.pytorchjob.local.run_local (logs in
     LOG_DIR/node-0-<i>.log); `status`: the status server the nodes report progress to, as with
     Kubeflow Trainer's TrainJobStatus feature gate on (None: the gate off, nothing is injected);
     `config_maps`: {name: ConfigMap} of the same file, for the pods' ConfigMap volumes
-    (pipelines/jobs/volumes.py); `on_line`: called with (node name, line) for every line.
+    (pipelines/jobs/volumes.py); `on_line`: called with (node name, line) for every line;
+    `sandbox`: as for a PyTorchJob (pipelines/jobs/sandbox.py).
     Raises:
         InvalidJobError: the manifest breaks a rule, names an unknown runtime, or cannot run here.
         JobFailedError: the runtime's failure policy failed the job, or the deadline passed.
@@ -334,13 +337,22 @@ def run_local(job: dict, log_dir, *, source: str = "the manifest", out=None,
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     printer = FaultInjector(faults, Printer(out or sys.stdout, quiet, also=on_line))
+    bwrap = choose(sandbox, say=lambda text: print(f"[run-local] {text}", file=sys.stderr))
+    security = {}
+    volumes, mounts = trainjob_pod(job, security)
     procs = []
     for plan in plans:
         argv, env = _node_command(job, plan, plans, port, source, runtime, status)
-        env.update(materialize(*trainjob_pod(job), config_maps or {},
-                               log_dir / "pods" / plan.name, source))  # ConfigMaps, emptyDirs
+        env.update(materialize(volumes, mounts, config_maps or {},  # ConfigMaps, emptyDirs
+                               log_dir / "pods" / plan.name, source, env))
+        pod = {"volumes": volumes, "securityContext": security.get("pod")}
+        container = {**plan.container, "volumeMounts": mounts,
+                     "securityContext": security.get("container")}
+        argv, memory = pod_argv(bwrap, argv, pod, container, env, say=lambda text, n=plan.name:
+                                print(f"[{n}] {text}", file=sys.stderr))
         (log_dir / f"{plan.name}.log").write_text("")
-        procs.append(ReplicaProcess(plan.name, argv, env, log_dir / f"{plan.name}.log", printer))
+        procs.append(ReplicaProcess(plan.name, argv, env, log_dir / f"{plan.name}.log", printer,
+                                    memory=memory))
     printer.attach(procs)
     start = time.monotonic()
     supervisor = _Supervisor(job, procs, policy, restart_delay_s)

@@ -17,7 +17,6 @@ from pathlib import Path, PurePosixPath
 
 from kfvision.pipelines import contract
 from kfvision.pipelines.jobs.errors import JobOutputsError
-from kfvision.pipelines.script.manifest import OUTPUT_ANNOTATION, WORK_MOUNT
 
 SHOWN = 20  # files named when PATH is not there
 
@@ -49,7 +48,7 @@ def local_run(name: str, log_dir: Path) -> Path | None:
 
     pods = Path(log_dir) / "pods"
     for kind in KINDS.values():
-        work = pods / kind.primary / WORK_MOUNT.lstrip("/")
+        work = pods / kind.primary / contract.WORK_MOUNT.lstrip("/")
         if work.is_dir():
             if not (work / contract.SUCCEEDED).is_file():
                 raise JobOutputsError(f"the local run of job {name} in {log_dir} has not "
@@ -90,15 +89,37 @@ def from_local(work: Path, path: str, out: Path) -> Path:
     return target
 
 
+def empty_note(work: Path, path: str, got: Path) -> str | None:
+    """What to say when `path` of a local run came as an empty folder: it is empty, what the
+    job did keep, and the folders its script left in the pod (node 0's marker names them)."""
+    if not got.is_dir() or any(got.iterdir()):
+        return None
+    folders = result_folders(work)
+    have = sorted(f"{name}/{p.relative_to(work / sub).as_posix()}"
+                  for name, sub in folders.items() for p in (work / sub).rglob("*")
+                  if p.is_file())
+    shown = ", ".join(have[:SHOWN]) + (f" and {len(have) - SHOWN} more" if len(have) > SHOWN
+                                       else "")
+    note = f"{path} is empty: the script wrote nothing there. The job kept: {shown or 'nothing'}."
+    try:
+        left = json.loads((work / contract.SUCCEEDED).read_text()).get("left") or {}
+    except (OSError, ValueError, AttributeError):
+        left = {}
+    if left:
+        note += (f" Left in the pod: {', '.join(f'{n}/' for n in left)}; render with --collect "
+                 f"{next(iter(left))} to keep it, or write it under ./outputs.")
+    return note
+
+
 def output_uri(job: dict, where: str) -> str:
     """The --output-uri a rendered job carries.
 
     Raises:
         JobOutputsError: it has none (not a script job, or rendered without --output-uri).
     """
-    uri = ((job.get("metadata") or {}).get("annotations") or {}).get(OUTPUT_ANNOTATION)
+    uri = ((job.get("metadata") or {}).get("annotations") or {}).get(contract.OUTPUT_ANNOTATION)
     if not uri:
-        raise JobOutputsError(f"{where} has no {OUTPUT_ANNOTATION} annotation: it was not "
+        raise JobOutputsError(f"{where} has no {contract.OUTPUT_ANNOTATION} annotation: it was not "
                               "rendered with `--source ... --output-uri URI`, so its outputs "
                               "stayed in its pods.")
     return uri

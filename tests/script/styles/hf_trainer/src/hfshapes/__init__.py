@@ -1,0 +1,1 @@
+"""Tiny shapes, told apart by a tiny ViT (hfshapes.train)."""
