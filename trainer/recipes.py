@@ -13,6 +13,7 @@ import contextlib
 import math
 
 import torch
+from kfvision.trainer.data.draws import stream_key  # the data's own key: one rule for draws
 from torch import nn
 
 # the parameters of these layers, and every bias, take --norm-weight-decay
@@ -77,13 +78,16 @@ def frozen_factor(step: int, frozen_steps: int) -> float:
     return 0.0 if step < frozen_steps else 1.0
 
 
+BATCH_STREAM = 0xBA7C4  # tags the recipe's batch draws among trainer/data/draws.py's keys
+
+
 @contextlib.contextmanager
 def keyed_draws(seed: int, epoch: int, step: int, rank: int):
     """torch's global generator seeded by (seed, epoch, step, rank) inside, restored after:
     torchvision's transforms draw from it, and so then draw the same for the same batch."""
-    key = hash((seed, epoch, step, rank)) & (2**63 - 1)
+    # a 5th part: the batch's stream never meets an image's (seed, epoch, index) stream
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(key)
+        torch.manual_seed(stream_key(seed, epoch, step, rank, BATCH_STREAM))
         yield
 
 
