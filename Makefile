@@ -130,6 +130,10 @@ manifests: setup ## regenerate manifests/pytorchjob-example.yaml with `kfvision 
 	  --lr 0.05 --warmup-epochs 1 --augment light --patience 5 \
 	  -o manifests/pytorchjob-example.yaml
 
+.PHONY: catalog
+catalog: setup ## rewrite trainer/model/catalog.py (every torchvision classifier, by family) from the installed torchvision
+	$(PY) -W ignore -m tools.catalog
+
 .PHONY: docs
 docs: setup ## rewrite the generated parts of README.md, docs/*.md and kfvision --help (option tables, commands) from the code
 	$(PY) -m tools.docgen

@@ -13,10 +13,11 @@ from helpers.paths import REPO
 PACKAGES = ("trainer", "pipelines")
 LEAVES = ("kfvision.trainer.cpus", "kfvision.trainer.errors", "kfvision.trainer.fileio",
           "kfvision.trainer.progressbar", "kfvision.trainer.presets",
-          "kfvision.trainer.upstream")
+          "kfvision.trainer.upstream", "kfvision.trainer.model.catalog")
 # What a leaf may import all the same: other leaves (so no cycle can form through it).
 LEAF_IMPORTS = {"kfvision.trainer.fileio": {"kfvision.trainer.errors"},
-                "kfvision.trainer.presets": {"kfvision.trainer.errors"}}
+                "kfvision.trainer.presets": {"kfvision.trainer.errors",
+                                             "kfvision.trainer.model.catalog"}}
 # Third-party packages only one module of ours imports (every other goes through it).
 CONFINED = {"openvino": {"kfvision.trainer.use.predict"},
             "onnxruntime.quantization": {"kfvision.trainer.use.quantize"}}

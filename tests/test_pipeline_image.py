@@ -41,7 +41,7 @@ def test_dockerfile_pins_its_base_and_runs_as_the_jobs_non_root_user(dockerfile)
     run_as = JobConfig(name="x", image="y", train=TrainConfig("m", "t", "v", "o")).run_as_user
     assert users == [f"{run_as}:{run_as}"]  # what the rendered PyTorchJob's pods run as
     runs = " ".join(a[1] for a in steps if a[0] == "RUN")
-    assert "pip install -c constraints.txt ." in runs  # CI's exact versions
+    assert "pip install -c constraints.txt \".${EXTRAS}\"" in runs  # CI's exact versions (+ extras)
     for path in ("/gcs", "/minio", "/s3"):  # where KFP's launcher writes artifacts
         assert path in runs
     assert f"chown {run_as}:{run_as}" in runs

@@ -268,6 +268,49 @@ def demo_settings(page: str) -> str:
                           if k not in skip and not k.startswith("deploy")) + "`"
 
 
+def model_families(page: str) -> str:
+    """Every torchvision classifier, by family (trainer/model/catalog.py, generated from
+    torchvision's list): family, names, the family options and the smallest probed image size."""
+    from kfvision.trainer.model.catalog import FAMILIES, OPTIONS, SIZES, TORCHVISION
+
+    rows = [f"torchvision {TORCHVISION}: {sum(map(len, FAMILIES.values()))} models.", "",
+            _row(["family", "models", "family options", "smallest image size"]),
+            _row(["---"] * 4)]
+    for family, names in FAMILIES.items():
+        opts = sorted({o for n in names for o in OPTIONS[n]})
+        rows.append(_row([f"`{family}`", ", ".join(f"`{n}`" for n in names),
+                          ", ".join(f"`--{o.replace('_', '-')}`" for o in opts),
+                          ", ".join(sorted({str(SIZES[n][0]) if SIZES[n] else "none"
+                                            for n in names}, key=int))]))
+    return "\n".join(rows)
+
+
+def model_options(page: str) -> str:
+    from kfvision.trainer.model.spec import ModelOptions
+    from kfvision.trainer.options import options_of
+
+    return flag_table(options_of(ModelOptions))
+
+
+def recipes(page: str) -> str:
+    """What each --recipe sets, option by option."""
+    from kfvision.trainer.presets import RECIPES
+
+    names = list(RECIPES)
+    rows = [_row(["option", *(f"`{r}`" for r in names)]), _row(["---"] * (1 + len(names)))]
+    for key in RECIPES[names[0]]:
+        rows.append(_row([f"`--{key.replace('_', '-')}`",
+                          *("`--weight-decay`" if RECIPES[r][key] is None
+                            else _value(RECIPES[r][key]) for r in names)]))
+    return "\n".join(rows)
+
+
+def model_count(page: str) -> str:
+    from kfvision.trainer.model.catalog import FAMILIES
+
+    return str(sum(map(len, FAMILIES.values())))
+
+
 def command_reference(page: str) -> str:
     """Every command and verb with its one-line help, from the parsers (docs/cli.md)."""
     from kfvision.pipelines.cli import HELP, LAZY, build_parser
@@ -300,6 +343,10 @@ def command_verbs(page: str) -> str:
 
 
 REGIONS = {
+    "model count": model_count,
+    "model families": model_families,
+    "model options": model_options,
+    "recipes": recipes,
     "train options": train_options,
     "job options": job_options,
     "kind flags": kind_flags,

@@ -45,7 +45,18 @@ _NAME = re.compile(r"epoch-(\d+)\.pt")
 # augmentation): a run resumed with other values would be neither run. Paths, print frequency,
 # workers and the like may change between restarts.
 MUST_MATCH = ("epochs", "batch_size", "warmup_epochs", "lr", "seed", "image_size", "augment",
-              "momentum", "weight_decay", "lr_decay_power")
+              "momentum", "weight_decay", "lr_decay_power", "recipe", "optimizer",
+              "lr_schedule", "label_smoothing", "mixup_alpha", "cutmix_alpha", "ema_decay",
+              "freeze_backbone_epochs", "norm_weight_decay")
+
+
+def output_weights(state: dict, epoch: int) -> dict:
+    """The weights a checkpoint's epoch output: the model's, or its EMA's where the EMA
+    validated better (the epoch's history entry says which)."""
+    if state["history"][epoch - 1].get("weights") != "ema":
+        return state["model"]
+    return {k.removeprefix("module."): v for k, v in state["ema"].items()
+            if k.startswith("module.")}
 
 
 class CorruptCheckpointError(Exception):
@@ -264,9 +275,9 @@ class Checkpointer:
         if not self.ctx.is_main:
             return None
         if best_epoch == state["epoch"]:
-            return state["model"]
+            return output_weights(state, best_epoch)
         try:
-            return self.store.read(best_epoch)["model"]
+            return output_weights(self.store.read(best_epoch), best_epoch)
         except CorruptCheckpointError as e:
             log.warning("WARNING: the best epoch's checkpoint %s %s; weights.pt is left as it is",
                         self.store.path(best_epoch), e)

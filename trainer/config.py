@@ -5,7 +5,7 @@ declared once, as TrainConfig's fields (see trainer/options.py).
 """
 
 import argparse
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from kfvision.trainer.errors import InvalidParameterError, ref
@@ -17,10 +17,17 @@ from kfvision.trainer.options import (
     option,
     options_of,
 )
-from kfvision.trainer.presets import AUGMENTATIONS, CPU_BF16_MIN_IMAGE_SIZE
+from kfvision.trainer.presets import (
+    CPU_BF16_MIN_IMAGE_SIZE,
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    RECIPES,
+    TRAIN_AUGMENTATIONS,
+)
 
 ON_OFF = ("on", "off")
 AUTO_ON_OFF = ("auto", "on", "off")
+_RECIPE = "the recipe's"
 _BF16_FROM = ", ".join(f"{kind} from {px} px" for kind, px in CPU_BF16_MIN_IMAGE_SIZE.items())
 
 
@@ -51,16 +58,49 @@ class TrainConfig:
                              high=1_000_000, pipeline="print_frequency")
     image_size: int = option(224, "side of the square training crop in pixels", low=32,
                              high=2048, pipeline=True)
-    augment: str = option("standard", "training augmentation preset", doc="standard: random "
-                          "resized crop + horizontal flip (ImageNet recipe); light: mild crops, "
-                          "no flip (digits, text); none: resize only.", choices=AUGMENTATIONS,
-                          pipeline=True)
+    augment: str | None = option(None, "training augmentation preset", doc="standard: random "
+                                 "resized crop + horizontal flip (ImageNet recipe); strong: "
+                                 "standard, then TrivialAugment and random erasing (p 0.1) per "
+                                 "image; light: mild crops, no flip (digits, text); none: resize "
+                                 "only.", choices=TRAIN_AUGMENTATIONS, unset=_RECIPE,
+                                 pipeline=True)
+    recipe: str = option("azure", "a group of the training recipe's options",
+                         doc="What each option marked 'the recipe's' takes unless given: "
+                         + "; ".join(f"{r}: " + ", ".join(f"{k} {v}" for k, v in vals.items())
+                                     for r, vals in RECIPES.items())
+                         + ". azure is Azure ML designer's module; finetune adapts pretrained "
+                         "weights; torchvision is the recipe of torchvision's references "
+                         "(docs/models.md#recipes).", choices=tuple(RECIPES), pipeline=True)
+    optimizer: str | None = option(None, "optimizer: sgd (with momentum) or adamw",
+                                   choices=OPTIMIZERS, unset=_RECIPE, pipeline=True)
+    lr_schedule: str | None = option(None, "after warm-up: poly(nomial) or cosine decay to 0",
+                                     choices=LR_SCHEDULES, unset=_RECIPE, pipeline=True)
+    label_smoothing: float | None = option(None, "label smoothing of the loss", low=0.0,
+                                           high=0.5, unset=_RECIPE, pipeline=True)
+    mixup_alpha: float | None = option(None, "mixup's Beta(alpha, alpha) (0: off)", low=0.0,
+                                       high=10.0, unset=_RECIPE, pipeline=True)
+    cutmix_alpha: float | None = option(None, "cutmix's Beta(alpha, alpha) (0: off)", low=0.0,
+                                        high=10.0, unset=_RECIPE, pipeline=True,
+                                        doc="With mixup too, each batch takes one of the two.")
+    ema_decay: float | None = option(None, "decay of an exponential moving average of the "
+                                     "weights per step (0: off)", low=0.0, high=0.999999,
+                                     unset=_RECIPE, pipeline=True,
+                                     doc="Validated every epoch beside the weights; the better "
+                                     "of the two (validation loss) is the output.")
+    freeze_backbone_epochs: int | None = option(None, "epochs in which only the classifier "
+                                                "head trains", low=0, high="epochs",
+                                                unset=_RECIPE, pipeline=True)
+    norm_weight_decay: float | None = option(None, "weight decay of norm layers and biases",
+                                             low=0.0, high=1.0, unset=_RECIPE, pipeline=True,
+                                             doc="None (azure): --weight-decay, as every other "
+                                             "weight.")
     workers: int = option(-1, "DataLoader worker processes per training process (-1: pick from "
                           "the cores)", low=-1, high=128)
     device: str = option("auto", "auto (CUDA when available), cpu or cuda",
                          choices=("auto", "cpu", "cuda"))
-    momentum: float = option(0.9, "SGD momentum", low=0, high=0.999)
-    weight_decay: float = option(1e-4, "SGD weight decay (L2)", low=0, high=1)
+    momentum: float = option(0.9, "SGD momentum (adamw: beta1 stays 0.9)", low=0, high=0.999)
+    weight_decay: float = option(1e-4, "weight decay (SGD: L2; adamw: decoupled)", low=0,
+                                 high=1)
     lr_decay_power: float = option(1.0, "power of the polynomial decay of the learning rate to "
                                    "0 at the last epoch", low=0, high=10)
     cache: str = option("auto", "keep decoded images in memory", doc="auto: when they fit in a "
@@ -122,6 +162,11 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def resolved(self) -> "TrainConfig":
+        """This configuration with every option left to the recipe (None) set from it."""
+        group = RECIPES[self.recipe]
+        return replace(self, **{k: v for k, v in group.items() if getattr(self, k) is None})
+
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the training flags (kebab-case, with defaults in the help) to a parser."""
@@ -141,7 +186,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     line."""
     parser = ArgumentParser(
         prog="python -m kfvision.trainer.train",
-        description="Train a ResNet/DenseNet image classifier with PyTorch DDP.",
+        description="Train a torchvision image classifier with PyTorch DDP.",
         add_help=add_help, formatter_class=HelpFormatter)
     return add_train_arguments(parser)
 

@@ -1,11 +1,15 @@
 """The DDP training loop: one Trainer with `train_one_epoch`, `evaluate` and `fit`.
 
-Semantics (Azure ML designer's Train PyTorch Model): SGD with momentum; learning rate x world size;
-linear warm-up then polynomial decay, stepped every iteration; validation every epoch; early stop
-after `patience` epochs without a decrease of the validation loss; the best epoch's weights are the
-output. Metrics are summed over all processes; only rank 0 logs and writes.
+Semantics (Azure ML designer's Train PyTorch Model, `--recipe azure`): SGD with momentum; learning
+rate x world size; linear warm-up then polynomial decay, stepped every iteration; validation every
+epoch; early stop after `patience` epochs without a decrease of the validation loss; the best
+epoch's weights are the output. Other recipes (trainer/recipes.py) change the optimizer, the
+decay, the loss's label smoothing, mix batches, freeze the backbone for the first epochs and keep
+an EMA of the weights, validated beside them: the better of the two is the epoch's output.
+Metrics are summed over all processes; only rank 0 logs and writes.
 """
 
+import functools
 import hashlib
 import logging
 import math
@@ -27,17 +31,18 @@ from kfvision.trainer.distributed import (
 from kfvision.trainer.errors import NonFiniteLossError
 from kfvision.trainer.fastpath import FastPath
 from kfvision.trainer.model.convgemm import train_only_live_taps, use_gemm_for_single_pixel_outputs
+from kfvision.trainer.recipes import (
+    BatchAugment,
+    frozen_factor,
+    keyed_draws,
+    lr_factor,
+    make_ema,
+    make_optimizer,
+    param_groups,
+)
 from kfvision.trainer.rng import capture_rng, restore_rng
 
 log = logging.getLogger("trainer")
-
-
-def lr_factor(step: int, warmup_steps: int, total_steps: int, power: float) -> float:
-    """Multiplier of the base lr at `step` (0-based): linear warm-up, then (1 - t)^power to 0."""
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return max(0.0, 1.0 - t) ** power
 
 
 def state_digest(model: nn.Module) -> str:
@@ -102,7 +107,9 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, ctx: DistContext, model: nn.Module, train_loader,
                  val_loader, train_sampler=None, normalizer: Normalizer | None = None,
-                 runtime: FastPath | None = None):
+                 runtime: FastPath | None = None, *, num_classes: int | None = None,
+                 head: frozenset = frozenset()):
+        cfg = cfg.resolved()
         self.cfg, self.ctx = cfg, ctx
         self.train_loader, self.val_loader, self.train_sampler = (train_loader, val_loader,
                                                                   train_sampler)
@@ -121,15 +128,24 @@ class Trainer:
                          self._autocast)
         self.model = torch.compile(ddp) if rt.compile else ddp
         self.eval_model = torch.compile(model) if rt.compile else model
-        self.criterion = nn.CrossEntropyLoss()
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=cfg.label_smoothing)
+        self.val_criterion = nn.CrossEntropyLoss()
         self.lr = cfg.lr * ctx.world_size  # linear scaling rule: lr x number of processes
-        self.optimizer = make_sgd(model, self.lr, cfg.momentum, cfg.weight_decay)
+        groups = param_groups(model, cfg.weight_decay, cfg.norm_weight_decay, head)
+        self.optimizer = make_optimizer(groups, cfg.optimizer, self.lr, cfg.momentum)
         steps = len(train_loader)
+
+        def factor(s, frozen=0):
+            return (lr_factor(s, cfg.warmup_epochs * steps, cfg.epochs * steps,
+                              cfg.lr_decay_power, cfg.lr_schedule) * frozen_factor(s, frozen))
+        frozen = cfg.freeze_backbone_epochs * steps if head else 0
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            lambda s: lr_factor(s, cfg.warmup_epochs * steps, cfg.epochs * steps,
-                                cfg.lr_decay_power))
-        self.topk = min(5, self._num_classes())
+            self.optimizer, [functools.partial(factor, frozen=0 if g["is_head"] else frozen)
+                             for g in groups])
+        self.augment = BatchAugment(cfg.augment, cfg.mixup_alpha, cfg.cutmix_alpha,
+                                    num_classes or 0)
+        self.ema = make_ema(model, cfg.ema_decay)
+        self.topk = 5  # at most: fewer classes, fewer (_counts)
         self.stopper = EarlyStopping(cfg.patience)
         self.epoch, self.history, self.resumed_from = 0, [], []  # epochs done; checkpoints used
 
@@ -146,7 +162,8 @@ class Trainer:
                 "resumed_from": list(self.resumed_from), "model": self.raw_model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
-                "early_stopping": self.stopper.state_dict(), "rng": rng}
+                "early_stopping": self.stopper.state_dict(), "rng": rng,
+                **({"ema": self.ema.state_dict()} if self.ema is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state` (what state_dict returned, maybe from a file): this rank takes its
@@ -155,13 +172,11 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stopper.load_state_dict(state["early_stopping"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
         restore_rng(state["rng"][self.ctx.rank], self.ctx.device)
         self.epoch, self.history = state["epoch"], list(state["history"])
         self.resumed_from = [*state["resumed_from"], state["epoch"]]
-
-    def _num_classes(self) -> int:
-        head = getattr(self.raw_model, "fc", None) or self.raw_model.classifier
-        return head.out_features
 
     def _autocast(self):
         """bf16 autocast when the runtime says so; weights and optimiser stay float32."""
@@ -173,9 +188,21 @@ class Trainer:
         return self.normalize(images, self.memory_format), labels.to(self.ctx.device,
                                                                      non_blocking=nb)
 
+    def _train_batch(self, images, labels, epoch: int, step: int):
+        """(normalised images, loss targets, labels) of a training batch: the recipe's batch
+        augmentation drawn from (seed, epoch, step, rank), not from what ran before."""
+        if not self.augment.active:
+            images, labels = self._to_device(images, labels)
+            return images, labels, labels
+        with keyed_draws(self.cfg.seed, epoch, step, self.ctx.rank):
+            images = self.augment.pixels(images.to(self.ctx.device))
+            images, labels = self._to_device(images, labels)
+            mixed, targets = self.augment.normalised(images, labels)
+        return mixed.contiguous(memory_format=self.memory_format), targets, labels
+
     def _counts(self, logits, labels, loss) -> torch.Tensor:
         """[loss sum, top-1 hits, top-k hits, images] of one batch, as one tensor."""
-        top = logits.topk(self.topk, dim=1).indices
+        top = logits.topk(min(self.topk, logits.shape[1]), dim=1).indices
         hits = top.eq(labels.unsqueeze(1))
         n = labels.numel()
         return torch.stack([loss.detach() * n, hits[:, 0].sum(), hits.any(dim=1).sum(),
@@ -206,14 +233,16 @@ class Trainer:
         start = last = time.perf_counter()
         last_images = 0
         for step, (images, labels) in enumerate(self.train_loader, 1):
-            images, labels = self._to_device(images, labels)
+            images, targets, labels = self._train_batch(images, labels, epoch, step)
             with self._autocast():
                 logits = self.model(images)
-                loss = self.criterion(logits.float(), labels)
+                loss = self.criterion(logits.float(), targets)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.optimizer.step()
             self.scheduler.step()
+            if self.ema is not None:
+                self.ema.update_parameters(self.raw_model)
             sums += self._counts(logits.detach(), labels, loss)
             if step % self.cfg.print_freq == 0 or step == steps:
                 m = self._global(sums)  # also how every rank learns of a NaN on any rank
@@ -232,15 +261,34 @@ class Trainer:
         return m
 
     @torch.inference_mode()
-    def evaluate(self) -> dict:
+    def evaluate(self, model: nn.Module | None = None) -> dict:
+        """Validation figures of the model (or of `model`, e.g. the EMA's)."""
         self.model.eval()
+        net = self.eval_model if model is None else model.eval()
         sums = torch.zeros(4, dtype=torch.float64, device=self.ctx.device)
         for images, labels in self.val_loader:
             images, labels = self._to_device(images, labels)
             with self._autocast():
-                logits = self.eval_model(images).float()  # no DDP in eval: no collectives
-            sums += self._counts(logits, labels, self.criterion(logits, labels))
+                logits = net(images).float()  # no DDP in eval: no collectives
+            sums += self._counts(logits, labels, self.val_criterion(logits, labels))
         return self._global(sums)
+
+    def _validate(self) -> tuple[dict, dict | None]:
+        """(the figures of the epoch's output weights, the EMA's extra entries or None): with an
+        EMA, the better of the weights and their average (validation loss)."""
+        va = self.evaluate()
+        if self.ema is None:
+            return va, None
+        ve = self.evaluate(self.ema.module)
+        chosen = ve["loss"] < va["loss"]
+        extra = {"weights": "ema" if chosen else "model", "val_loss_model": va["loss"],
+                 "val_top1_model": va["top1"], "val_loss_ema": ve["loss"],
+                 "val_top1_ema": ve["top1"]}
+        return (ve if chosen else va), extra
+
+    def _output_state(self, extra) -> dict:
+        net = self.ema.module if extra and extra["weights"] == "ema" else self.raw_model
+        return {k: v.detach().to("cpu", copy=True) for k, v in net.state_dict().items()}
 
     def _resume(self, checkpointer, on_epoch) -> None:
         """Go on from the checkpointer's newest state, if it has one."""
@@ -269,17 +317,16 @@ class Trainer:
             epoch = self.epoch + 1
             lr = self.scheduler.get_last_lr()[0]
             tr = self.train_one_epoch(epoch)
-            va = self.evaluate()
+            va, extra = self._validate()
             self.history.append({
                 "epoch": epoch, "lr": lr, "train_loss": tr["loss"], "train_top1": tr["top1"],
                 "train_top5": tr["top5"], "train_images_per_sec": tr["images_per_sec"],
                 "train_seconds": tr["seconds"], "val_loss": va["loss"], "val_top1": va["top1"],
-                "val_top5": va["top5"]})
+                "val_top5": va["top5"], **(extra or {})})
             self.epoch = epoch
             improved = stopper.step(epoch, va["loss"])
             if improved:
-                best_state = {k: v.detach().to("cpu", copy=True)
-                              for k, v in self.raw_model.state_dict().items()}
+                best_state = self._output_state(extra)
             if checkpointer is not None:  # first: weights.pt is rewritten from it on resume
                 checkpointer.save(self.state_dict(), stopper.best_epoch)
             if self.ctx.is_main:

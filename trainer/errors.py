@@ -68,6 +68,16 @@ class InvalidParameterError(KfvisionError, ValueError):
         return self._render(_as_flag)
 
 
+class FamilyOptionError(InvalidParameterError):
+    """A model option that the chosen architecture's family does not take (e.g. --dropout for a
+    ResNet): the message names the families that do."""
+
+
+class ImageSizeError(InvalidParameterError):
+    """An image size the chosen architecture cannot take (e.g. MaxViT's windows need a multiple
+    of 224): the message names sizes it does take."""
+
+
 class InvalidDatasetError(KfvisionError):
     """An image directory is missing, malformed, or does not fit the job (classes, images)."""
 

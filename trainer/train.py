@@ -38,9 +38,10 @@ from kfvision.trainer.errors import KfvisionError
 from kfvision.trainer.fastpath import describe, resolve_fast_path
 from kfvision.trainer.fileio import atomic_write_json
 from kfvision.trainer.inputs import read_inputs
-from kfvision.trainer.model.arch import build_model
+from kfvision.trainer.model.arch import build_model, check_image_size, head_keys
 from kfvision.trainer.model.spec import WEIGHTS_FILE
 from kfvision.trainer.model.trained import atomic_torch_save, write_model_files
+from kfvision.trainer.recipes import data_preset
 from kfvision.trainer.reporting import EpochReporter
 from kfvision.trainer.rng import seed_everything
 from kfvision.trainer.tracking import RUN_ID_KEY, Tracker
@@ -62,9 +63,12 @@ def _suggest_pack(cfg: TrainConfig, train_dir, cached: int) -> None:
 
 def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     """Read inputs, train, and (rank 0) write the trained model directory. Returns the summary."""
+    cfg = cfg.resolved()  # the recipe's values where no option was given
     spec, train_dir, val_dir = read_inputs(cfg.model, cfg.train, cfg.val)
+    check_image_size(spec, cfg.image_size)
     jpegs = sum(e.path.lower().endswith(JPEG_SUFFIXES) for e in train_dir.images)
-    train_tf = train_transform(cfg.augment, cfg.image_size)
+    preset = data_preset(cfg.augment)
+    train_tf = train_transform(preset, cfg.image_size)
     cached = cache_bytes(train_dir, train_tf, cfg.dct_scaling == "on")
     rt = resolve_fast_path(cfg, ctx, cached + val_dir.decoded_bytes(),
                            jpegs / len(train_dir.images),
@@ -75,19 +79,19 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
         # steps (every shape planned at run time) for no faster step (docs/benchmarks.md, "GPU")
         torch.backends.cudnn.benchmark = False
     seed_everything(cfg.seed)
-    model = build_model(spec, len(train_dir.classes), cfg.model)
+    model = build_model(spec, len(train_dir.classes), cfg.model, image_size=cfg.image_size)
     # decoding up front (the cache, the evaluation crops) uses this process's cores; a bar on
     # a terminal, from one process
     decoding = {"threads": distributed.cpus_per_process(ctx),
                 "progress": None if ctx.is_main else False}
-    val_ds = ImageDataset(val_dir, eval_transform(cfg.augment, cfg.image_size),
+    val_ds = ImageDataset(val_dir, eval_transform(preset, cfg.image_size),
                           precompute=rt.cache, dct_scaling=cfg.dct_scaling == "on", **decoding)
     pin = ctx.device.type == "cuda"
     options = {"batch_size": cfg.batch_size, "workers": rt.workers, "shuffle": True,
                "seed": cfg.seed, "rank": ctx.rank, "world_size": ctx.world_size, "pin_memory": pin}
     if rt.gpu_decode:  # workers only read files; batches are decoded + augmented on the device
         train_ds = EncodedImages(train_dir)
-        train_loader, sampler = make_device_loader(train_ds, augment=cfg.augment,
+        train_loader, sampler = make_device_loader(train_ds, augment=preset,
                                                    image_size=cfg.image_size, device=ctx.device,
                                                    **options)
     else:
@@ -102,7 +106,7 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     out = Path(cfg.out)
     checkpointer = _checkpointer(cfg, ctx, out, spec.arch, train_dir.classes, model)
     info = {"arch": spec.arch, "classes": list(train_dir.classes), "image_size": cfg.image_size,
-            "eval_preset": cfg.augment, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
+            "eval_preset": preset, "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD)}
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
         write_model_files(out, spec, info, {**cfg.to_dict(), "world_size": ctx.world_size,
@@ -112,7 +116,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
                  len(train_dir.classes), len(val_ds), ctx.world_size, ctx.device.type,
                  cfg.batch_size, cfg.lr, ctx.world_size, describe(rt))
     trainer = Trainer(cfg, ctx, model, train_loader, val_loader, sampler,
-                      Normalizer(IMAGENET_MEAN, IMAGENET_STD), rt)
+                      Normalizer(IMAGENET_MEAN, IMAGENET_STD), rt,
+                      num_classes=len(train_dir.classes), head=head_keys(spec.arch))
 
     status = StatusReporter.from_env(cfg.epochs) if ctx.is_main else None  # TrainJob progress
     report = EpochReporter(cfg.tensorboard or None)

@@ -37,7 +37,7 @@ EPILOG = """\
 typical run (no cluster needed):
   kfvision convert photos.tar.gz data/all        # class folders (folder or archive)
   kfvision split data/all data/train data/val    # 90/10 per class
-  kfvision model resnet models/r18 --name resnet18
+  kfvision model resnet18 models/r18
   kfvision train --model models/r18 --train data/train --val data/val --out models/r18-trained
   kfvision score --model models/r18-trained --data data/val --out scored.csv
   kfvision evaluate --scored scored.csv --out eval/
@@ -50,7 +50,7 @@ HELP = {
     "convert": "a folder or archive of images -> an image directory",
     "pack": "add raw pixels to an image directory: fast training without decoding",
     "split": "split an image directory in two, stratified by class",
-    "model": "write an untrained model directory (resnet, densenet)",
+    "model": "write an untrained model directory (any torchvision classifier)",
     "push": "upload an image directory or a model directory to s3://",
     "score": "score an image directory with a trained model -> CSV",
     "evaluate": "metrics, report and confusion matrix of a scored CSV",

@@ -18,7 +18,7 @@ Components and their outputs:
     check-parameters             -> the model family (every parameter validated, nothing else run)
     convert-to-image-directory   -> image_directory (Dataset)
     split-image-directory        -> train, validation (Dataset)
-    resnet / densenet            -> model (Model: the untrained model directory)
+    resnet / densenet / torchvision-model -> model (Model: the untrained model directory)
     train-pytorch-model          -> trained_model (Model), metrics (Metrics), curves (HTML),
                                     job (Artifact: the rendered TrainJob or PyTorchJob YAML)
     score-image-model            -> scored (Dataset: CSV, one row per image)
@@ -53,7 +53,11 @@ def component(func):
 def check_parameters(train_source: str, validation_source: str, test_source: str,
                      fraction: float, model_name: str, epochs: int, batch_size: int,
                      warmup_epochs: int, learning_rate: float, random_seed: int, patience: int,
-                     print_frequency: int, image_size: int, augment: str, nodes: int,
+                     print_frequency: int, image_size: int, augment: str,
+                     recipe: str, optimizer: str, lr_schedule: str,
+                     label_smoothing: float, mixup_alpha: float, cutmix_alpha: float,
+                     ema_decay: float, freeze_backbone_epochs: int,
+                     norm_weight_decay: float, nodes: int,
                      procs_per_node: int, gpus_per_node: int, node_selector: str,
                      tolerations: str, cpu_per_node: str, memory_per_node: str, shm_size: str,
                      timeout_seconds: int, image: str, pvc_name: str, model_uri: str,
@@ -66,7 +70,7 @@ def check_parameters(train_source: str, validation_source: str, test_source: str
                      register_name: str, register_min_accuracy: float,
                      registry: str, store: str = "") -> str:
     """Validate every parameter of the pipeline (fail before any heavy work); returns the
-    model family ("resnet" or "densenet") of model_name."""
+    model family of model_name ("resnet", "densenet", "convnext", ...)."""
     params = dict(locals())  # first statement: exactly the parameters
     from kfvision.pipelines.flow.steps.check import check_parameters as check
     from kfvision.pipelines.flow.steps.common import run
@@ -149,13 +153,28 @@ def densenet(model: Output[Model], model_name: str = "densenet121", pretrained: 
 
 
 @component
+def torchvision_model(model: Output[Model], model_name: str = "resnet18",
+                      pretrained: bool = False):
+    """Any other torchvision classifier: an untrained model directory (its family's defaults)."""
+    from kfvision.pipelines.flow.steps.common import run
+    from kfvision.pipelines.flow.steps.model import model_step
+
+    model.metadata.update(run(model_step, model.path, model_name, pretrained))
+
+
+@component
 def train_pytorch_model(model: Input[Model], train: Input[Dataset], validation: Input[Dataset],
                         trained_model: Output[Model], metrics: Output[Metrics],
                         curves: Output[HTML], job: Output[Artifact], image: str,
                         run_id: str, task_name: str, epochs: int = 5, batch_size: int = 16,
                         warmup_epochs: int = 0, learning_rate: float = 0.001,
                         random_seed: int = 1, patience: int = 3, print_frequency: int = 10,
-                        image_size: int = 224, augment: str = "standard", nodes: int = 1,
+                        image_size: int = 224, augment: str = "", recipe: str = "azure",
+                        optimizer: str = "", lr_schedule: str = "",
+                        label_smoothing: float = 0.0, mixup_alpha: float = 0.0,
+                        cutmix_alpha: float = 0.0, ema_decay: float = 0.0,
+                        freeze_backbone_epochs: int = 0, norm_weight_decay: float = 0.0,
+                        nodes: int = 1,
                         procs_per_node: int = 0, gpus_per_node: int = 0,
                         node_selector: str = "", tolerations: str = "", cpu_per_node: str = "",
                         memory_per_node: str = "", shm_size: str = "", timeout_seconds: int = 0,

@@ -36,8 +36,9 @@ class PipelineInputs:
                               pipeline=True)
     fraction: float = option(0.9, "share of each class kept for training when splitting",
                              pipeline=True)
-    model_name: str = option("resnet18", "torchvision architecture", doc="resnet18 ... resnet152, "
-                             "resnext*, wide_resnet*, densenet121/161/169/201.", pipeline=True)
+    model_name: str = option("resnet18", "torchvision architecture", doc="Any name of "
+                             "torchvision's classification list (docs/models.md).",
+                             pipeline=True)
     pretrained: bool = option(False, "start from torchvision's ImageNet weights (downloaded: "
                               "needs network)", pipeline=True)
     zero_init_residual: bool = option(False, "ResNet: zero-init the last BN of each residual "
@@ -140,7 +141,7 @@ def parameter_ref(field: str) -> str:
 def train_options(**params) -> dict:
     """The TrainConfig options (field names) of the pipeline's training parameters in `params`
     (other keys are ignored)."""
-    return {o.name: params[o.param] for o in TRAIN_OPTIONS}
+    return {o.name: o.from_param(params[o.param]) for o in TRAIN_OPTIONS}
 
 
 def job_settings(**params) -> dict:

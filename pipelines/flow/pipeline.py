@@ -3,7 +3,7 @@
     check-parameters -> convert(train_source)
                      -> split                    (no validation_source)
                       | convert(validation_source)
-                     -> resnet | densenet        (by model_name's family)
+                     -> resnet | densenet | torchvision-model (by model_name's family)
                      -> train-pytorch-model      (a TrainJob or PyTorchJob, locally or on a cluster;
                                                   the built-in trainer, or script_source's script)
                      -> score-image-model        (validation data, or convert(test_source))
@@ -101,7 +101,16 @@ def _build(storage: Storage):
         patience: int = 3,
         print_frequency: int = 10,
         image_size: int = 224,
-        augment: str = "standard",
+        augment: str = "",
+        recipe: str = "azure",
+        optimizer: str = "",
+        lr_schedule: str = "",
+        label_smoothing: float = 0.0,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        ema_decay: float = 0.0,
+        freeze_backbone_epochs: int = 0,
+        norm_weight_decay: float = 0.0,
         nodes: int = 1,
         procs_per_node: int = 0,
         gpus_per_node: int = 0,
@@ -170,10 +179,14 @@ def _build(storage: Storage):
         with dsl.If(check.output == "resnet", name="resnet-family"):
             res = _step(c.resnet(model_name=model_name, pretrained=pretrained,
                                  zero_init_residual=zero_init_residual), image)
-        with dsl.Else(name="densenet-family"):
+        with dsl.Elif(check.output == "densenet", name="densenet-family"):
             dense = _step(c.densenet(model_name=model_name, pretrained=pretrained,
                                      memory_efficient=memory_efficient), image)
-        untrained = dsl.OneOf(res.outputs["model"], dense.outputs["model"])
+        with dsl.Else(name="other-family"):
+            other = _step(c.torchvision_model(model_name=model_name, pretrained=pretrained),
+                          image)
+        untrained = dsl.OneOf(res.outputs["model"], dense.outputs["model"],
+                              other.outputs["model"])
 
         train = _step(c.train_pytorch_model(
             model=untrained, train=train_data, validation=val_data,

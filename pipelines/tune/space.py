@@ -15,12 +15,16 @@ from typing import NamedTuple
 
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.errors import InvalidParameterError
+from kfvision.trainer.options import options_of
 
 TYPES = ("double", "int", "categorical")
 # The training flags a search may set (paths, devices and runtime switches are not searched).
 TUNABLE = ("lr", "momentum", "weight_decay", "lr_decay_power", "warmup_epochs", "batch_size",
-           "epochs", "patience", "image_size", "augment", "seed")
-_FIELD_TYPES = {f.name: f.type for f in dataclasses.fields(TrainConfig)}
+           "epochs", "patience", "image_size", "augment", "seed", "recipe", "optimizer",
+           "lr_schedule", "label_smoothing", "mixup_alpha", "cutmix_alpha", "ema_decay",
+           "freeze_backbone_epochs", "norm_weight_decay")
+# each field's type (int, not `int | None`: a searched value is always given)
+_FIELD_TYPES = {o.name: o.type for o in options_of(TrainConfig)}
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # a flag's name, a script's placeholder, Katib's
 
 

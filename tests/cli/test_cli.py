@@ -19,7 +19,7 @@ def kfvision(*args, check=True):
     return run
 
 
-@pytest.mark.parametrize("command", [[], ["convert"], ["model", "resnet"], ["model", "densenet"],
+@pytest.mark.parametrize("command", [[], ["convert"], ["model"],
                                      ["train"], ["score"], ["demo"]])
 def test_help_explains_every_command(command):
     run = kfvision(*command, "--help")
@@ -58,7 +58,7 @@ def test_convert_model_train_score_end_to_end(tmp_path, tiny_digits):
     run = kfvision("convert", raw / "train", tmp_path / "train")
     assert "wrote 240 images" in run.stdout
     kfvision("convert", raw / "val", tmp_path / "val")
-    run = kfvision("model", "resnet", tmp_path / "model", "--name", "resnet18")
+    run = kfvision("model", "resnet18", tmp_path / "model")
     assert "random initialisation" in run.stdout
     run = kfvision("train", "--model", tmp_path / "model", "--train", tmp_path / "train",
                    "--val", tmp_path / "val", "--out", tmp_path / "trained", "--epochs", 1,
@@ -86,8 +86,10 @@ def test_errors_are_one_named_message_and_a_nonzero_exit_without_a_traceback(arg
     assert "Traceback" not in run.stderr
 
 
-def test_a_bad_model_name_lists_the_choices():
-    run = kfvision("model", "densenet", "/tmp/x", "--name", "densenet999", check=False)
+@pytest.mark.parametrize("args", [["densenet999", "/tmp/x"],
+                                  ["densenet", "/tmp/x", "--name", "densenet999"]])
+def test_a_bad_model_name_lists_the_closest_choices(args):
+    run = kfvision("model", *args, check=False)
     assert run.returncode == 2 and "densenet121" in run.stderr and "densenet201" in run.stderr
 
 

@@ -86,8 +86,8 @@ def test_every_step_runs_a_kfvision_function_from_the_image(compiled):
     spec = compiled[1][0]
     executors = spec["deploymentSpec"]["executors"]
     # one executor per task: check, prepare-workspace, 4 converts, split, resnet, densenet,
-    # train, 2 scores, evaluate, register, deploy
-    assert len(executors) == 15
+    # torchvision-model, train, 2 scores, evaluate, register, deploy
+    assert len(executors) == 16
     for name, executor in executors.items():
         c = executor["container"]
         text = " ".join(c["command"])
@@ -116,7 +116,11 @@ def test_the_three_choices_are_conditions_merged_with_oneof(compiled):
     for channel, value in (("validation_source", "''"), ("test_source", "''"),
                            ("check-parameters-Output", "'resnet'")):
         when = f"inputs.parameter_values['pipelinechannel--{channel}'] == {value}"
-        assert {when, f"!({when})"} <= conditions
+        assert {when, f"!({when})"} <= conditions or channel.startswith("check")
+    # the model's family: resnet, elif densenet, else any other (If/Elif/Else)
+    family = "inputs.parameter_values['pipelinechannel--check-parameters-Output']"
+    assert {f"{family} == 'resnet'", f"!({family} == 'resnet') && {family} == 'densenet'"} <= (
+        conditions)
     assert "inputs.parameter_values['pipelinechannel--deploy'] == true" in conditions
     # train's model, train and validation inputs and evaluate's scored table: dsl.OneOf
     text = compiled[0].read_text()

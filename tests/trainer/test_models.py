@@ -1,4 +1,4 @@
-"""Every architecture the Azure modules offer; the untrained model directory and its errors."""
+"""Every architecture of torchvision's list; the untrained model directory and its errors."""
 
 import json
 from pathlib import Path
@@ -15,16 +15,50 @@ from kfvision.trainer.presets import ARCHITECTURES
 ALL = [(family, arch) for family, names in ARCHITECTURES.items() for arch in names]
 
 
-def test_the_azure_architectures_are_all_there():
-    assert len(ALL) == 13
-    assert {"resnext101_32x8d", "wide_resnet101_2", "densenet161"} <= {a for _, a in ALL}
+def test_the_catalog_is_torchvisions_whole_list_by_family():
+    """trainer/model/catalog.py is generated (`make catalog`) from the installed torchvision."""
+    from kfvision.trainer.model import catalog
+
+    listed = torchvision.models.list_models(module=torchvision.models)
+    assert sorted(a for _, a in ALL) == sorted(listed)
+    assert torchvision.__version__.split("+")[0] == catalog.TORCHVISION
+    for family, arch in ALL:
+        assert torchvision.models.get_model_builder(arch).__module__.endswith("." + family)
+    azure = {"resnet18", "resnet152", "resnext101_32x8d", "wide_resnet101_2"}
+    assert azure <= set(ARCHITECTURES["resnet"]) and "densenet161" in ARCHITECTURES["densenet"]
 
 
-@pytest.mark.parametrize("family, arch", ALL)
-def test_every_architecture_builds_with_a_head_for_the_classes_and_runs(family, arch):
-    model = build_model(ModelSpec(family, arch), num_classes=7).eval()
-    with torch.inference_mode():
-        out = model(torch.randn(2, 3, 32, 32))
+def _smallest_of_each_family():
+    from kfvision.trainer.model.catalog import PARAMS
+
+    return [(f, min(names, key=PARAMS.__getitem__)) for f, names in ARCHITECTURES.items()]
+
+
+def test_every_architecture_takes_some_size_of_the_probe_grid():
+    from kfvision.trainer.model.catalog import SIZES
+
+    assert all(SIZES[arch] for _, arch in ALL)  # the catalog's probe: a forward at 1000 classes
+
+
+@pytest.mark.parametrize("family, arch", _smallest_of_each_family())
+def test_each_family_gets_a_head_for_the_classes_at_its_smallest_size(family, arch):
+    """On the meta device (shapes only, in milliseconds): the head found generically is what
+    the classes size, and the output has one logit per class."""
+    from kfvision.trainer.model import catalog
+    from kfvision.trainer.model.arch import _kwargs, head_keys
+
+    size = catalog.SIZES[arch][0]
+    with torch.device("meta"):
+        try:
+            model = torchvision.models.get_model(arch, num_classes=7,
+                                                 **_kwargs(ModelSpec(family, arch), size))
+        except NotImplementedError:  # RegNet computes its widths on tensors
+            model = None
+    if model is None:
+        model = build_model(ModelSpec(family, arch), 7, image_size=size).to("meta")
+    state = model.state_dict()
+    assert head_keys(arch) and all(state[k].shape[0] == 7 for k in head_keys(arch))
+    out = model.eval()(torch.empty(2, 3, size, size, device="meta"))
     assert out.shape == (2, 7)
 
 
@@ -38,15 +72,58 @@ def test_resnet_zero_init_residual_and_densenet_memory_efficient_take_effect(tmp
     model(torch.randn(2, 3, 32, 32)).sum().backward()  # checkpointed backward works
 
 
-def test_spec_round_trips_and_options_of_the_other_family_are_dropped(tmp_path):
-    spec = write_untrained_model(tmp_path / "m", "densenet169", zero_init_residual=True)
-    assert read_model_spec(tmp_path / "m") == spec
-    assert spec.family == "densenet" and not spec.zero_init_residual
+def test_dropout_and_stochastic_depth_reach_the_model(tmp_path):
+    spec = write_untrained_model(tmp_path / "e", "efficientnet_b0", dropout=0.5,
+                                 stochastic_depth=0.3)
+    assert read_model_spec(tmp_path / "e") == spec
+    model = build_model(spec, 3)
+    assert model.classifier[0].p == 0.5
+    assert max(m.p for m in model.modules() if type(m).__name__ == "StochasticDepth") > 0.2
 
 
-def test_unknown_name_lists_the_valid_names(tmp_path):
-    with pytest.raises(InvalidParameterError, match="resnet18, resnet34.*densenet201"):
-        write_untrained_model(tmp_path / "m", "vgg16")
+@pytest.mark.parametrize("arch, option, takers", [
+    ("densenet169", {"zero_init_residual": True}, "resnet"),
+    ("resnet18", {"memory_efficient": True}, "densenet"),
+    ("resnet50", {"dropout": 0.2}, "efficientnet"),
+    ("vit_b_16", {"stochastic_depth": 0.1}, "convnext"),
+])
+def test_an_option_the_family_lacks_is_refused_by_name(tmp_path, arch, option, takers):
+    from kfvision.trainer.errors import FamilyOptionError
+
+    with pytest.raises(FamilyOptionError, match=f"not an option of {arch}.*{takers}"):
+        write_untrained_model(tmp_path / "m", arch, **option)
+    assert not (tmp_path / "m").exists()
+
+
+def test_unknown_name_names_the_closest_and_where_the_list_is(tmp_path):
+    with pytest.raises(InvalidParameterError, match="closest: resnet18.*kfvision model --help"):
+        write_untrained_model(tmp_path / "m", "resnet19")
+
+
+@pytest.mark.parametrize("arch, size, fits", [
+    ("maxvit_t", 224, True), ("maxvit_t", 64, False), ("inception_v3", 64, False),
+    ("vit_b_16", 32, True), ("vit_h_14", 32, False), ("swin_t", 64, True),
+])
+def test_an_image_size_the_model_cannot_take_is_refused_clearly(arch, size, fits):
+    from kfvision.trainer.errors import ImageSizeError
+    from kfvision.trainer.model.arch import check_image_size
+
+    spec = ModelSpec("", arch)
+    if fits:
+        check_image_size(spec, size)
+        return
+    with pytest.raises(ImageSizeError, match=f"{arch} cannot take --image-size {size}.*"
+                       "Sizes it takes include [0-9]"):
+        check_image_size(spec, size)
+
+
+def test_vit_weights_of_another_size_are_resized_to_the_training_size(tmp_path):
+    source = torchvision.models.vit_b_16(image_size=32)
+    torch.save(source.state_dict(), tmp_path / "vit.pth")
+    spec = write_untrained_model(tmp_path / "m", "vit_b_16", weights=tmp_path / "vit.pth")
+    model = build_model(spec, 3, tmp_path / "m", image_size=64)
+    assert model.encoder.pos_embedding.shape[1] == 1 + 16
+    assert torch.equal(model.conv_proj.weight, source.conv_proj.weight)
 
 
 def test_local_weights_become_the_backbone_and_the_head_is_resized(tmp_path):
@@ -113,7 +190,7 @@ def test_a_folder_that_is_not_an_untrained_model_is_refused(tmp_path, damage, me
 
 
 def test_an_image_directory_is_not_a_model_directory(tiny_digits):
-    with pytest.raises(InvalidModelDirectoryError, match="kfvision model resnet"):
+    with pytest.raises(InvalidModelDirectoryError, match="kfvision model resnet18"):
         read_model_spec(tiny_digits["train"])
 
 

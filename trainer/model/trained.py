@@ -21,7 +21,7 @@ import torch
 
 from kfvision.trainer.errors import InvalidModelDirectoryError
 from kfvision.trainer.fileio import atomic_write, atomic_write_bytes, atomic_write_json
-from kfvision.trainer.model.arch import build_model
+from kfvision.trainer.model.arch import build_model, load_into
 from kfvision.trainer.model.layout import (
     MODEL_FILE,
     MODEL_FORMAT,
@@ -31,6 +31,7 @@ from kfvision.trainer.model.layout import (
 from kfvision.trainer.model.scripted import has_script_model
 from kfvision.trainer.model.scriptnet import load_script_model
 from kfvision.trainer.model.spec import SPEC_FILE, WEIGHTS_FILE, ModelSpec
+from kfvision.trainer.model.timmarch import mismatch_hint as timm_mismatch_hint
 
 
 def atomic_torch_save(obj, path) -> None:
@@ -76,13 +77,15 @@ def load_trained_model(model_dir) -> tuple[torch.nn.Module, dict]:
     model_dir = Path(model_dir)
     info, spec = read_trained_model(model_dir)
     classes = info["classes"]
-    model = build_model(dataclasses.replace(spec, weights=None), len(classes))
+    model = build_model(dataclasses.replace(spec, weights=None), len(classes),
+                        image_size=info.get("image_size"))
     state = torch.load(model_dir / WEIGHTS_FILE, map_location="cpu", weights_only=True)
     try:
-        model.load_state_dict(state)
+        load_into(model, state)
     except RuntimeError as e:
+        hint = timm_mismatch_hint(spec.timm) if spec.timm else ""
         raise InvalidModelDirectoryError(
             f"{model_dir / WEIGHTS_FILE} does not match {spec.arch} with {len(classes)} classes: "
-            f"{e}"
+            f"{e}{hint}"
         ) from e
     return model.eval(), info

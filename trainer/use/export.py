@@ -93,14 +93,9 @@ def _save_onnx(wrapped: nn.Module, sample: torch.Tensor, meta: dict, path: Path)
     import onnx
 
     batch = torch.export.Dim("batch", min=1, max=65536)
-    try:
-        program = torch.onnx.export(wrapped, (sample,), input_names=["image"],
-                                    output_names=["probabilities"], dynamo=True, verbose=False,
-                                    opset_version=ONNX_OPSET,
-                                    dynamic_shapes={"image": {0: batch}})
-    except Exception as e:  # the exporter raises many types; keep the cause for the user
-        raise ExportError(f"torch.onnx could not export the model ({type(e).__name__}: {e}). "
-                          "Try --format torchscript.") from e
+    program = torch.onnx.export(wrapped, (sample,), input_names=["image"],
+                                output_names=["probabilities"], dynamo=True, verbose=False,
+                                opset_version=ONNX_OPSET, dynamic_shapes={"image": {0: batch}})
     program.save(str(path), external_data=False)
     proto = onnx.load(str(path))
     entry = proto.metadata_props.add()
@@ -137,6 +132,19 @@ def _save_torch_export(wrapped, sample, meta, path: Path) -> None:
 
 SAVERS = {"onnx": _save_onnx, "torchscript": _save_torchscript,
           "torch-export": _save_torch_export}
+
+
+def _save(fmt: str, wrapped, meta: dict, path: Path, arch: str) -> None:
+    """SAVERS[fmt], a failure of the exporter itself named by architecture and format."""
+    try:
+        SAVERS[fmt](wrapped, _sample(meta["image_size"]), meta, path)
+    except (ExportError, OSError):
+        raise
+    except Exception as e:  # tracers and exporters raise many types; keep the cause
+        others = ", ".join(f for f in FORMATS if f != fmt)
+        raise ExportNotSupportedError(
+            f"{arch} cannot be exported to {fmt} by this torch ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}). Try --format {others}.") from e
 
 
 def _load(model_dir, fmt: str | None = None):
@@ -182,7 +190,7 @@ def export(model_dir, fmt: str, out) -> dict:
     os.close(fd)
     try:
         with torch.no_grad(), disk_errors(out):  # decided while the half-written file is there
-            SAVERS[fmt](wrapped, _sample(meta["image_size"]), meta, Path(tmp))
+            _save(fmt, wrapped, meta, Path(tmp), info.get("arch", "the model"))
         result = compare(wrapped, load_exported(tmp, fmt)[0], _sample(meta["image_size"], 3))
         if result["max_abs_diff"] > TOLERANCE:
             raise ExportError(

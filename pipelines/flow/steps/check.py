@@ -19,7 +19,7 @@ from kfvision.pipelines.jobs.config import Volume
 from kfvision.pipelines.jobs.render import render_job
 from kfvision.trainer.config import TrainConfig
 from kfvision.trainer.errors import InvalidDatasetError, InvalidParameterError, ref
-from kfvision.trainer.presets import family_of
+from kfvision.trainer.model.spec import model_family
 
 REMOTE_SCHEMES = (*URL_SCHEMES, "s3")  # sources no step needs a path for
 
@@ -51,7 +51,7 @@ def check_parameters(*, check_sources: bool = True, store: str = "", **params) -
         InvalidParameterError: a value out of range or not one of the choices (the message names
             the parameter and the valid values). InvalidDatasetError: a source that is not there.
     """
-    family = family_of(params["model_name"])
+    family = model_family(params["model_name"])
     for name in ("train_source", "validation_source", "test_source"):
         _check_source(name, params[name], required=name == "train_source", exists=check_sources)
     fraction = params["fraction"]
