@@ -21,7 +21,7 @@ def _size(arch: str) -> int:
 
 
 def test_every_family_has_a_smallest_model_that_fits_some_size():
-    assert len(SMALLEST) == len(FAMILIES) >= 17
+    assert len(SMALLEST) == len(FAMILIES) >= 17 and set(IN_MAKE_TEST) <= set(FAMILIES)
     assert SMALLEST["resnet"] == "resnet18" and SMALLEST["vision_transformer"] == "vit_b_16"
 
 
@@ -36,8 +36,16 @@ def _serve_one(model_dir, image: bytes) -> dict:
         classifier.stop()
 
 
+# `make test` runs three families whose heads differ (fc; classifier[-1]; a convolution as the
+# classifier) at a few seconds each; the others, up to minutes of ONNX export each on 2 cores,
+# run in `make test-stress` (the flow is the same code for every family)
+IN_MAKE_TEST = ("resnet", "mobilenetv3", "squeezenet")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", [f if f in IN_MAKE_TEST else
+                                    pytest.param(f, marks=pytest.mark.stress)
+                                    for f in sorted(FAMILIES)])
 def test_model_train_score_export_serve(family, micro_digits, tmp_path):
     from kfvision.trainer.model.arch import write_untrained_model
     from kfvision.trainer.train import main

@@ -267,3 +267,26 @@ def test_a_console_script_that_is_not_declared_names_the_ones_that_are(tmp_path)
     assert entry.console_script(src, "train-it") == ("mypkg.train", "main")
     with pytest.raises(InvalidJobError, match=r"not in \[project.scripts\].*it has: train-it"):
         entry.console_script(src, "nope")
+
+
+@pytest.mark.parametrize("gpus, env, has_accelerate, expected", [
+    (0, {}, True, "true"),             # no GPU, Accelerate there: one model across the processes
+    (0, {"ACCELERATE_USE_CPU": "false"}, True, "false"),  # the user's value wins
+    (1, {}, True, None),               # GPUs: Accelerate picks them itself
+    (0, {}, False, None),              # no Accelerate in the script's environment: nothing set
+])
+def test_accelerate_is_told_to_use_the_cpu_only_where_it_would_train_alone(
+        monkeypatch, gpus, env, has_accelerate, expected):
+    """The decision of the boot's ACCELERATE_USE_CPU default; the 2 x 2 Trainer run that shows
+    what it changes is in `make test-stress` (test_script_trainer.py). The probe of the script's
+    interpreter is replaced: its own result decides nothing else."""
+    import types
+
+    from kfvision.pipelines.script import prepare
+
+    monkeypatch.setattr(prepare, "uses_accelerate", lambda python: has_accelerate)
+    said = []
+    env = dict(env)
+    prepare.cpu_accelerate(types.SimpleNamespace(gpus=gpus), env, "python", said.append)
+    assert env.get("ACCELERATE_USE_CPU") == expected
+    assert bool(said) == (expected == "true")  # said only when kfvision set it

@@ -12,12 +12,14 @@ code), run unchanged 2 x 2 on this CPU-only machine. One run checks what a user 
 
 Slow: transformers and accelerate install from the package index into the session's
 requirements cache (3.6 min on this loaded 2-core machine; no wheel cache here), then the run
-(about 2 min)."""
+(about 2 min); so it runs in `make test-stress`, not in `make test` (the parsing of Trainer's
+lines, the ACCELERATE_USE_CPU default and the outputs left behind have fast tests of their own)."""
 
 import pytest
 from helpers.jobstatus import mlflow_history, run_watched, running_progress
 
 
+@pytest.mark.stress
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_a_trainer_project_trains_one_model_2x2_seen_in_job_status_and_mlflow(
