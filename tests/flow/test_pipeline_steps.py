@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.runs import pipeline_job_settings
 
 from kfvision.pipelines.clients.k8s import Api, KubernetesError
 from kfvision.pipelines.flow.pages import curves_html, evaluation_html
@@ -131,12 +132,7 @@ def test_resolve_mode(mode, env, expected):
     assert resolve_mode(mode, env) == expected
 
 
-def _job_settings(**over) -> dict:
-    """Every job parameter of the pipeline at its default (JOB_OPTIONS: the one list), `over`
-    replacing some."""
-    from kfvision.pipelines.flow.params import JOB_OPTIONS
-
-    return {**{o.param: parameter_defaults()[o.param] for o in JOB_OPTIONS}, **over}
+_job_settings = pipeline_job_settings
 
 
 def test_job_names_derive_from_the_run_and_task_not_from_chance():

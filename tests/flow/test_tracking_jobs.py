@@ -4,9 +4,9 @@ manifest carries, and a TrainJob run locally that logs into the task's run on a 
 
 import pytest
 import yaml
+from helpers.runs import pipeline_job_settings
 
 from kfvision.pipelines.flow.params import train_options
-from kfvision.pipelines.flow.pipeline import parameter_defaults
 from kfvision.pipelines.flow.steps import train as train_step
 from kfvision.pipelines.flow.steps.train import job_config
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB
@@ -19,10 +19,7 @@ KFP_ENV = {"MLFLOW_TRACKING_URI": "https://mlflow.kubeflow:5000", "MLFLOW_RUN_ID
            "MLFLOW_TRACKING_TOKEN": "s3cret", "HOME": "/home/x"}
 
 
-def _settings() -> dict:
-    keys = ("image", "nodes", "procs_per_node", "gpus_per_node", "node_selector", "tolerations",
-            "cpu_per_node", "memory_per_node", "shm_size", "timeout_seconds")
-    return {k: parameter_defaults()[k] for k in keys}
+_settings = pipeline_job_settings
 
 
 def test_nothing_is_forwarded_without_a_tracking_uri():

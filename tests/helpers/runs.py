@@ -58,3 +58,12 @@ def run_job(root: Path, data: dict, model, *, kind="pytorchjob", nodes=2, nproc=
     rc = main(["job", "run-local", str(manifest), "--quiet", "--log-dir", str(logs)])
     return {"rc": rc, "out": out, "metrics": json.loads((out / "metrics.json").read_text()),
             "logs": logs}
+
+
+def pipeline_job_settings(**over) -> dict:
+    """Every job parameter of the pipeline (flow/params.py's JOB_OPTIONS, the one list) at its
+    default, `over` replacing some: what the train step's `settings` take."""
+    from kfvision.pipelines.flow.params import JOB_OPTIONS
+    from kfvision.pipelines.flow.pipeline import parameter_defaults
+
+    return {**{o.param: parameter_defaults()[o.param] for o in JOB_OPTIONS}, **over}
