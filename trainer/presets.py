@@ -55,8 +55,8 @@ def family_of(arch: str) -> str:
     close = difflib.get_close_matches(str(arch), every, n=5, cutoff=0.5)
     raise InvalidParameterError(
         f"model name {arch!r} is not one of torchvision's {len(every)} classification models"
-        f"{' (closest: ' + ', '.join(close) + ')' if close else ''}; `kfvision model --help` "
-        "lists them by family.")
+        f"{' (closest: ' + ', '.join(close) + ')' if close else ''}; docs/models.md lists "
+        "them by family.")
 
 
 # The smallest image size at which bf16 autocast + channels_last trains faster than fp32 on a CPU,

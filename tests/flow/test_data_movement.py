@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from helpers.meter import ClusterBranch, Meter, files, local_run_meter
+from helpers.runs import pipeline_train_options
 
 from kfvision.pipelines.clients.k8s import KubernetesError
-from kfvision.pipelines.flow.params import train_options
 from kfvision.pipelines.flow.pipeline import parameter_defaults
 from kfvision.pipelines.flow.steps import data as data_steps
 from kfvision.pipelines.flow.steps import train as train_step
@@ -29,7 +29,7 @@ from kfvision.pipelines.jobs.pytorchjob.local import run_local
 from kfvision.trainer.data.imagedir import read_image_directory
 
 pytestmark = pytest.mark.slow
-OPTIONS = train_options(epochs=1, batch_size=16, warmup_epochs=0, learning_rate=0.01,
+OPTIONS = pipeline_train_options(epochs=1, batch_size=16, warmup_epochs=0, learning_rate=0.01,
                         random_seed=1, patience=3, print_frequency=10, image_size=32,
                         augment="none")
 JOB_KEYS = ("image", "nodes", "procs_per_node", "gpus_per_node", "node_selector", "tolerations",

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.runs import pipeline_job_settings
+from helpers.runs import pipeline_job_settings, pipeline_train_options
 
 from kfvision.pipelines.clients.k8s import Api, KubernetesError
 from kfvision.pipelines.flow.pages import curves_html, evaluation_html
-from kfvision.pipelines.flow.params import job_options, train_options
+from kfvision.pipelines.flow.params import job_options
 from kfvision.pipelines.flow.pipeline import parameter_defaults
 from kfvision.pipelines.flow.steps import train as train_step
 from kfvision.pipelines.flow.steps.check import check_parameters
@@ -55,14 +55,16 @@ def test_the_check_step_runs_without_torch(tiny_digits):
 
 
 @pytest.mark.parametrize("over, message", [
-    ({"model_name": "resnet19"}, "choose one of: resnet18, resnet34"),
+    ({"model_name": "resnet19"}, "not one of torchvision's 80 classification models "
+                                 "(closest: resnet18"),
     ({"epochs": 0}, "1 <= epochs"),
     ({"learning_rate": -1.0}, "learning_rate = -1.0 is out of range: it must be 0 < "
                               "learning_rate <= 10"),
     ({"warmup_epochs": 9}, "warmup_epochs = 9 is out of range: it must be 0 <= warmup_epochs "
                            "<= 5 (5: epochs)"),
     ({"print_frequency": 0}, "1 <= print_frequency"),
-    ({"augment": "heavy"}, "augment = 'heavy' is not valid; choose one of: standard, light, none"),
+    ({"augment": "heavy"}, "augment = 'heavy' is not valid; choose one of: standard, strong, "
+                           "light, none"),
     ({"fraction": 1.0}, "0 < fraction < 1"),
     ({"execution_mode": "cloud"}, "execution_mode = 'cloud' is not valid; choose one of: auto, "
                                   "local, cluster"),
@@ -295,7 +297,7 @@ def test_the_cluster_path_stages_submits_and_copies_the_model_back(
     runs = mount / "kfvision-runs" / "run-1" / "jobs"  # the run's folder on the data PVC
     summary = train_step.train_step(
         resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "trained",
-        tmp_path / "job.yaml", options=train_options(
+        tmp_path / "job.yaml", options=pipeline_train_options(
             epochs=2, batch_size=8, warmup_epochs=0, learning_rate=0.01, random_seed=1,
             patience=3, print_frequency=10, image_size=32, augment="none"),
         settings=settings, run_key="run-1/train", mode="cluster", pvc_name="data",
@@ -329,7 +331,7 @@ def test_a_cluster_that_serves_neither_kind_is_told_so(tmp_path, monkeypatch, ti
     with pytest.raises(InvalidParameterError, match="neither trainjobs.trainer.kubeflow.org.*"
                        "nor pytorchjobs.kubeflow.org"):
         train_step.train_step(resnet18_dir, tiny_digits["train"], tiny_digits["val"],
-                              tmp_path / "o", tmp_path / "job.yaml", options=train_options(
+                              tmp_path / "o", tmp_path / "job.yaml", options=pipeline_train_options(
                                   epochs=1, batch_size=8, warmup_epochs=0, learning_rate=0.01,
                                   random_seed=1, patience=3, print_frequency=10, image_size=32,
                                   augment="none"),
@@ -344,7 +346,7 @@ def test_the_cluster_path_needs_the_data_pvc(tmp_path, monkeypatch, tiny_digits,
     with pytest.raises(StorageError, match="neither the run's KFP workspace nor the data PVC"):
         train_step.train_step(resnet18_dir, tiny_digits["train"], tiny_digits["val"],
                               tmp_path / "o", tmp_path / "job.yaml",
-                              options=train_options(
+                              options=pipeline_train_options(
                                   epochs=1, batch_size=8, warmup_epochs=0, learning_rate=0.01,
                                   random_seed=1, patience=3, print_frequency=10, image_size=32,
                                   augment="none"),
@@ -372,7 +374,7 @@ def test_evaluation_page_embeds_the_picture():
 def test_the_local_path_runs_a_trainjob_when_asked(tmp_path, tiny_digits, resnet18_dir):
     summary = train_step.train_step(
         resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "trained",
-        tmp_path / "job.yaml", options=train_options(
+        tmp_path / "job.yaml", options=pipeline_train_options(
             epochs=1, batch_size=16, warmup_epochs=0, learning_rate=0.05, random_seed=1,
             patience=3, print_frequency=100, image_size=32, augment="none"),
         settings=_job_settings(), run_key="run-1/train", mode="local", kind="trainjob")

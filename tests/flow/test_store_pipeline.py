@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.runs import pipeline_train_options
 
 from kfvision.pipelines.clients.s3 import S3_SECRET_KEYS
-from kfvision.pipelines.flow.params import train_options
 from kfvision.pipelines.flow.pipeline import compile_pipeline, parameter_defaults
 from kfvision.pipelines.flow.steps import train as train_step
 from kfvision.pipelines.flow.storage import Storage, check_data_pvc_use, run_prefix
@@ -114,7 +114,7 @@ def test_two_nodes_on_a_read_write_once_workspace_are_refused(tmp_path, monkeypa
     with pytest.raises(InvalidParameterError, match="nodes = 2.*ReadWriteOnce"):
         train_step.train_step(resnet18_dir, tiny_digits["train"], tiny_digits["val"],
                               tmp_path / "out", tmp_path / "job.yaml",
-                              options=train_options(**OPTIONS), settings=_settings(2),
+                              options=pipeline_train_options(**OPTIONS), settings=_settings(2),
                               run_key="run-1/train", mode="cluster", kind="pytorchjob",
                               workspace=str(workspace))
     assert fake.asked == ["run-1-kfp-workspace"] and not submitted
@@ -150,7 +150,7 @@ def test_two_nodes_through_the_store_need_no_shared_volume(tmp_path, monkeypatch
     monkeypatch.setattr(jobclient, "submit", submit)
     summary = train_step.train_step(
         resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "out",
-        tmp_path / "job.yaml", options=train_options(**OPTIONS),
+        tmp_path / "job.yaml", options=pipeline_train_options(**OPTIONS),
         settings={**_settings(2), "service_account": "bucket-reader", "scratch_size": "50Gi",
                   "scratch_class": "fast-ssd"},
         run_key="run-1/train", mode="cluster", kind="pytorchjob", workspace=str(workspace),

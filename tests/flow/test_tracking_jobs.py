@@ -4,9 +4,8 @@ manifest carries, and a TrainJob run locally that logs into the task's run on a 
 
 import pytest
 import yaml
-from helpers.runs import pipeline_job_settings
+from helpers.runs import pipeline_job_settings, pipeline_train_options
 
-from kfvision.pipelines.flow.params import train_options
 from kfvision.pipelines.flow.steps import train as train_step
 from kfvision.pipelines.flow.steps.train import job_config
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB, TRAINJOB
@@ -72,7 +71,7 @@ def test_a_local_trainjob_logs_into_the_tasks_run(mlflow_server, tmp_path, tiny_
     monkeypatch.setenv("MLFLOW_RUN_ID", given)  # what KFP's driver hands the task
     train_step.train_step(
         resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "trained",
-        tmp_path / "job.yaml", options=train_options(
+        tmp_path / "job.yaml", options=pipeline_train_options(
             epochs=2, batch_size=16, warmup_epochs=0, learning_rate=0.05, random_seed=1,
             patience=3, print_frequency=100, image_size=32, augment="none"),
         settings=_settings(), run_key="run-1/train", mode="local", kind="trainjob")

@@ -67,3 +67,12 @@ def pipeline_job_settings(**over) -> dict:
     from kfvision.pipelines.flow.pipeline import parameter_defaults
 
     return {**{o.param: parameter_defaults()[o.param] for o in JOB_OPTIONS}, **over}
+
+
+def pipeline_train_options(**over) -> dict:
+    """The train step's `options` from the pipeline's training parameters at their defaults,
+    `over` (by parameter name) replacing some: every option, as the pipeline passes them."""
+    from kfvision.pipelines.flow.params import train_options
+    from kfvision.pipelines.flow.pipeline import parameter_defaults
+
+    return train_options(**{**parameter_defaults(), **over})
