@@ -96,7 +96,7 @@ def test_an_option_the_family_lacks_is_refused_by_name(tmp_path, arch, option, t
 
 
 def test_unknown_name_names_the_closest_and_where_the_list_is(tmp_path):
-    with pytest.raises(InvalidParameterError, match="closest: resnet18.*kfvision model --help"):
+    with pytest.raises(InvalidParameterError, match="closest: resnet18.*docs/models.md lists them"):
         write_untrained_model(tmp_path / "m", "resnet19")
 
 
