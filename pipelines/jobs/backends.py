@@ -287,6 +287,10 @@ class _Fallback(JobBackend):
                     status == 404 and verb not in WHERE_IS_IT):
                 raise  # a job on the cluster that is not there is the cluster's answer
             place = self.local.folder(self.name) if self.name else self.local.root
+            if isinstance(e, EndpointError):  # the cluster did not answer: its error, its exit code
+                where = f"job {self.name}" if self.name else "a job"
+                raise type(e)(f"{e} (nor is {where} in {place}, a local run)",
+                              e.endpoint) from e
             if verb == "download":
                 raise JobOutputsError(f"job {self.name} has no local run in {place} (--log-dir),"
                                       f" and the cluster has none either: {e}") from e

@@ -126,7 +126,7 @@ def test_submit_refuses_what_the_compiled_storage_cannot_do(fake_kfp, capsys, fl
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--model-name", "vgg16"], "choose one of: resnet18"),
+    (["--model-name", "resnet19"], "(closest: resnet18"),
     (["--gpus-per-node", "1", "--procs-per-node", "2"], "--nproc-per-node 2 is more than"),
     (["--pvc-name", "Data_PVC"], "--pvc-name claim 'Data_PVC' is not a DNS-1123 subdomain"),
     (["--learning-rate", "0"], "0 < --lr <= 10"),  # the option's own flag, as in train

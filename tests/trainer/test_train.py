@@ -64,7 +64,8 @@ def test_defaults_are_the_azure_modules():
     ("patience", 0, "1 <= --patience"),
     ("momentum", 1.5, "--momentum <= 0.999"),
     ("image_size", 8, "32 <= --image-size"),
-    ("augment", "heavy", "--augment = 'heavy' is not valid; choose one of: standard, light, none"),
+    ("augment", "heavy", "--augment = 'heavy' is not valid; choose one of: standard, strong, "
+                         "light, none"),
     ("device", "tpu", "auto, cpu, cuda"),
 ])
 def test_out_of_range_parameters_name_the_valid_range(field, value, message):
