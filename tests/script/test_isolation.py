@@ -40,7 +40,11 @@ def probe(*names):
                                "python": sys.executable, "parent": parent}), flush=True)
 """
 LAUNCHER = ["-I", "-u", "-m", "kfvision.trainer.launch"]
-DIST = "{dist}"  # in a requirements file: the path of the test's `trainer` distribution
+# in a requirements file: the test's `trainer` distribution, found as a third-party package is
+# (by name, from a folder standing in for the index; a path outside --source is refused: a pod
+# would not have it)
+DIST = "{dist}"
+DIST_REQUIREMENT = f"--no-index\n--find-links {DIST}\ntrainer==1.0\n"
 
 
 def entry(*names) -> str:
@@ -61,10 +65,10 @@ CASES = {
         {"trainer/__init__.py": "", "trainer/task.py": entry("trainer")},
         ["--module", "trainer.task"], {"trainer": "src"}),
     "a requirement that installs a top-level trainer": (
-        {"train.py": entry("trainer", "pipelines"), "requirements.txt": f"{DIST}\n"},
+        {"train.py": entry("trainer", "pipelines"), "requirements.txt": DIST_REQUIREMENT},
         ["--entry", "train.py"], {"trainer": "env", "pipelines": "env"}),
     "a script importing its own trainer beside that requirement": (
-        {"train.py": entry("trainer"), "trainer.py": "", "requirements.txt": f"{DIST}\n"},
+        {"train.py": entry("trainer"), "trainer.py": "", "requirements.txt": DIST_REQUIREMENT},
         ["--entry", "train.py"], {"trainer": "src"}),
     "a kfvision.py of the user's, run from its folder, PYTHONPATH on another kfvision": (
         {"train.py": entry("kfvision"), "kfvision.py": "WHOSE = 'user'\n"},
@@ -75,7 +79,7 @@ CASES = {
 @pytest.fixture(scope="session")
 def trainer_dist(tmp_path_factory) -> Path:
     """A distribution named `trainer` with top-level `trainer` and `pipelines` packages, as a
-    wheel file a requirements line names by its path. The package index has such a one (Coqui's
+    wheel in a folder a requirements file finds it in (--find-links). The package index has such a one (Coqui's
     training library), but installing it needs the network and brings torch's and a dozen other
     requirements: the names are what counts, and this one installs offline in a second."""
     return write_wheel(tmp_path_factory.mktemp("dist"), "trainer", {
@@ -110,7 +114,7 @@ def install(request) -> tuple:
 def write_tree(root: Path, files: dict, dist: Path) -> Path:
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text.replace(DIST, str(dist)))
+        (root / rel).write_text(text.replace(DIST, str(dist.parent)))
     return root
 
 
