@@ -80,8 +80,9 @@ CASES = {
 def trainer_dist(tmp_path_factory) -> Path:
     """A distribution named `trainer` with top-level `trainer` and `pipelines` packages, as a
     wheel in a folder that a requirements file names (--find-links). The package index has such
-    a one (Coqui's training library), but installing it needs the network and brings torch's and a dozen other
-    requirements: the names are what counts, and this one installs offline in a second."""
+    a one (Coqui's training library), but installing it needs the network and brings torch's and
+    a dozen other requirements: the names are what counts, and this one installs offline in a
+    second."""
     return write_wheel(tmp_path_factory.mktemp("dist"), "trainer", {
         "trainer/__init__.py": "WHOSE = 'dist'\n", "pipelines/__init__.py": "WHOSE = 'dist'\n"})
 
