@@ -219,16 +219,35 @@ def _alive_of(replicas: list, table: dict) -> set:
     return {i for i in seen if alive(i, table)} | marked({r.mark for r in replicas}, table)
 
 
+def _is_sandbox(pid: int) -> bool:
+    """Whether process `pid` is bubblewrap, the pod's filesystem around a replica
+    (pipelines/jobs/sandbox.py)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
+    except OSError:
+        return False
+
+
 def _signal_all(replicas: list, sig: int) -> bool:
-    """Send `sig` to every live process of `replicas`; whether there was any."""
+    """Send `sig` to every live process of `replicas`; whether there was any.
+
+    Short of SIGKILL, bubblewrap itself is spared: it would die of the signal and, being
+    started with --die-with-parent, take the pod's processes with it at once, where a pod's
+    processes get the signal and their grace period (the kubelet's SIGTERM). They are signalled
+    one by one here instead, as descendants."""
     table = proc_table()  # without zombies: a killed main process no longer counts
     sent = False
+    spare = sig != signal.SIGKILL
     for r in replicas:
         if r.proc is not None and r.proc.returncode is None:  # not reaped: its pid is its own
+            if spare and any(_is_sandbox(pid) for pid, _ in r.seen | {(r.proc.pid, 0)}):
+                continue
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(r.proc.pid, sig)
                 sent = sent or r.proc.pid in table
     for pid, _ in _alive_of(replicas, table):
+        if spare and _is_sandbox(pid):
+            continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
             sent = True
