@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 from helpers.meter import ClusterBranch, Meter, files, local_run_meter
-from helpers.runs import pipeline_train_options
+from helpers.runs import pipeline_job_settings, pipeline_train_options
 
 from kfvision.pipelines.clients.k8s import KubernetesError
-from kfvision.pipelines.flow.pipeline import parameter_defaults
 from kfvision.pipelines.flow.steps import data as data_steps
 from kfvision.pipelines.flow.steps import train as train_step
 from kfvision.pipelines.flow.steps.data import convert_step, split_step
@@ -32,8 +31,6 @@ pytestmark = pytest.mark.slow
 OPTIONS = pipeline_train_options(epochs=1, batch_size=16, warmup_epochs=0, learning_rate=0.01,
                         random_seed=1, patience=3, print_frequency=10, image_size=32,
                         augment="none")
-JOB_KEYS = ("image", "nodes", "procs_per_node", "gpus_per_node", "node_selector", "tolerations",
-            "cpu_per_node", "memory_per_node", "shm_size", "timeout_seconds")
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +103,7 @@ def cluster_run(tmp_path, monkeypatch, source: str, *, pvc: Path | None, workspa
                           fraction=0.75, random_seed=1)
     _, model = branch.run("model", model_step, {}, ("model",),
                           model_name="resnet18", pretrained=False)
-    settings = {k: parameter_defaults()[k] for k in JOB_KEYS}
+    settings = pipeline_job_settings()
     summary, trained = branch.run(
         "train", train_step.train_step, {**model, **split}, ("trained_model", "job"),
         options=OPTIONS, settings=settings, run_key="run-1/train-pytorch-model", mode="cluster",

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers.runs import pipeline_train_options
+from helpers.runs import pipeline_job_settings, pipeline_train_options
 
 from kfvision.pipelines.clients.s3 import S3_SECRET_KEYS
-from kfvision.pipelines.flow.pipeline import compile_pipeline, parameter_defaults
+from kfvision.pipelines.flow.pipeline import compile_pipeline
 from kfvision.pipelines.flow.steps import train as train_step
 from kfvision.pipelines.flow.storage import Storage, check_data_pvc_use, run_prefix
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB
@@ -92,10 +92,7 @@ class FakeJobs:
 
 
 def _settings(nodes: int) -> dict:
-    keys = ("image", "nodes", "procs_per_node", "gpus_per_node", "node_selector", "tolerations",
-            "cpu_per_node", "memory_per_node", "shm_size", "timeout_seconds", "service_account",
-            "scratch_size", "scratch_class")
-    return {**{k: parameter_defaults()[k] for k in keys}, "nodes": nodes}
+    return pipeline_job_settings(nodes=nodes)
 
 
 def _cluster(monkeypatch, fake, submitted: list):
