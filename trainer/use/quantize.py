@@ -211,8 +211,8 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
                    check, meta, limit=check_limit, progress=progress)
         if acc["int8"] < acc["fp32"] - MAX_TOP1_DROP:
             raise QuantizationError(
-                f"the int8 export of {model_dir} ({arch}) has top-1 {acc['int8']:.2%} on {acc['images']} "
-                f"images of {check}, against {acc['fp32']:.2%} in fp32: "
+                f"the int8 export of {model_dir} ({arch}) has top-1 {acc['int8']:.2%} on "
+                f"{acc['images']} images of {check}, against {acc['fp32']:.2%} in fp32: "
                 f"{100 * (acc['fp32'] - acc['int8']):.2f} points lower, more than the "
                 f"{100 * MAX_TOP1_DROP:g} allowed; {out} not written. Calibrate on more images "
                 f"(--calibration-images, {len(images)} now) or on data more like {check}, or "
