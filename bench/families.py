@@ -58,10 +58,10 @@ def defaults(family: str, image_size: int) -> dict:
     return {**{c: auto[c][0] for c in ("amp", "channels_last", "conv_gemm")}, "compile": False}
 
 
-def flips(default: dict) -> dict:
+def flips(default: dict, choices=CHOICES) -> dict:
     """{choice: (variant with it on, variant with it off)}, the other choices as by default."""
     return {c: (variant_of({**default, c: True}), variant_of({**default, c: False}))
-            for c in CHOICES}
+            for c in choices}
 
 
 def measure(arch: str, variants: list, gemm_flip: str, a) -> dict:
@@ -116,6 +116,8 @@ def main(argv=None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--archs", nargs="+", default=[m for f, m in FAMILY_MODELS.items()
                                                   if f != "resnet"])
+    p.add_argument("--choices", nargs="+", choices=CHOICES, default=list(CHOICES),
+                   help="the choices flipped (compile: minutes of compilation per model here)")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=3, help="timed steps (after the warm-up)")
@@ -140,19 +142,20 @@ def main(argv=None) -> int:
     for arch in a.archs:
         family = family_of(arch)
         default = defaults(family, a.image_size)
-        pairs = flips(default)
+        pairs = flips(default, a.choices)
         variants = list(dict.fromkeys(["plain", variant_of(default),
                                        *(v for pair in pairs.values() for v in pair)]))
-        gemm_flip = next(v for v in pairs["conv_gemm"] if v != variant_of(default))
+        gemm_flip = next((v for v in pairs.get("conv_gemm", ()) if v != variant_of(default)),
+                         None)
         runs = results[arch] = measure(arch, variants, gemm_flip, a)
         plain = [r.get(key) for r in runs["plain"]]
         dv = variant_of(default)
         cells = [rate(statistics.median(plain)) if all(plain) else "failed", dv,
                  _cell(_ratio(runs, dv, "plain", key))]
         ratios = {c: _ratio(runs, on, off, key) for c, (on, off) in pairs.items()}
-        cells += [_cell(ratios[c]) for c in CHOICES]
+        cells += [_cell(ratios[c]) if c in ratios else "not run" for c in CHOICES]
         rows.append(f"| {family} ({arch}) | " + " | ".join(cells) + " |")
-        off = {c: why for c in CHOICES if (why := verdict(ratios[c], default[c]))}
+        off = {c: why for c in ratios if (why := verdict(ratios[c], default[c]))}
         verdicts.append(f"- {family}: the measurement turns off {off or 'nothing'}; FAMILY_OFF: "
                         f"{FAMILY_OFF.get(family, {}) or 'nothing'}")
         BENCH.mkdir(parents=True, exist_ok=True)  # kept as it goes: a stopped run keeps it

@@ -50,11 +50,20 @@ import torch
 from kfvision.trainer.distributed import DistContext, cpus_per_process
 from kfvision.trainer.presets import CPU_BF16_MIN_IMAGE_SIZE
 
-# The speed choices `auto` leaves off for a family (FastPath field name -> why), measured with
-# bench/families.py on the processor docs/benchmarks.md names ("The fast path per family"). A family
-# not listed takes every choice `auto` takes on its device; `on` still turns a choice on. The one
-# place a family's fast path is decided.
-FAMILY_OFF: dict[str, dict[str, str]] = {}
+# The speed choices `auto` leaves off on a CPU for a family (FastPath field name -> why), measured
+# with bench/families.py on the processor docs/benchmarks.md names ("The fast path per family").
+# A family not listed takes every choice `auto` takes on its device; `on` still turns a choice on;
+# CUDA is not measured per family (every family takes `auto`'s CUDA choices). The one place a
+# family's fast path is decided.
+FAMILY_OFF: dict[str, dict[str, str]] = {
+    "mobilenetv3": {"amp": "bf16 autocast trained mobilenet_v3_large 0.77-0.81x as fast as fp32 "
+                           "at 224 px on the EPYC (AVX512_BF16)"},
+}
+
+
+def family_off(family: str | None, cuda: bool) -> dict:
+    """{choice: why} `auto` leaves off for this family on this kind of device (FAMILY_OFF)."""
+    return {} if cuda else FAMILY_OFF.get(family or "", {})
 
 
 @dataclass(frozen=True)
@@ -196,7 +205,7 @@ def auto_choices(family: str | None, cuda: bool, image_size: int,
                  cpu: CpuFeatures | None = None) -> dict:
     """What `auto` picks for this family on this device: {"amp", "channels_last", "conv_gemm"} ->
     (on, why); a choice in FAMILY_OFF for the family is off, saying so."""
-    off = FAMILY_OFF.get(family or "", {})
+    off = family_off(family, cuda)
     if "amp" in off:
         amp = (False, f"off for {family}: {off['amp']}")
     elif cuda:
@@ -275,17 +284,17 @@ def resolve_fast_path(cfg, ctx: DistContext, decoded_bytes: int,
             amp_reason += "; emulated: this CPU has neither AMX nor AVX512_BF16, slower than fp32"
     else:
         amp, amp_reason = auto["amp"]
-    off = FAMILY_OFF.get(family or "", {})
+    off = family_off(family, cuda)
     channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and (cuda or amp)
                                                   and "channels_last" not in off)
     gpu_decode, gpu_decode_reason = _gpu_decode(cfg.gpu_decode, cuda, cache, jpeg_share)
     conv_gemm = cfg.conv_gemm == "on" or (cfg.conv_gemm == "auto" and auto["conv_gemm"][0])
     dct_scaling = cfg.dct_scaling == "on" and not gpu_decode
     asked = {"amp": cfg.amp, "channels_last": cfg.channels_last, "conv_gemm": cfg.conv_gemm}
-    family_off = {c: why for c, why in off.items() if asked.get(c) == "auto"}
+    left_off = {c: why for c, why in off.items() if asked.get(c) == "auto"}
     return FastPath(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm,
                     dct_scaling, amp_reason, gpu_decode_reason, cpu.to_dict(), family or "",
-                    family_off)
+                    left_off)
 
 
 def _gpu_decode(setting: str, cuda: bool, cache: bool, jpeg_share: float) -> tuple[bool, str]:

@@ -26,6 +26,7 @@ from kfvision.trainer.data.transforms import EvalResize, Normalizer, TrainCrop
 from kfvision.trainer.distributed import DistContext
 from kfvision.trainer.errors import InvalidDatasetError
 from kfvision.trainer.fastpath import (
+    FAMILY_OFF,
     cpu_bf16_kind,
     cpu_features,
     cpu_info,
@@ -34,7 +35,7 @@ from kfvision.trainer.fastpath import (
     int8_reduce_range,
     resolve_fast_path,
 )
-from kfvision.trainer.presets import AUGMENTATIONS
+from kfvision.trainer.presets import ARCHITECTURES, AUGMENTATIONS
 from kfvision.trainer.train import main
 
 BASE = {"epochs": 2, "image_size": 32, "batch_size": 16, "lr": 0.05, "augment": "light",
@@ -420,6 +421,35 @@ def test_auto_picks_per_machine_on_cpu(monkeypatch, flags, size, decoded, expect
     assert rt.conv_gemm  # on CPU; CUDA: see test_devicedata's table
     assert why in describe(rt)
     assert rt.cpu == cpu_features().to_dict() and rt.to_dict()["cpu"]["model"] == "a CPU"
+
+
+AUTO = {"amp": "bf16", "channels_last": "on", "conv_gemm": "on"}  # the auto choices, turned on
+
+
+def test_family_off_names_families_and_auto_choices():
+    assert set(FAMILY_OFF) <= set(ARCHITECTURES) and "resnet" not in FAMILY_OFF
+    assert all(set(off) <= set(AUTO) and all(off.values()) for off in FAMILY_OFF.values())
+
+
+@pytest.mark.parametrize("family, choice", [(f, c) for f, off in FAMILY_OFF.items() for c in off])
+def test_a_family_gets_off_what_family_off_says_and_fast_path_records_it(monkeypatch, family,
+                                                                         choice):
+    """On a CPU where `auto` turns everything on at 224 px (AVX512_BF16), the family's choices
+    come from the one table; resnet, not in it, keeps them; asked for by hand, it is on."""
+    fake_cpu(monkeypatch, AVX512_BF16)
+    ctx = DistContext(0, 0, 1, 1, torch.device("cpu"))
+    resnet = resolve_fast_path(_Cfg(), ctx, 10 << 20, family="resnet")
+    theirs = resolve_fast_path(_Cfg(), ctx, 10 << 20, family=family)
+    assert getattr(resnet, choice) and not getattr(theirs, choice)
+    assert resnet.family_off == {} and theirs.family_off == FAMILY_OFF[family]
+    assert theirs.to_dict()["family"] == family and f"off for {family}" in describe(theirs)
+    cfg = _Cfg()
+    setattr(cfg, choice, AUTO[choice])
+    assert getattr(resolve_fast_path(cfg, ctx, 10 << 20, family=family), choice)
+    # CUDA is not measured per family: untouched (no GPU here: its bf16 answer is given)
+    monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda: True)
+    cuda = DistContext(0, 0, 1, 1, torch.device("cuda"))
+    assert resolve_fast_path(_Cfg(), cuda, 10 << 20, family=family).family_off == {}
 
 
 @pytest.mark.parametrize("flags", [AMX, AVX512_BF16, NEITHER])
