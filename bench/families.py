@@ -3,29 +3,35 @@
 One mid-size model of each family (FAMILY_MODELS) trains with bench/step.py's variants, each in a
 process of its own (a fresh allocator and compiler state), on one batch already in memory: the
 speed choices act on the training step, and the input pipeline, the same for every family, is
-bench/train.py's to measure. The variants:
+bench/train.py's to measure. The variants of a model:
 
 - `plain`: the plain loop's step (bench/plain_loop.py: torch's default SGD, NCHW, fp32);
-- `nchw`: kfvision's step with every choice off (fused SGD, NCHW, fp32);
-- `bf16`, `channels-last`, `conv-gemm`, `compile-nchw`: one choice on, from `nchw`.
+- the default: what kfvision's `auto` trains this family with on this CPU (trainer/fastpath.py:
+  the CPU's features and FAMILY_OFF), e.g. `bf16+conv-gemm` (bf16 autocast, channels-last, one-
+  pixel convolutions as GEMM) on a CPU with AVX512_BF16;
+- for each choice (bf16 autocast, channels-last, conv-gemm, torch.compile) the default with that
+  choice flipped, the others as they are.
 
 A round runs every variant of a model once; rounds alternate the order (A, B, ..., B, A), so a
-drift in the machine's speed favours none. A ratio is taken within a round and the median over
-rounds is shown: `on/off` is the choice's variant against `nchw`, `default/plain` is what
-kfvision picks on this machine for that family (trainer/fastpath.py: FAMILY_OFF and the CPU's
-features) against the plain loop.
+drift in the machine's speed favours none; torch.compile's variant runs in the first round only
+(it compiles for minutes on 2 cores). A ratio is taken within a round, the table shows its median
+(range) over rounds: `default/plain`, and for each choice `on/off` (the variant with it on over
+the one with it off). With `--threads 1` and `--clock cpu` (the default) a figure is images per
+second of the process's CPU time: on a machine other jobs share, the step's own cost.
 
-    python -m bench.families                                     # the six families, 224 px
-    python -m bench.families --archs swin_t --batch-size 4 --steps 2 --rounds 2
+    python -m bench.families --threads 1                         # the six families, 224 px
+    python -m bench.families --archs swin_t --choices amp conv_gemm --rounds 4 --threads 1
 
-Prints a Markdown table, then what the measurement says each family's `auto` should turn off,
-beside trainer/fastpath.py's FAMILY_OFF; writes both to build/bench/families-cpu.md.
+Prints a Markdown table, then what the measurement says each family's `auto` should turn off
+(a choice on by default that loses below LOSES, or breaks), beside trainer/fastpath.py's
+FAMILY_OFF; writes both to build/bench/families-cpu.md.
 """
 
 import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from bench import BENCH, publish
 from bench.step import _one, rate
@@ -36,6 +42,7 @@ FAMILY_MODELS = {"convnext": "convnext_tiny", "efficientnet": "efficientnet_v2_s
                  "regnet": "regnet_y_1_6gf", "mobilenetv3": "mobilenet_v3_large",
                  "resnet": "resnet50"}
 CHOICES = ("amp", "channels_last", "conv_gemm", "compile")  # FastPath's field names
+TIMEOUT = "not done in"  # bench/step.py's error for a variant over --variant-timeout
 LOSES = 0.97  # an on/off ratio below this loses (the spread of rounds here is a few percent)
 
 
@@ -86,12 +93,15 @@ def measure(arch: str, variants: list, gemm_flip: str, a) -> dict:
 
 def _ratio(runs: dict, top: str, base: str, key: str) -> tuple[float, str] | str:
     """(median ratio, its range) of `top` against `base` over rounds, or why there is none."""
-    for v in (top, base):
-        failed = [r["error"] for r in runs[v] if "error" in r]
+    for v in (top, base):  # an error other than the time limit: the variant breaks
+        failed = [r["error"] for r in runs[v] if "error" in r and TIMEOUT not in r["error"]]
         if failed:
             return f"{v}: {failed[0]}"
-    ratios = sorted(t[key] / b[key]  # zip: a first-round-only variant has one
-                    for t, b in zip(runs[top], runs[base]))
+    # zip: a first-round-only variant has one; a round where either ran out of time is left out
+    ratios = sorted(t[key] / b[key] for t, b in zip(runs[top], runs[base])
+                    if "error" not in t and "error" not in b)
+    if not ratios:
+        return f"{top} or {base} not done in time"
     spread = f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else ""
     return statistics.median(ratios), spread
 
@@ -106,8 +116,28 @@ def verdict(r, on_by_default: bool) -> str | None:
     if not on_by_default:
         return None
     if isinstance(r, str):
-        return None if "no-op" in r else f"breaks: {r}"
+        return None if "no-op" in r or "in time" in r else f"breaks: {r}"
     return f"loses: {r[0]:.2f}x" if r[0] < LOSES else None
+
+
+def report(arch: str, entry: dict, key: str) -> tuple[str, str]:
+    """(table row, verdict line) of one model's measurement: {"default": {choice: on},
+    "choices": the flipped choices, "runs": measure's}."""
+    from kfvision.trainer.fastpath import FAMILY_OFF
+    from kfvision.trainer.presets import family_of
+
+    family, default, runs = family_of(arch), entry["default"], entry["runs"]
+    dv = variant_of(default)
+    plain = [r.get(key) for r in runs["plain"]]
+    cells = [rate(statistics.median(plain)) if all(plain) else "failed", dv,
+             _cell(_ratio(runs, dv, "plain", key))]
+    ratios = {c: _ratio(runs, on, off, key)
+              for c, (on, off) in flips(default, entry["choices"]).items()}
+    cells += [_cell(ratios[c]) if c in ratios else "not run" for c in CHOICES]
+    off = {c: why for c in ratios if (why := verdict(ratios[c], default[c]))}
+    return (f"| {family} ({arch}) | " + " | ".join(cells) + " |",
+            f"- {family}: the measurement turns off {off or 'nothing'}; FAMILY_OFF now: "
+            f"{FAMILY_OFF.get(family, {}) or 'nothing'}")
 
 
 def main(argv=None) -> int:
@@ -118,6 +148,8 @@ def main(argv=None) -> int:
                                                   if f != "resnet"])
     p.add_argument("--choices", nargs="+", choices=CHOICES, default=list(CHOICES),
                    help="the choices flipped (compile: minutes of compilation per model here)")
+    p.add_argument("--tag", default="", help="added to the result files' names")
+    p.add_argument("--report", nargs="+", help="only the tables of these results (.json) files")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=3, help="timed steps (after the warm-up)")
@@ -132,40 +164,38 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     a.device = "cpu"
     key = "images_per_cpu_sec" if a.clock == "cpu" else "images_per_sec"
-    from kfvision.trainer.fastpath import FAMILY_OFF
     from kfvision.trainer.presets import family_of
 
     rows = [f"| family (model), {a.image_size} px, batch {a.batch_size} | plain img/{a.clock} s "
             "| kfvision default | default/plain |" + "".join(f" {c} on/off |" for c in CHOICES),
             "|---" * (4 + len(CHOICES)) + "|"]
-    verdicts, results = [], {}
-    for arch in a.archs:
-        family = family_of(arch)
-        default = defaults(family, a.image_size)
+    results = {}
+    if a.report:  # tables of earlier runs' figures
+        for f in a.report:
+            results.update(json.loads(Path(f).read_text()))
+    for arch in ([] if a.report else a.archs):
+        default = defaults(family_of(arch), a.image_size)
         pairs = flips(default, a.choices)
         variants = list(dict.fromkeys(["plain", variant_of(default),
                                        *(v for pair in pairs.values() for v in pair)]))
         gemm_flip = next((v for v in pairs.get("conv_gemm", ()) if v != variant_of(default)),
                          None)
-        runs = results[arch] = measure(arch, variants, gemm_flip, a)
-        plain = [r.get(key) for r in runs["plain"]]
-        dv = variant_of(default)
-        cells = [rate(statistics.median(plain)) if all(plain) else "failed", dv,
-                 _cell(_ratio(runs, dv, "plain", key))]
-        ratios = {c: _ratio(runs, on, off, key) for c, (on, off) in pairs.items()}
-        cells += [_cell(ratios[c]) if c in ratios else "not run" for c in CHOICES]
-        rows.append(f"| {family} ({arch}) | " + " | ".join(cells) + " |")
-        off = {c: why for c in ratios if (why := verdict(ratios[c], default[c]))}
-        verdicts.append(f"- {family}: the measurement turns off {off or 'nothing'}; FAMILY_OFF: "
-                        f"{FAMILY_OFF.get(family, {}) or 'nothing'}")
+        results[arch] = {"default": default, "choices": list(pairs),
+                         "runs": measure(arch, variants, gemm_flip, a)}
         BENCH.mkdir(parents=True, exist_ok=True)  # kept as it goes: a stopped run keeps it
-        (BENCH / "families-cpu.json").write_text(json.dumps(results))
+        (BENCH / f"families-cpu{a.tag}.json").write_text(json.dumps(results))
+    lines = [report(arch, entry, key) for arch, entry in results.items()]
+    rows += [r for r, _ in lines]
+    verdicts = [v for _, v in lines]
     note = (f"\n{a.steps} timed steps after {a.warmup + 1} untimed ones, {a.threads or 'default'} "
             f"torch thread(s), images per {a.clock} second, {a.rounds} rounds in "
-            "alternating order, each variant in its own process; ratios are medians (ranges) "
-            f"over rounds within a round; a choice loses below {LOSES}x. bf16 on a CPU without "
-            "AMX or AVX512_BF16 is emulated (trainer/fastpath.py never picks it there).")
-    publish("\n".join(rows) + "\n" + note + "\n\n" + "\n".join(verdicts), "families-cpu.md")
+            "alternating order, each variant in its own process; a ratio is taken within a round, "
+            f"the table shows its median (range) over rounds; a choice loses below {LOSES}x. "
+            "A choice `auto` never turns on (torch.compile) is measured, not decided. bf16 on "
+            "a CPU without AMX or AVX512_BF16 is emulated (trainer/fastpath.py never picks it "
+            "there).")
+    publish("\n".join(rows) + "\n" + note + "\n\n" + "\n".join(verdicts),
+            f"families-cpu{a.tag}.md")
     return 0
 
 

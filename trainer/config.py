@@ -110,7 +110,8 @@ class TrainConfig:
                                 "for bf16 on CPU)", choices=AUTO_ON_OFF)
     amp: str = option("auto", "mixed precision: bf16 autocast, or off (fp32)", doc="auto: bf16 "
                       "where the hardware has native bf16 and it pays: CUDA; CPUs with "
-                      f"{_BF16_FROM}; the start-up line says why.",
+                      f"{_BF16_FROM}, but for the families measured to lose (docs/benchmarks.md, "
+                      "\"The fast path per family\"); the start-up line says why.",
                       choices=("auto", "bf16", "off"))
     compile: str = option("off", "torch.compile the model: on or off", choices=ON_OFF)
     gpu_decode: str = option("auto", "decode and augment the training JPEGs on the device",
@@ -124,7 +125,8 @@ class TrainConfig:
                             doc="Convolutions whose output is a single pixel (e.g. resnet's last "
                             "stage on 32 px images) run as one matrix multiply, and only the "
                             "kernel taps that pixel sees are trained (the others only multiply "
-                            "padding). auto: on for CPU.",
+                            "padding). auto: on for CPU, but for the families measured to lose "
+                            "(docs/benchmarks.md, \"The fast path per family\").",
                             choices=AUTO_ON_OFF)
     dct_scaling: str = option("on", "decode JPEGs at 1/2, 1/4 or 1/8 size where that suffices",
                               doc="libjpeg DCT scaling, when what is made of the image still "
