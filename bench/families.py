@@ -7,7 +7,7 @@ bench/train.py's to measure. The variants of a model:
 
 - `plain`: the plain loop's step (bench/plain_loop.py: torch's default SGD, NCHW, fp32);
 - the default: what kfvision's `auto` trains this family with on this CPU (trainer/fastpath.py:
-  the CPU's features and FAMILY_OFF), e.g. `bf16+conv-gemm` (bf16 autocast, channels-last, one-
+  the CPU's features and FAMILY_CHOICES), e.g. `bf16+conv-gemm` (bf16 autocast, channels-last, one-
   pixel convolutions as GEMM) on a CPU with AVX512_BF16;
 - for each choice (bf16 autocast, channels-last, conv-gemm, torch.compile) the default with that
   choice flipped, the others as they are.
@@ -24,7 +24,7 @@ second of the process's CPU time: on a machine other jobs share, the step's own 
 
 Prints a Markdown table, then what the measurement says each family's `auto` should turn off
 (a choice on by default that loses below LOSES, or breaks), beside trainer/fastpath.py's
-FAMILY_OFF; writes both to build/bench/families-cpu.md.
+FAMILY_CHOICES; writes both to build/bench/families-cpu.md.
 """
 
 import argparse
@@ -84,7 +84,7 @@ def measure(arch: str, variants: list, gemm_flip: str, a) -> dict:
                 continue
             first = next((x[0] for x in runs.values() if x and "one_pixel_convs" in x[0]), None)
             if v == gemm_flip and first is not None and not first["one_pixel_convs"]:
-                runs[v] = [{"error": "no-op: no one-pixel convolution at this size"}]
+                runs[v] = [{"error": "no-op (no one-pixel convolution)"}]
                 continue
             runs[v].append(_one(v, a))
             print(f"{arch} round {r + 1} {v}: {runs[v][-1]}", flush=True)
@@ -96,7 +96,7 @@ def _ratio(runs: dict, top: str, base: str, key: str) -> tuple[float, str] | str
     for v in (top, base):  # an error other than the time limit: the variant breaks
         failed = [r["error"] for r in runs[v] if "error" in r and TIMEOUT not in r["error"]]
         if failed:
-            return f"{v}: {failed[0]}"
+            return failed[0] if failed[0].startswith("no-op") else f"{v}: {failed[0]}"
     # zip: a first-round-only variant has one; a round where either ran out of time is left out
     ratios = sorted(t[key] / b[key] for t, b in zip(runs[top], runs[base])
                     if "error" not in t and "error" not in b)
@@ -123,7 +123,7 @@ def verdict(r, on_by_default: bool) -> str | None:
 def report(arch: str, entry: dict, key: str) -> tuple[str, str]:
     """(table row, verdict line) of one model's measurement: {"default": {choice: on},
     "choices": the flipped choices, "runs": measure's}."""
-    from kfvision.trainer.fastpath import FAMILY_OFF
+    from kfvision.trainer.fastpath import FAMILY_CHOICES
     from kfvision.trainer.presets import family_of
 
     family, default, runs = family_of(arch), entry["default"], entry["runs"]
@@ -136,8 +136,8 @@ def report(arch: str, entry: dict, key: str) -> tuple[str, str]:
     cells += [_cell(ratios[c]) if c in ratios else "not run" for c in CHOICES]
     off = {c: why for c in ratios if (why := verdict(ratios[c], default[c]))}
     return (f"| {family} ({arch}) | " + " | ".join(cells) + " |",
-            f"- {family}: the measurement turns off {off or 'nothing'}; FAMILY_OFF now: "
-            f"{FAMILY_OFF.get(family, {}) or 'nothing'}")
+            f"- {family}: the measurement turns off {off or 'nothing'}; FAMILY_CHOICES now: "
+            f"{FAMILY_CHOICES.get(family, {}) or 'nothing'}")
 
 
 def main(argv=None) -> int:

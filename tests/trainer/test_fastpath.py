@@ -26,7 +26,7 @@ from kfvision.trainer.data.transforms import EvalResize, Normalizer, TrainCrop
 from kfvision.trainer.distributed import DistContext
 from kfvision.trainer.errors import InvalidDatasetError
 from kfvision.trainer.fastpath import (
-    FAMILY_OFF,
+    FAMILY_CHOICES,
     cpu_bf16_kind,
     cpu_features,
     cpu_info,
@@ -423,33 +423,40 @@ def test_auto_picks_per_machine_on_cpu(monkeypatch, flags, size, decoded, expect
     assert rt.cpu == cpu_features().to_dict() and rt.to_dict()["cpu"]["model"] == "a CPU"
 
 
-AUTO = {"amp": "bf16", "channels_last": "on", "conv_gemm": "on"}  # the auto choices, turned on
+BY_HAND = {"amp": ("bf16", "off"), "channels_last": ("on", "off"), "conv_gemm": ("on", "off")}
 
 
-def test_family_off_names_families_and_auto_choices():
-    assert set(FAMILY_OFF) <= set(ARCHITECTURES) and "resnet" not in FAMILY_OFF
-    assert all(set(off) <= set(AUTO) and all(off.values()) for off in FAMILY_OFF.values())
+def test_family_choices_names_families_and_auto_choices():
+    assert set(FAMILY_CHOICES) <= set(ARCHITECTURES) and "resnet" not in FAMILY_CHOICES
+    assert all(set(fixed) <= set(BY_HAND) and all(why for _, why in fixed.values())
+               for fixed in FAMILY_CHOICES.values())
 
 
-@pytest.mark.parametrize("family, choice", [(f, c) for f, off in FAMILY_OFF.items() for c in off])
-def test_a_family_gets_off_what_family_off_says_and_fast_path_records_it(monkeypatch, family,
+@pytest.mark.parametrize("family, choice", [(f, c) for f, fixed in FAMILY_CHOICES.items()
+                                            for c in fixed])
+def test_a_family_gets_what_family_choices_says_and_fast_path_records_it(monkeypatch, family,
                                                                          choice):
-    """On a CPU where `auto` turns everything on at 224 px (AVX512_BF16), the family's choices
-    come from the one table; resnet, not in it, keeps them; asked for by hand, it is on."""
-    fake_cpu(monkeypatch, AVX512_BF16)
+    """The family's choice comes from the one table, where resnet (not in it) gets `auto`'s rule
+    (on one of two CPUs it differs); asked for by hand, the other value wins."""
+    on, why = FAMILY_CHOICES[family][choice]
     ctx = DistContext(0, 0, 1, 1, torch.device("cpu"))
-    resnet = resolve_fast_path(_Cfg(), ctx, 10 << 20, family="resnet")
-    theirs = resolve_fast_path(_Cfg(), ctx, 10 << 20, family=family)
-    assert getattr(resnet, choice) and not getattr(theirs, choice)
-    assert resnet.family_off == {} and theirs.family_off == FAMILY_OFF[family]
-    assert theirs.to_dict()["family"] == family and f"off for {family}" in describe(theirs)
-    cfg = _Cfg()
-    setattr(cfg, choice, AUTO[choice])
-    assert getattr(resolve_fast_path(cfg, ctx, 10 << 20, family=family), choice)
+    differs = False
+    for flags in (AVX512_BF16, NEITHER):  # auto: bf16 + NHWC at 224 px; fp32 NCHW
+        fake_cpu(monkeypatch, flags)
+        theirs = resolve_fast_path(_Cfg(), ctx, 10 << 20, family=family)
+        resnet = resolve_fast_path(_Cfg(), ctx, 10 << 20, family="resnet")
+        assert getattr(theirs, choice) is on and resnet.family_choices == {}
+        assert theirs.family_choices[choice] == f"{'on' if on else 'off'}: {why}"
+        assert theirs.to_dict()["family"] == family and f"for {family}" in describe(theirs)
+        differs |= getattr(resnet, choice) is not on
+        cfg = _Cfg()
+        setattr(cfg, choice, BY_HAND[choice][on])  # the opposite value, by hand
+        assert getattr(resolve_fast_path(cfg, ctx, 10 << 20, family=family), choice) is not on
+    assert differs
     # CUDA is not measured per family: untouched (no GPU here: its bf16 answer is given)
     monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda: True)
     cuda = DistContext(0, 0, 1, 1, torch.device("cuda"))
-    assert resolve_fast_path(_Cfg(), cuda, 10 << 20, family=family).family_off == {}
+    assert resolve_fast_path(_Cfg(), cuda, 10 << 20, family=family).family_choices == {}
 
 
 @pytest.mark.parametrize("flags", [AMX, AVX512_BF16, NEITHER])
