@@ -36,7 +36,7 @@ from pathlib import Path
 from bench import BENCH, publish
 from bench.step import _one, rate
 
-# one mid-size model of each family the issue names (and ResNet-50, the default's origin)
+# one mid-size model of each family measured (and ResNet-50, the default's origin)
 FAMILY_MODELS = {"convnext": "convnext_tiny", "efficientnet": "efficientnet_v2_s",
                  "vision_transformer": "vit_b_16", "swin_transformer": "swin_t",
                  "regnet": "regnet_y_1_6gf", "mobilenetv3": "mobilenet_v3_large",

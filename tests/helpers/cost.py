@@ -7,8 +7,9 @@ wider scope than the function costs (the digits, a shared job, a server) is left
 that happens to ask first would pay for all of them. Only setup and call are counted; a
 function fixture's teardown is not.
 
-A test without a cost marker fails (pyproject's `kfvision_cost_check = "fail"`; "warn" lists it
-at the end of the run instead) when it
+A test without a cost marker fails (pyproject's `kfvision_cost_check`: "fail"; "fail-process"
+fails only the first kind below and lists the second; "warn" lists both at the end of the run)
+when it
 - spent `kfvision_process_cpu_s` (pyproject) or more in processes it started: a Python process
   that imports torch costs 1-3 s of CPU before it does anything; nothing cheap comes near it
   (a `kfvision` command without torch: 0.1 s). Mark it `process`, or `slow`/`distributed`;
@@ -59,7 +60,8 @@ def pytest_addoption(parser):
     parser.addini("kfvision_unmarked_cpu_s", "CPU seconds an unmarked test may cost",
                   default="5")
     parser.addini("kfvision_cost_check", "fail: an unmarked test that costs more fails; warn: "
-                  "it is listed at the end of the run", default="fail")
+                  "it is listed at the end of the run; fail-process: fail for a torch process, "
+                  "list for CPU", default="fail")
     parser.addoption("--cost-log", metavar="FILE", help="one JSON line per test: its cost")
 
 
@@ -117,13 +119,18 @@ def pytest_runtest_makereport(item, call):
     if not wrong:
         return
     wrong = f"{item.nodeid}: {wrong} (docs/development.md, \"Test tiers and markers\")"
-    if item.config.getini("kfvision_cost_check") == "fail":
+    check = item.config.getini("kfvision_cost_check")
+    if check == "fail" or (check == PROCESSES_FAIL and "mark.process" in wrong):
         report.outcome, report.longrepr = "failed", wrong
     else:  # carried by the report, so that pytest-xdist's controller sees it too
         report.user_properties.append((WARNING, wrong))
 
 
 WARNING = "kfvision_cost"
+# fail a test that started a torch process unmarked (what it started is its own), list one over
+# the CPU limit: a test's own CPU depends on what its worker ran before it (the first in a process
+# to take a fused step, import a module or compile pays for the others: 11 s against 2 s)
+PROCESSES_FAIL = "fail-process"
 _unmarked = []  # kfvision_cost_check = "warn": what the run found, said at its end
 
 

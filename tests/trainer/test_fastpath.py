@@ -295,6 +295,7 @@ def test_the_normalizer_is_the_textbook_normalisation(layout, out_format):
     torch.testing.assert_close(out.double(), textbook, rtol=0, atol=2e-6)
 
 
+@pytest.mark.slow  # 11 s of CPU when it is the first in its process to take the fused step
 def test_the_fused_sgd_step_is_the_textbook_sgd_step():
     import torchvision
 
