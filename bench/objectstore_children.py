@@ -36,12 +36,12 @@ def node_fetch(uri: str, dest: Path) -> None:
     """The node fetcher (kfvision.pipelines.clients.nodefetch) as the node agent starts it, for a
     one-node, one-rank job of one epoch: the whole image directory, in the sampler's order,
     into dest/data/train/images. No trainer runs: epoch 1 is fetched without waiting for one."""
-    from kfvision.pipelines.clients import nodefetch, s3
+    from kfvision.pipelines.clients import fetchplan, nodefetch, s3
     from kfvision.pipelines.jobs.storenode import stage_images
 
     channel = stage_images("train", uri, dest)
     channel.list(s3.DEFAULT_CONNECTIONS)
-    fetcher = nodefetch.NodeFetcher(channel, None, nodefetch.Plan(1, (0,), 0, 1),
+    fetcher = nodefetch.NodeFetcher(channel, None, fetchplan.Plan(1, (0,), 0, 1),
                                     dest / "arrival").start()
     while len(fetcher.held) < len(channel.paths) and not fetcher.done.is_set():
         time.sleep(0.01)  # it serves late requests until stopped: done once it holds them all
