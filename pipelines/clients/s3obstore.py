@@ -45,8 +45,8 @@ _REFRESH = datetime.timedelta(minutes=5)  # credentials that expire are asked fo
 class Store:
     """GET of one bucket's objects through obstore, configured from botocore's client."""
 
-    def __init__(self, store, url: str):
-        self._store, self.url = store, url
+    def __init__(self, store, url: str, provider=None):
+        self._store, self.url, self._provider = store, url, provider
         self.redirected = False  # the bucket answered "ask elsewhere": botocore follows it
 
     @classmethod
@@ -70,10 +70,11 @@ class Store:
         options.update(tls)
         from obstore.store import S3Store
 
+        provider = _Provider(credentials)
         store = S3Store(bucket, config={**config, "region": region},
                         client_options=options, retry_config={"max_retries": 0},
-                        credential_provider=_provider(credentials))
-        return cls(store, head)
+                        credential_provider=provider)
+        return cls(store, head, provider)
 
     def takes(self, key: str, etag: str) -> bool:
         """Whether this GET checks all botocore's would for `key` (see the module doc)."""
@@ -111,6 +112,10 @@ class Store:
                                   "GetObject")
         if isinstance(e, (ValueError, TypeError)):  # a path or option it refused: a bug of ours
             return e
+        failure = self._provider and self._provider.failure
+        if failure is not None:  # the credentials could not be had
+            self._provider.failure = None
+            return failure
         detail = _first_line(text)
         if "kind: Connect" in text:
             if "tcp connect error" in text or "dns error" in text:
@@ -182,17 +187,26 @@ def _certifi() -> str | None:
     return certifi.where()
 
 
-def _provider(credentials):
+class _Provider:
     """obstore's credential callback from botocore's credentials object (obstore's own
-    Boto3CredentialProvider does this too, but imports boto3, which this layer leaves out)."""
-    def get():
-        frozen = credentials.get_frozen_credentials()  # refreshed here when near expiry
-        refreshing = getattr(credentials, "refresh_needed", None) is not None
+    Boto3CredentialProvider does this too, but imports boto3, which this layer leaves out).
+    A failure to get them (botocore's CredentialRetrievalError...) is kept for the GET that
+    needed them, which raises it: the layer maps it as botocore's own (EndpointAuthError)."""
+
+    def __init__(self, credentials):
+        self._credentials, self.failure = credentials, None
+
+    def __call__(self) -> dict:
+        try:
+            frozen = self._credentials.get_frozen_credentials()  # refreshed when near expiry
+        except Exception as e:
+            self.failure = e
+            raise
+        refreshing = getattr(self._credentials, "refresh_needed", None) is not None
         return {"access_key_id": frozen.access_key, "secret_access_key": frozen.secret_key,
                 "token": frozen.token,
                 "expires_at": (datetime.datetime.now(datetime.timezone.utc) + _REFRESH
                                if refreshing else None)}
-    return get
 
 
 def _tag(text: str, name: str) -> str:

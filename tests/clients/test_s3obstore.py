@@ -98,3 +98,15 @@ def test_answers_are_botocores_client_errors(s3_bucket):
         with pytest.raises(ClientError) as e:
             store.get_object(key, match)
         assert e.value.response["Error"]["Code"] == code
+
+
+def test_credentials_that_cannot_be_had_are_botocores_error(s3_bucket):
+    class Expired:  # botocore's refreshable credentials whose refresh fails
+        def get_frozen_credentials(self):
+            raise bx.CredentialRetrievalError(provider="sts", error_msg="token expired")
+
+    store = Store.make(s3.client(), s3_bucket.name,
+                       (f"{s3_bucket.endpoint}/{s3_bucket.name}/", "", {}, "us-east-1", "s3"),
+                       Expired(), s3.retry_policy(), 2)
+    with pytest.raises(bx.CredentialRetrievalError):
+        store.get_object("k", f'"{MD5}"')
