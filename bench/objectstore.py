@@ -25,10 +25,12 @@ child process of its own:
    decoded: with its defaults (batch size 1, no worker process), and (reader `litdata-2`) with 2
    workers.
    LitData, per file (`litdata-raw`): StreamingRawDataset over s3://bench/imagedir/, one GET per
-   image (its asyncio downloads, up to 128 in flight), in a shuffled DataLoader of batch 64.
+   image (its asyncio downloads, up to 128 in flight), in a shuffled DataLoader of batch 64,
+   the bytes kept in memory (its default); `litdata-raw-files`: the same with `cache_files=True`,
+   each image also written to a file, as the node fetcher writes each to the node's disk.
 2. Our fetch of s3://bench/imagedir/ into an empty folder: the node fetcher alone (as the node
-   agent starts it, for one node, one rank, one epoch) and s3sync.fetch of the whole prefix
-   (bench/objectstore_children.py).
+   agent starts it, for one node, one rank, one epoch; `node-64`: 64 connections, the default
+   16) and s3sync.fetch of the whole prefix (bench/objectstore_children.py).
 3. With --job: the 2-node x 1-process built-in job under `kfvision job run-local`, on s3:// against
    the same job on the local folder (bench/objectstore_job.py).
 
@@ -70,11 +72,13 @@ CLASSES = 5
 SIZE = (500, 375)  # ImageNet's most common size
 LITDATA_PYTHON = Path("build/litdata-venv/bin/python")
 IMAGES, LITDATA = f"s3://{BUCKET}/imagedir/", f"s3://{BUCKET}/litdata/"
-READERS = ("litdata", "litdata-raw", "litdata-2", "node", "s3sync")  # every read, in round order
+READERS = ("litdata", "litdata-raw", "litdata-raw-files", "litdata-2", "node", "node-64",
+           "s3sync")  # every read, in round order
 DEFAULT_READERS = ("litdata", "litdata-raw", "node")
 NAMES = {"litdata": "LitData chunked stream (its defaults)",
          "litdata-2": "LitData chunked stream, 2 workers",
          "litdata-raw": "LitData StreamingRawDataset (per file)",
+         "litdata-raw-files": "LitData StreamingRawDataset, each file written (cache_files)",
          **FETCHERS, "push": "upload: kfvision push (setup)",
          "optimize": "LitData optimize (conversion)"}
 
@@ -165,8 +169,9 @@ def run_reads(args, store: Store, data: Path, work: Path) -> dict:
             shutil.rmtree(dest, ignore_errors=True)
             if reader in FETCHERS:
                 cmd = _children(sys.executable, "fetch", IMAGES, dest, "--fetcher", reader)
-            elif reader == "litdata-raw":
-                cmd = _children(args.litdata_python, "litdata-raw", data, IMAGES, dest)
+            elif reader.startswith("litdata-raw"):
+                cmd = _children(args.litdata_python, "litdata-raw", data, IMAGES, dest,
+                                *(["--files"] if reader == "litdata-raw-files" else []))
             else:
                 cmd = _children(args.litdata_python, "litdata-stream", LITDATA, dest,
                                 *(["--workers", "2"] if reader == "litdata-2" else []))

@@ -1,9 +1,11 @@
 """The one object-storage layer: the `s3://` calls kfvision makes (AWS S3 and what speaks its API:
 MinIO, Ceph RGW, SeaweedFS, the pipelines' own artifact store), and one mapping of their failures
 onto the named errors. No other module imports boto3 (pipelines/clients/s3sync.py builds fetching,
-pushing and the model cache on these calls; pipelines/clients/s3get.py is the GetObject of
-`download`, botocore's request and signature without its per-call work; pipelines/clients/
-s3put.py is `upload`: one checked PUT, or parts each checked against its own MD5).
+pushing and the model cache on these calls; pipelines/clients/s3obstore.py is the GetObject of
+`download`, on the Rust obstore client, configured from botocore's and failing as botocore does;
+pipelines/clients/s3get.py is botocore's request and signature without its per-call work, for
+the objects obstore does not take; pipelines/clients/s3put.py is `upload`: one checked PUT, or
+parts each checked against its own MD5).
 
 boto3 rather than fsspec/s3fs: boto3 is what AWS documents and what KServe's storage initializer
 and Kubeflow Trainer's initializers use, it reads the standard credential chain (environment,
