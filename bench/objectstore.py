@@ -202,7 +202,17 @@ def summarise(runs: dict, n: int, dataset_bytes: int) -> dict:
         out[part] = {k: _median([r[k] for r in rs]) for k in rs[0]}
         out[part]["images_per_s"] = _median([n / r["seconds"] for r in rs])
         out[part]["rounds"] = len(rs)
+        out[part]["per_round_images_per_s"] = [n / r["seconds"] for r in rs]
     return out
+
+
+def paired(parts: dict, ours: str, theirs: str) -> list:
+    """Round by round, `ours`' images/s over `theirs`' in the same round (the two ran one after
+    the other: on a machine whose load moves, a ratio within a round is steadier than one of
+    medians)."""
+    a = parts.get(ours, {}).get("per_round_images_per_s", [])
+    b = parts.get(theirs, {}).get("per_round_images_per_s", [])
+    return [x / y for x, y in zip(a, b, strict=False)]
 
 
 def table(parts: dict, n: int, dataset_bytes: int) -> str:
@@ -226,12 +236,18 @@ def table(parts: dict, n: int, dataset_bytes: int) -> str:
             f"{1000 * p['cpu_s'] / n:.2f} | {p['object_bytes'] / dataset_bytes:.2f} |")
     if "node" in parts:
         ours = parts["node"]["images_per_s"]
-        for name, best, goal in (("LitData per file", raw, 1.0), ("LitData chunked", chunked,
-                                                                  0.5)):
+        for name, key, best, goal in (("LitData per file", "litdata-raw", raw, 1.0),
+                                      ("LitData chunked", "litdata", chunked, 0.5)):
             if best:
+                rounds = ", ".join(f"{x:.2f}x" for x in paired(parts, "node", key))
                 rows.append(f"\nGoal: the node fetcher >= {goal:g}x {name}: "
                             f"{'met' if ours >= goal * best else 'NOT met'} ({ours:,.0f} against "
-                            f"{best:,.0f} images/s: {ours / best:.2f}x).")
+                            f"{best:,.0f} images/s: {ours / best:.2f}x; round by round "
+                            f"{rounds}).")
+    for other in ("litdata-raw-files", "node-64"):
+        if other in parts and "litdata-raw" in parts:
+            rounds = ", ".join(f"{x:.2f}x" for x in paired(parts, other, "litdata-raw"))
+            rows.append(f"\n{NAMES[other]} x LitData per file, round by round: {rounds}.")
     return "\n".join(rows)
 
 
