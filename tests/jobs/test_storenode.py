@@ -172,6 +172,7 @@ def test_a_job_killed_mid_epoch_resumes_on_new_pods_from_the_stores_checkpoint(
         assert rc == 0, text[-4000:]
     assert proxy.by_rule[1] > 0, proxy.faults
     assert proxy.by_rule[0] >= 2, proxy.by_rule  # every multipart upload's part 1, once
+    assert proxy.clients["GET", "object_store"] > 0, proxy.clients  # the images: obstore's GETs
     log = second[0][1]
     assert "checkpoint(s) from s3://" in log and "resuming from" in log, log[-3000:]
     model = _fetched(s3_bucket, "runs/resumed/", tmp_path / "model")
