@@ -1,7 +1,7 @@
 """The GetObject of `download` (pipelines/clients/s3.py) on obstore, the Python binding of the Rust
 `object_store` crate (LitData's client): a GET's request, signature, connection and body in Rust,
-about half the client CPU per GET of botocore's (docs/benchmarks.md, "Training from object
-storage"), so that one node's fetcher keeps up with its GPUs.
+outside the interpreter's lock and at less client CPU per GET than botocore's (docs/benchmarks.md,
+"Training from object storage"): a node's fetcher spends its CPU on these GETs.
 
 What it talks to, and how, is botocore's, never a second configuration: the store is made from
 the GET botocore built for the bucket (pipelines/clients/s3get.py's template: its URL gives the
@@ -9,7 +9,8 @@ endpoint and the addressing style, its signature the region), signed with the cr
 of botocore's client (the standard chain: environment, profiles, web identity / IRSA; refreshed
 as botocore refreshes it), with the client's CA bundle (AWS_CA_BUNDLE, a profile's ca_bundle)
 and the proxy botocore would take for the endpoint (HTTP(S)_PROXY, NO_PROXY), and the retry
-policy's timeouts. obstore's own retries are off: every try is one of `retried`'s, under the one
+policy's timeouts (obstore also reads AWS_* variables of its own; what is given here wins).
+obstore's own retries are off: every try is one of `retried`'s, under the one
 RetryPolicy, and its failures come back as the botocore exceptions the layer already maps (an
 answer with a status as a ClientError with the S3 error code of its body, a connection that
 failed as EndpointConnectionError, a TLS failure as SSLError, a stalled read as ReadTimeoutError,
