@@ -38,7 +38,7 @@ test: setup ## the whole suite but its stress tests (what CI runs), in TEST_WORK
 test-fast: setup ## the loop while writing code: only the unmarked tests (no torch process, at most 5 s of CPU each)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not distributed and not process"
 
-test-stress: setup ## the stress tier alone (full rounds of the failure line and Ctrl-C, every model family's flow, the Trainer 2x2): before changing those areas
+test-stress: setup ## the stress tier alone (full rounds of the failure line and Ctrl-C, every model family's flow, the HF Trainer 2x2, the TrainJob's resume drill): before changing those areas
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m stress
 
 lint: setup ## ruff

@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers.runs import jpeg_digits, run_job, train_argv
 from helpers.s3bucket import FAST_RETRIES, S3Bucket
-from helpers.workunits import UNITS_FILE, HeavyAloneScheduling, heavy, work_units, write_units
+from helpers.workunits import UNITS_FILE, HeavyAloneScheduling, order, work_units, write_units
 
 from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.pipelines.flow.demo import write_digits
@@ -103,10 +103,8 @@ def pytest_collection_modifyitems(config, items):
             items[:] = [item for item in items if not item.get_closest_marker("stress")]
     if WORKERS:
         units = work_units(items)
-        order = {unit: i for i, unit in enumerate(dict.fromkeys(
-            [units[i] for i in items if units[i] == i.nodeid]
-            + [units[i] for i in items if heavy(i)] + [units[i] for i in items]))}
-        items.sort(key=lambda item: order[units[item]])  # stable: order kept within a unit
+        place = order(items, units)
+        items.sort(key=lambda item: place[units[item]])  # stable: order kept within a unit
         write_units(units)
     if torch.cuda.is_available():
         return

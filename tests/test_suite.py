@@ -40,14 +40,15 @@ def test_a_test_that_costs_more_than_its_markers_allow_fails_saying_which_marker
                                                                                monkeypatch):
     """The check at work in a pytest run of its own, its limits made tiny: a bare process and
     a short busy loop stand in for a torch process and a slow test."""
-    pytester.makeini("""
+    ini = """
         [pytest]
         kfvision_process_cpu_s = 0.005
         kfvision_unmarked_cpu_s = 0.3
         markers =
             process: p
             slow: s
-    """)
+    """
+    pytester.makeini(ini)
     pytester.makepyfile("""
         import subprocess, sys, time
         import pytest
@@ -79,6 +80,14 @@ def test_a_test_that_costs_more_than_its_markers_allow_fails_saying_which_marker
     result.assert_outcomes(passed=3, failed=2)
     result.stdout.fnmatch_lines(["*test_starts_a_process: it started processes*mark.process*",
                                  "*test_spins: it cost*mark.slow*"])
+    # "warn", in two pytest-xdist workers: the same two, listed by the controller at the end
+    pytester.makeini(ini + "    kfvision_cost_check = warn\n")
+    result = pytester.runpytest_subprocess("-p", "helpers.cost", "-p", "no:cacheprovider",
+                                           "-n", "2")
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines(["*tests that cost more than their markers allow*"])
+    result.stdout.fnmatch_lines(["*test_starts_a_process: it started processes*mark.process*"])
+    result.stdout.fnmatch_lines(["*test_spins: it cost*mark.slow*"])
 
 
 

@@ -107,10 +107,14 @@ class TrainConfig:
                         "quarter of the free memory. Decoded before epoch 1 on every core the "
                         "process has (a progress bar on a terminal).", choices=AUTO_ON_OFF)
     channels_last: str = option("auto", "NHWC memory layout: on, off, or auto (on for CUDA and "
-                                "for bf16 on CPU)", choices=AUTO_ON_OFF)
+                                "for bf16 on CPU)", doc="auto: and as measured for the families "
+                                "docs/benchmarks.md names (\"The fast path per family\").",
+                                choices=AUTO_ON_OFF)
     amp: str = option("auto", "mixed precision: bf16 autocast, or off (fp32)", doc="auto: bf16 "
                       "where the hardware has native bf16 and it pays: CUDA; CPUs with "
-                      f"{_BF16_FROM}; the start-up line says why.",
+                      f"{_BF16_FROM}, except where measured otherwise for a family "
+                      "(docs/benchmarks.md, "
+                      "\"The fast path per family\"); the start-up line says why.",
                       choices=("auto", "bf16", "off"))
     compile: str = option("off", "torch.compile the model: on or off", choices=ON_OFF)
     gpu_decode: str = option("auto", "decode and augment the training JPEGs on the device",
@@ -124,7 +128,8 @@ class TrainConfig:
                             doc="Convolutions whose output is a single pixel (e.g. resnet's last "
                             "stage on 32 px images) run as one matrix multiply, and only the "
                             "kernel taps that pixel sees are trained (the others only multiply "
-                            "padding). auto: on for CPU.",
+                            "padding). auto: on for CPU, except where measured otherwise "
+                            "for a family (docs/benchmarks.md, \"The fast path per family\").",
                             choices=AUTO_ON_OFF)
     dct_scaling: str = option("on", "decode JPEGs at 1/2, 1/4 or 1/8 size where that suffices",
                               doc="libjpeg DCT scaling, when what is made of the image still "

@@ -35,6 +35,11 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
   1/8 size where the crops stay that much larger than the image size: every epoch knowing the
   random crop (trainer/data/decode.py: load_rgb_crop), or once for the cache at the scale every
   crop the preset can draw allows (TrainCrop.decode_factor).
+
+Per family: `auto` takes, for the families in FAMILY_CHOICES, the choices measured for them on a
+CPU (bench/families.py; docs/benchmarks.md, "The fast path per family"): off where one lost or
+broke, on where one won against what `auto` would otherwise do; the resolved FastPath names the
+family and those choices (`family`, `family_choices`).
 """
 
 import os
@@ -45,6 +50,30 @@ import torch
 
 from kfvision.trainer.distributed import DistContext, cpus_per_process
 from kfvision.trainer.presets import CPU_BF16_MIN_IMAGE_SIZE
+
+# The speed choices `auto` takes on a CPU for a family where its measurement departs from the
+# rule for every model (FastPath field name -> (on, why)), measured with bench/families.py on the
+# processor docs/benchmarks.md names ("The fast path per family"). A family not listed takes what
+# `auto` takes on its device; `on`/`off` given by hand still win; CUDA is not measured per family
+# (every family takes `auto`'s CUDA choices). The one place a family's fast path is decided.
+FAMILY_CHOICES: dict[str, dict[str, tuple[bool, str]]] = {
+    "mobilenetv3": {
+        "amp": (False, "bf16 autocast trained mobilenet_v3_large 0.79x (0.77-0.81) as fast as "
+                       "fp32 at 224 px on the EPYC (AVX512_BF16)"),
+        "channels_last": (True, "fp32 channels-last trained it 1.44x (1.25-1.63) as fast as "
+                                "fp32 NCHW at 224 px on the EPYC (AVX512_BF16)")},
+    "swin_transformer": {"channels_last": (False, "bf16 channels-last trained swin_t 0.94x as "
+                                                  "fast as bf16 NCHW at 224 px on the EPYC "
+                                                  "(AVX512_BF16), one round")},
+    "regnet": {"conv_gemm": (False, "one-pixel convolutions as GEMM trained regnet_y_1_6gf 0.89x "
+                                    "(0.77-1.01) as fast as oneDNN's at 224 px on the EPYC "
+                                    "(AVX512_BF16)")},
+}
+
+
+def family_choices(family: str | None, cuda: bool) -> dict:
+    """{choice: (on, why)} `auto` takes for this family on this kind of device (FAMILY_CHOICES)."""
+    return {} if cuda else FAMILY_CHOICES.get(family or "", {})
 
 
 @dataclass(frozen=True)
@@ -60,6 +89,8 @@ class FastPath:
     amp_reason: str = ""  # why amp is on or off, for the start-up line
     gpu_decode_reason: str = ""  # why gpu_decode is on or off
     cpu: dict = field(default_factory=dict)  # CpuFeatures.to_dict() of the CPU that chose
+    family: str = ""  # the model's family ("" for a script's model)
+    family_choices: dict = field(default_factory=dict)  # what `auto` took for it, and why
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -180,6 +211,28 @@ def cpu_bf16_decision(image_size: int, cpu: CpuFeatures | None = None) -> tuple[
     return True, f"{kind}, {image_size} px"
 
 
+def auto_choices(family: str | None, cuda: bool, image_size: int,
+                 cpu: CpuFeatures | None = None) -> dict:
+    """What `auto` picks for this family on this device: {"amp", "channels_last", "conv_gemm"} ->
+    (on, why); a choice FAMILY_CHOICES sets for the family is as it says, saying so."""
+    fixed = family_choices(family, cuda)
+
+    def said(choice: str) -> tuple[bool, str]:
+        on, why = fixed[choice]
+        return on, f"{'on' if on else 'off'} for {family}: {why}"
+    if "amp" in fixed:
+        amp = said("amp")
+    elif cuda:
+        bf16 = torch.cuda.is_bf16_supported()
+        amp = (bf16, "CUDA" if bf16 else "this GPU has no bf16")
+    else:
+        amp = cpu_bf16_decision(image_size, cpu)
+    layout = (cuda or amp[0], "CUDA or bf16" if cuda or amp[0] else "fp32 on a CPU")
+    return {"amp": amp,
+            "channels_last": said("channels_last") if "channels_last" in fixed else layout,
+            "conv_gemm": said("conv_gemm") if "conv_gemm" in fixed else (not cuda, "CPU")}
+
+
 def int8_reduce_range(cpu: CpuFeatures | None = None) -> bool:
     """Whether int8 weights are quantized to 7 bits for this CPU: yes without VNNI, whose int8
     kernels (oneDNN's in OpenVINO, MLAS's in onnxruntime) add pairs of u8 x s8 products in 16
@@ -212,14 +265,15 @@ def available_memory() -> int:
 
 
 def resolve_fast_path(cfg, ctx: DistContext, decoded_bytes: int,
-                      jpeg_share: float = 0.0, arriving: bool = False) -> FastPath:
+                      jpeg_share: float = 0.0, arriving: bool = False,
+                      family: str | None = None) -> FastPath:
     """The concrete fast-path settings from the config's auto/on/off values and this machine.
 
     `decoded_bytes`: of the training and validation images decoded; `jpeg_share`: the fraction
     of the training images that are JPEG files; `arriving`: the images are fetched from object
     storage as the sampler asks for them (trainer/data/arrival.py), so `--cache auto` does not
     cache: the cache decodes every image before the first step, which would fetch the whole
-    dataset to every node first.
+    dataset to every node first. `family`: the model's (FAMILY_CHOICES), None for a script's model.
     """
     cuda = ctx.device.type == "cuda"
     cpu = cpu_features()
@@ -232,21 +286,26 @@ def resolve_fast_path(cfg, ctx: DistContext, decoded_bytes: int,
         workers = 0
     else:
         workers = max(1, min(8, cpus - 1))
+    auto = auto_choices(family, cuda, cfg.image_size, cpu)
     if cfg.amp != "auto":
         amp, amp_reason = cfg.amp == "bf16", f"--amp {cfg.amp}"
         if amp and not cuda and not cpu_bf16_kind(cpu.flags):
             amp_reason += "; emulated: this CPU has neither AMX nor AVX512_BF16, slower than fp32"
-    elif cuda:
-        amp = torch.cuda.is_bf16_supported()
-        amp_reason = "CUDA" if amp else "this GPU has no bf16"
     else:
-        amp, amp_reason = cpu_bf16_decision(cfg.image_size, cpu)
-    channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and (cuda or amp))
+        amp, amp_reason = auto["amp"]
+    fixed = family_choices(family, cuda)
+    # auto: the family's measured layout, else NHWC where bf16 (or CUDA) is on
+    layout = fixed["channels_last"][0] if "channels_last" in fixed else cuda or amp
+    channels_last = cfg.channels_last == "on" or (cfg.channels_last == "auto" and layout)
     gpu_decode, gpu_decode_reason = _gpu_decode(cfg.gpu_decode, cuda, cache, jpeg_share)
-    conv_gemm = cfg.conv_gemm == "on" or (cfg.conv_gemm == "auto" and not cuda)
+    conv_gemm = cfg.conv_gemm == "on" or (cfg.conv_gemm == "auto" and auto["conv_gemm"][0])
     dct_scaling = cfg.dct_scaling == "on" and not gpu_decode
+    asked = {"amp": cfg.amp, "channels_last": cfg.channels_last, "conv_gemm": cfg.conv_gemm}
+    taken = {c: f"{'on' if on else 'off'}: {why}" for c, (on, why) in fixed.items()
+             if asked.get(c) == "auto"}
     return FastPath(cache, workers, amp, channels_last, cfg.compile == "on", gpu_decode, conv_gemm,
-                    dct_scaling, amp_reason, gpu_decode_reason, cpu.to_dict())
+                    dct_scaling, amp_reason, gpu_decode_reason, cpu.to_dict(), family or "",
+                    taken)
 
 
 def _gpu_decode(setting: str, cuda: bool, cache: bool, jpeg_share: float) -> tuple[bool, str]:
@@ -273,6 +332,15 @@ def describe(rt: FastPath) -> str:
             f"{', torch.compile' if rt.compile else ''}"
             f"{', training JPEGs decoded and augmented on the device' if rt.gpu_decode else ''}"
             f"{', one-pixel convolutions as GEMM' if rt.conv_gemm else ''}"
-            f"{', JPEGs decoded at reduced size where the crops allow' if rt.dct_scaling else ''}; "
+            f"{', JPEGs decoded at reduced size where the crops allow' if rt.dct_scaling else ''}"
+            f"{_family_choices(rt)}; "
             f"{rt.cpu.get('kind', 'CPU')}{' (capped)' if rt.cpu.get('isa_cap') else ''}, "
             f"{os.cpu_count()} cores")
+
+
+def _family_choices(rt: FastPath) -> str:
+    """The start-up line's note of the choices `auto` took for the model's family."""
+    if not rt.family_choices:
+        return ""
+    said = ", ".join(f"{c} {why.split(':')[0]}" for c, why in rt.family_choices.items())
+    return f" ({said} for {rt.family}: docs/benchmarks.md)"

@@ -72,7 +72,8 @@ def run(cfg: TrainConfig, ctx: distributed.DistContext) -> dict:
     cached = cache_bytes(train_dir, train_tf, cfg.dct_scaling == "on")
     rt = resolve_fast_path(cfg, ctx, cached + val_dir.decoded_bytes(),
                            jpegs / len(train_dir.images),
-                           arriving=train_dir.arrival is not None or val_dir.arrival is not None)
+                           arriving=train_dir.arrival is not None or val_dir.arrival is not None,
+                           family=spec.family)
     if ctx.device.type == "cpu":
         torch.set_num_threads(distributed.cpus_per_process(ctx))
     else:  # cuDNN's heuristics, not its timed search: the search cost seconds of the first

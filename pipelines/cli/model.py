@@ -6,8 +6,9 @@ import argparse
 import textwrap
 
 from kfvision.trainer.model.catalog import FAMILIES
-from kfvision.trainer.model.spec import ModelOptions
+from kfvision.trainer.model.spec import TIMM_PREFIX, ModelOptions
 from kfvision.trainer.options import add_flags, options_of
+from kfvision.trainer.presets import family_of
 
 
 def family_listing(width: int = 96) -> str:
@@ -34,10 +35,13 @@ def _arch(args) -> str:
 
 
 def _model(args) -> int:
+    arch = _arch(args)
+    if not arch.startswith(TIMM_PREFIX):  # an unknown name is refused before torch loads (3 s)
+        family_of(arch)
     from kfvision.trainer.model.arch import write_untrained_model
 
     family = {o.name: getattr(args, o.name) for o in options_of(ModelOptions)}
-    spec = write_untrained_model(args.out, _arch(args), pretrained=args.pretrained,
+    spec = write_untrained_model(args.out, arch, pretrained=args.pretrained,
                                  weights=args.weights, **family)
     source = ("ImageNet weights" if spec.pretrained else
               f"weights from {args.weights}" if args.weights else "random initialisation")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import venv
 
+import pytest
 from helpers.paths import REPO
 
 from bench.gpu import PRESETS, summary
@@ -47,6 +48,7 @@ source bench/importroot.sh
 """
 
 
+@pytest.mark.slow  # 7-8 s of CPU in the processes it starts
 def test_the_import_root_serves_a_checkout_without_an_install(tmp_path):
     """As on a lent GPU machine: torch there, kfvision not installed. A copy of the folders the
     benchmark needs, and a Python without kfvision; bench/importroot.sh makes the copy's

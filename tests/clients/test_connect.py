@@ -88,6 +88,7 @@ def test_pipeline_submit_to_an_untrusted_certificate(server, capsys):
     assert "--ssl-ca-cert" in err
 
 
+@pytest.mark.process  # a `kfvision job` process: 0.5-0.7 s of CPU (the kubernetes client)
 @pytest.mark.parametrize("command", [["delete", "digits"], ["logs", "digits"]])
 def test_job_commands_name_the_api_server_they_cannot_reach(command, tmp_path):
     endpoint = f"https://127.0.0.1:{free_port()}"

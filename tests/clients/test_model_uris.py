@@ -80,6 +80,7 @@ def _capture(command: str, monkeypatch) -> list:
     return got
 
 
+@pytest.mark.slow  # 3.5-5 s of CPU measured: near the unmarked limit
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_scheme_gives_the_same_model_to_every_command(command, references, trained_tiny,
                                                             tiny_digits, tmp_path, monkeypatch):

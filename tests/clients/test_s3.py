@@ -25,6 +25,7 @@ def _manifest(out: Path) -> dict:
     return json.loads((out / MANIFEST).read_text())
 
 
+@pytest.mark.slow  # 3.5-5 s of CPU measured: near the unmarked limit
 def test_prefix_of_class_folders_fetched_once_and_referenced(s3_bucket, tiny_digits, tmp_path,
                                                              capsys):
     n = s3_bucket.upload_folder(tiny_digits["raw"] / "train", "digits/train/")

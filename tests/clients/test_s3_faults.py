@@ -73,7 +73,8 @@ def test_each_fault_alone_is_retried_to_the_right_bytes(s3_bucket, proxy, policy
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [200, pytest.param(1000, marks=pytest.mark.slow)])
+# 1,000 objects: five times the objects at the same fault rate (stress); 200 meet every kind
+@pytest.mark.parametrize("n", [200, pytest.param(1000, marks=pytest.mark.stress)])
 def test_a_fetch_with_a_tenth_of_requests_faulted_equals_a_clean_one(s3_bucket, proxy, tmp_path,
                                                                      n):
     put = _objects(s3_bucket, "many/", n)

@@ -127,6 +127,7 @@ def test_the_three_choices_are_conditions_merged_with_oneof(compiled):
     assert text.count("artifactSelectors") >= 4
 
 
+@pytest.mark.process  # `kfvision pipeline compile` in a process: 0.9 s of CPU (kfp)
 def test_compile_command_writes_a_loadable_pipeline_with_the_image_default(tmp_path):
     out = tmp_path / "p.yaml"
     run = subprocess.run([sys.executable, "-m", "kfvision.pipelines.cli", "pipeline", "compile",

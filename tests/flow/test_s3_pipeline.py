@@ -1,6 +1,6 @@
 """The pipeline and s3://: the S3 Secret goes to exactly the steps that talk to S3, no secret
-value is compiled in, the deploy step serves an s3:// model without a PVC, and the whole local
-pipeline runs from an s3:// source to an s3:// model."""
+value is compiled in, and the deploy step serves an s3:// model without a PVC. The whole local
+pipeline from an s3:// source to an s3:// model: tests/flow/test_store_pipeline.py (one run)."""
 
 import json
 
@@ -67,26 +67,3 @@ def test_on_a_cluster_an_s3_model_is_deployed_from_there(tmp_path, monkeypatch):
     isvc = yaml.safe_load((tmp_path / "d" / "inferenceservice.yaml").read_text())
     assert isvc["spec"]["predictor"]["serviceAccountName"] == "kfvision-s3"
     assert "persistentVolumeClaim" not in yaml.safe_dump(isvc)
-
-
-@pytest.mark.slow
-def test_local_pipeline_from_an_s3_source_to_an_s3_model(s3_bucket, tiny_digits, tmp_path):
-    from kfvision.pipelines.clients import s3
-    from kfvision.pipelines.clients.models import resolve_model
-    from kfvision.pipelines.flow.localrun import find, run_local_pipeline
-    from kfvision.trainer.data.imagedir import MANIFEST
-
-    s3_bucket.upload_folder(tiny_digits["raw"] / "train", "digits/train/")
-    uri = s3_bucket.uri("models/digits/")
-    run = run_local_pipeline({"train_source": s3_bucket.uri("digits/train/"),
-                              "fraction": 0.8, "model_uri": uri, "epochs": 1, "image_size": 32,
-                              "batch_size": 32, "augment": "none", "print_frequency": 100},
-                             tmp_path / "pipeline")
-    converted = json.loads((find(run, "convert-to-image-directory", "image_directory")
-                            / MANIFEST).read_text())
-    assert converted["source"]["uri"].startswith(s3_bucket.uri("digits/"))
-    keys = {o.key for o in s3.list_objects(uri)}
-    assert {"models/digits/model.json", "models/digits/weights.pt"} <= keys
-    trained = find(run, "train-pytorch-model", "trained_model")
-    assert (resolve_model(uri) / "weights.pt").read_bytes() == \
-        (trained / "weights.pt").read_bytes()

@@ -180,18 +180,30 @@ def test_two_nodes_through_the_store_need_no_shared_volume(tmp_path, monkeypatch
 @pytest.mark.slow
 def test_the_local_pipeline_passes_everything_through_the_store(s3_bucket, micro_digits,
                                                                 tmp_path):
-    """Two nodes, no workspace, no data PVC: the image directories and both models are in the
-    store, the job read and wrote them there, and score scored the store's validation images."""
+    """Two nodes, no workspace, no data PVC, an s3:// source and an s3:// --model-uri: the image
+    directories and both models are in the store, the job read and wrote them there, score
+    scored the store's validation images, and the model at --model-uri is the trained one. (One
+    pipeline run for both claims: each local pipeline run starts a process per step.)"""
     from kfvision.pipelines.clients import s3
+    from kfvision.pipelines.clients.models import resolve_model
     from kfvision.pipelines.flow.localrun import find, run_local_pipeline
     from kfvision.trainer.data.imagedir import MANIFEST
 
     s3_bucket.upload_folder(micro_digits["raw"] / "train", "digits/train/")
-    store = s3_bucket.uri("runs")
+    store, model_uri = s3_bucket.uri("runs"), s3_bucket.uri("models/digits/")
     run = run_local_pipeline({"train_source": s3_bucket.uri("digits/train/"), "fraction": 0.6,
-                              "epochs": 1, "image_size": 32, "batch_size": 8, "nodes": 2,
-                              "procs_per_node": 1, "augment": "none", "print_frequency": 100},
+                              "model_uri": model_uri, "epochs": 1, "image_size": 32,
+                              "batch_size": 8, "nodes": 2, "procs_per_node": 1, "augment": "none",
+                              "print_frequency": 100},
                              tmp_path / "pipeline", data_uri=store)
+    converted = json.loads((find(run, "convert-to-image-directory", "image_directory")
+                            / MANIFEST).read_text())
+    assert converted["source"]["uri"].startswith(s3_bucket.uri("digits/"))
+    assert {"models/digits/model.json", "models/digits/weights.pt"} <= \
+        {o.key for o in s3.list_objects(model_uri)}
+    trained = find(run, "train-pytorch-model", "trained_model")
+    assert (resolve_model(model_uri) / "weights.pt").read_bytes() == \
+        (trained / "weights.pt").read_bytes()
     keys = {o.key for o in s3.list_objects(store + "/")}
     (run_id,) = {k.split("/")[1] for k in keys}
     here = f"runs/{run_id}/"
@@ -200,8 +212,6 @@ def test_the_local_pipeline_passes_everything_through_the_store(s3_bucket, micro
     assert here + "untrained/spec.json" in keys
     assert {here + "model/model.json", here + "model/weights.pt"} <= keys
     assert not [k for k in keys if "/checkpoints/" in k]  # cleared once the model was there
-    trained = find(run, "train-pytorch-model", "trained_model")
-    assert (trained / "weights.pt").is_file()  # the Model artifact too
     job = yaml.safe_load(find(run, "train-pytorch-model", "job").read_text())
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1  # two nodes
     assert "persistentVolumeClaim" not in yaml.safe_dump(job)

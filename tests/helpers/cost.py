@@ -119,11 +119,18 @@ def pytest_runtest_makereport(item, call):
     wrong = f"{item.nodeid}: {wrong} (docs/development.md, \"Test tiers and markers\")"
     if item.config.getini("kfvision_cost_check") == "fail":
         report.outcome, report.longrepr = "failed", wrong
-    else:
-        _unmarked.append(wrong)
+    else:  # carried by the report, so that pytest-xdist's controller sees it too
+        report.user_properties.append((WARNING, wrong))
 
 
+WARNING = "kfvision_cost"
 _unmarked = []  # kfvision_cost_check = "warn": what the run found, said at its end
+
+
+def pytest_runtest_logreport(report):
+    """Collect the "warn" verdicts (in the process that reports: xdist's controller, or the only
+    one)."""
+    _unmarked.extend(text for key, text in report.user_properties if key == WARNING)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -3,10 +3,10 @@
 Under plain `loadfile` a file is one unit: a file of 30 quick tests and 8 jobs held one worker
 while the other had run out of work. Here a heavy test (slow, distributed) is a unit of its
 own unless it shares a module- or class-scoped fixture with its file; every other test goes
-with its file (its module fixtures made once), or with every test that asks for the same
-server of ONE_SERVER. The first worker writes the units to a file the controller's scheduler
-reads (xdist's own `--dist loadgroup` tags a test's group through `item._nodeid`, which pytest
-9.2 no longer reads, so it cannot carry them).
+with its file (its module fixtures made once); and every test that asks for one of SHARED goes
+with the others that do, whatever its file. The first worker writes the units to a file the
+controller's scheduler reads (xdist's own `--dist loadgroup` tags a test's group through
+`item._nodeid`, which pytest 9.2 no longer reads, so it cannot carry them).
 """
 
 import json
@@ -16,8 +16,11 @@ from pathlib import Path
 from xdist.scheduler import LoadFileScheduling
 
 UNITS_FILE = "KFVISION_XDIST_UNITS"  # set by the controller, inherited by the workers
-# session servers a worker starts for the tests that ask (`kfvision serve`: a torch process)
-ONE_SERVER = ("served_digits",)
+# What a worker makes for the tests that ask, and the other worker would make again or wait for:
+# a session server (`kfvision serve`: a torch process), and the 2 x 2 job made once a run
+# (conftest's made_once: a second worker that asks while the first makes it waits, its core idle
+# for the 15-40 s the job takes). Their tests go together, handed out first.
+SHARED = ("pytorchjob_2x2", "served_digits")
 
 
 def heavy(item) -> bool:
@@ -33,11 +36,24 @@ def work_units(items) -> dict:
         wide = info is not None and any(d.scope in ("module", "class", "package")
                                         for defs in info.name2fixturedefs.values()
                                         for d in defs)
-        if heavy(item) and not wide:
+        shared = next((f for f in SHARED if f in item.fixturenames), None)
+        if shared:
+            units[item] = shared
+        elif heavy(item) and not wide:
             units[item] = item.nodeid
-        else:  # the files that speak to the served model share its worker, and one server
-            units[item] = next((f for f in ONE_SERVER if f in item.fixturenames), file)
+        else:
+            units[item] = file
     return units
+
+
+def order(items, units: dict) -> dict:
+    """{unit: its place in the hand-out}: the SHARED units, then the heavy tests alone, then the
+    units that hold a heavy test, then the rest (within a kind, in collection order)."""
+    first = [f for f in SHARED if f in units.values()]
+    alone = [units[i] for i in items if units[i] == i.nodeid]
+    with_heavy = [units[i] for i in items if heavy(i)]
+    return {unit: n for n, unit in enumerate(dict.fromkeys(
+        first + alone + with_heavy + [units[i] for i in items]))}
 
 
 def write_units(units: dict) -> None:

@@ -380,6 +380,7 @@ def test_a_checkpoint_of_other_settings_is_refused_before_training(
     assert "epochs 9 (now 3)" in err and "epoch-0001.pt" in err
 
 
+@pytest.mark.slow  # 3.5-5 s of CPU measured: near the unmarked limit
 def test_the_weights_depend_on_no_loader_storage_or_cache_choice_nor_a_restart(
         tmp_path, micro, resnet18_dir, reference, monkeypatch):
     """The reference ran from the folders with the defaults (cache on, no workers). The same run

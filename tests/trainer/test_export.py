@@ -114,6 +114,7 @@ def test_an_export_that_disagrees_with_pytorch_is_refused(trained_tiny, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # 3.5-5 s of CPU measured: near the unmarked limit
 def test_cli_export_with_check(trained_tiny, tiny_digits, tmp_path, capsys):
     out = tmp_path / "m.pt2"
     argv = ["export", "--model", str(trained_tiny), "--format", "torch-export", "--out", str(out),

@@ -13,7 +13,11 @@ from helpers.machine import fake_cpu
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.serve.client import Server, request, v1_body, v2_body
 from kfvision.trainer.data.imagedir import read_image_directory
-from kfvision.trainer.errors import Int8CpuMismatchError, QuantizationError
+from kfvision.trainer.errors import (
+    ExportNotSupportedError,
+    Int8CpuMismatchError,
+    QuantizationError,
+)
 from kfvision.trainer.fastpath import cpu_features, int8_reduce_range
 from kfvision.trainer.use import quantize
 from kfvision.trainer.use.predict import Predictor, onnx_metadata
@@ -164,7 +168,20 @@ def test_a_model_that_loses_accuracy_is_refused_and_not_written(trained_tiny, ti
     message = str(e.value)
     assert message.count("%") >= 2 and "in fp32" in message and "int8" in message
     assert "not written" in message and "--calibration-images" in message
+    assert "(resnet18)" in message  # the architecture, as the exporters' errors name it
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_quantizer_failure_names_the_architecture(tmp_path):
+    """A real onnxruntime failure (its quantizer given a file that is no ONNX model) comes out
+    as ExportNotSupportedError naming the architecture, the cause kept."""
+    bad = tmp_path / "fp32.onnx"
+    bad.write_bytes(b"not an onnx model")
+    images = np.zeros((1, 3, 32, 32), np.float32)
+    with pytest.raises(ExportNotSupportedError) as e, quantize._int8_errors("convnext_tiny"):
+        quantize.quantize_onnx(bad, tmp_path / "int8.onnx", images, progress=False)
+    assert "convnext_tiny cannot be quantized to int8" in str(e.value)
+    assert "--quantize none" in str(e.value) and e.value.__cause__ is not None
 
 
 @pytest.mark.parametrize("flags, missing", [

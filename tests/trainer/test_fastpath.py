@@ -26,6 +26,7 @@ from kfvision.trainer.data.transforms import EvalResize, Normalizer, TrainCrop
 from kfvision.trainer.distributed import DistContext
 from kfvision.trainer.errors import InvalidDatasetError
 from kfvision.trainer.fastpath import (
+    FAMILY_CHOICES,
     cpu_bf16_kind,
     cpu_features,
     cpu_info,
@@ -34,7 +35,7 @@ from kfvision.trainer.fastpath import (
     int8_reduce_range,
     resolve_fast_path,
 )
-from kfvision.trainer.presets import AUGMENTATIONS
+from kfvision.trainer.presets import ARCHITECTURES, AUGMENTATIONS
 from kfvision.trainer.train import main
 
 BASE = {"epochs": 2, "image_size": 32, "batch_size": 16, "lr": 0.05, "augment": "light",
@@ -420,6 +421,42 @@ def test_auto_picks_per_machine_on_cpu(monkeypatch, flags, size, decoded, expect
     assert rt.conv_gemm  # on CPU; CUDA: see test_devicedata's table
     assert why in describe(rt)
     assert rt.cpu == cpu_features().to_dict() and rt.to_dict()["cpu"]["model"] == "a CPU"
+
+
+BY_HAND = {"amp": ("bf16", "off"), "channels_last": ("on", "off"), "conv_gemm": ("on", "off")}
+
+
+def test_family_choices_names_families_and_auto_choices():
+    assert set(FAMILY_CHOICES) <= set(ARCHITECTURES) and "resnet" not in FAMILY_CHOICES
+    assert all(set(fixed) <= set(BY_HAND) and all(why for _, why in fixed.values())
+               for fixed in FAMILY_CHOICES.values())
+
+
+@pytest.mark.parametrize("family, choice", [(f, c) for f, fixed in FAMILY_CHOICES.items()
+                                            for c in fixed])
+def test_a_family_gets_what_family_choices_says_and_fast_path_records_it(monkeypatch, family,
+                                                                         choice):
+    """The family's choice comes from the one table, where resnet (not in it) gets `auto`'s rule
+    (on one of two CPUs it differs); asked for by hand, the other value wins."""
+    on, why = FAMILY_CHOICES[family][choice]
+    ctx = DistContext(0, 0, 1, 1, torch.device("cpu"))
+    differs = False
+    for flags in (AVX512_BF16, NEITHER):  # auto: bf16 + NHWC at 224 px; fp32 NCHW
+        fake_cpu(monkeypatch, flags)
+        theirs = resolve_fast_path(_Cfg(), ctx, 10 << 20, family=family)
+        resnet = resolve_fast_path(_Cfg(), ctx, 10 << 20, family="resnet")
+        assert getattr(theirs, choice) is on and resnet.family_choices == {}
+        assert theirs.family_choices[choice] == f"{'on' if on else 'off'}: {why}"
+        assert theirs.to_dict()["family"] == family and f"for {family}" in describe(theirs)
+        differs |= getattr(resnet, choice) is not on
+        cfg = _Cfg()
+        setattr(cfg, choice, BY_HAND[choice][on])  # the opposite value, by hand
+        assert getattr(resolve_fast_path(cfg, ctx, 10 << 20, family=family), choice) is not on
+    assert differs
+    # CUDA is not measured per family: untouched (no GPU here: its bf16 answer is given)
+    monkeypatch.setattr("torch.cuda.is_bf16_supported", lambda: True)
+    cuda = DistContext(0, 0, 1, 1, torch.device("cuda"))
+    assert resolve_fast_path(_Cfg(), cuda, 10 << 20, family=family).family_choices == {}
 
 
 @pytest.mark.parametrize("flags", [AMX, AVX512_BF16, NEITHER])

@@ -117,6 +117,7 @@ def test_an_image_size_the_model_cannot_take_is_refused_clearly(arch, size, fits
         check_image_size(spec, size)
 
 
+@pytest.mark.slow  # 3.5-5 s of CPU measured: near the unmarked limit
 def test_vit_weights_of_another_size_are_resized_to_the_training_size(tmp_path):
     source = torchvision.models.vit_b_16(image_size=32)
     torch.save(source.state_dict(), tmp_path / "vit.pth")

@@ -116,6 +116,7 @@ def test_score_gives_the_eager_models_probabilities(fmt, net, script_models, mic
     assert [r["scored_label"] for r in rows] == [CLASSES[i] for i in want.argmax(1).tolist()]
 
 
+@pytest.mark.slow  # 5-7 s of CPU: a server in a process
 @pytest.mark.parametrize("fmt", ["torch-export", "onnx"])  # each runtime once: a server is slow
 def test_served_as_deployed_answers_v1_and_v2_as_score_does(fmt, script_models, micro_digits,
                                                             tmp_path, capsys):

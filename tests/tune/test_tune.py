@@ -48,6 +48,7 @@ def test_the_metric_line_is_read_by_katibs_default_filter_as_written():
                                                  for name, key in METRICS.items()}
 
 
+@pytest.mark.slow  # 3.5-5 s of CPU measured: near the unmarked limit
 def test_a_real_run_prints_the_line_after_every_validation_and_writes_tensorboard(
         tmp_path, tiny_digits, resnet18_dir, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -19,6 +19,7 @@ recorded in `quantization`; a server on a CPU without VNNI refuses an 8-bit expo
 (`kfvision.trainer.use.predict.check_int8_cpu`).
 """
 
+import contextlib
 import json
 import os
 import shutil
@@ -28,7 +29,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kfvision.trainer.errors import InvalidDatasetError, QuantizationError, check_range
+from kfvision.trainer.errors import (
+    ExportNotSupportedError,
+    InvalidDatasetError,
+    KfvisionError,
+    QuantizationError,
+    check_range,
+)
 from kfvision.trainer.fileio import disk_errors
 from kfvision.trainer.progressbar import progress_bar
 
@@ -137,6 +144,33 @@ def _set_metadata(path: Path, meta: dict) -> None:
     onnx.save(proto, str(path))
 
 
+def _arch(model_dir) -> str:
+    """The architecture errors name: a trained model directory's, else (a script's model) its
+    folder."""
+    from kfvision.trainer.model.layout import read_trained_model
+
+    try:
+        return read_trained_model(Path(model_dir))[1].arch
+    except KfvisionError:
+        return f"the model in {model_dir}"
+
+
+@contextlib.contextmanager
+def _int8_errors(arch: str):
+    """onnxruntime's quantizer or the int8 runtime failing for an architecture, as
+    ExportNotSupportedError naming it (as `export` does for a format)."""
+    try:
+        yield
+    except (KfvisionError, OSError):  # ours, and the disk's (disk_errors names those)
+        raise
+    except Exception as e:  # the quantizer and runtimes raise many types; keep the cause
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ExportNotSupportedError(
+            f"{arch} cannot be quantized to int8 by this onnxruntime and {RUNTIME} "
+            f"({type(e).__name__}: {first}). Export it without quantization (--quantize none): "
+            "onnx, torchscript or torch-export.") from e
+
+
 def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRATION_IMAGES,
                 check_limit: int | None = None, progress: bool | None = None) -> dict:
     """Export `model_dir` as int8 ONNX into `out`; returns its metadata (with `quantization`).
@@ -147,6 +181,8 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
 
     Raises:
         QuantizationError: int8 top-1 below fp32's by more than MAX_TOP1_DROP (nothing written).
+        ExportNotSupportedError: onnxruntime's quantizer or the int8 runtime fails for the
+            architecture (named).
         InvalidDatasetError: `calibrate` has no images; `check` is unlabelled or has other
             classes. ExportError, InvalidModelDirectoryError: as `export`.
     """
@@ -164,17 +200,19 @@ def export_int8(model_dir, out, calibrate, check, *, calibration: int = CALIBRAT
         images = calibration_images(calibrate, meta, calibration, progress)
         cpu = cpu_features()
         reduce_range = int8_reduce_range(cpu)
-        quantize_onnx(work / "fp32.onnx", work / "int8.onnx", images, progress,
-                      reduce_range=reduce_range)
+        arch = _arch(model_dir)
         threads = usable_cpus()
+        with _int8_errors(arch):
+            quantize_onnx(work / "fp32.onnx", work / "int8.onnx", images, progress,
+                          reduce_range=reduce_range)
+            int8 = LOADERS[RUNTIME](work / "int8.onnx", threads)[0]
         # int8 on the runtime and kernels that serve it (Predictor's loader, this CPU)
-        acc = top1({"fp32": LOADERS["onnx"](work / "fp32.onnx", threads)[0],
-                    "int8": LOADERS[RUNTIME](work / "int8.onnx", threads)[0]},
+        acc = top1({"fp32": LOADERS["onnx"](work / "fp32.onnx", threads)[0], "int8": int8},
                    check, meta, limit=check_limit, progress=progress)
         if acc["int8"] < acc["fp32"] - MAX_TOP1_DROP:
             raise QuantizationError(
-                f"the int8 export of {model_dir} has top-1 {acc['int8']:.2%} on {acc['images']} "
-                f"images of {check}, against {acc['fp32']:.2%} in fp32: "
+                f"the int8 export of {model_dir} ({arch}) has top-1 {acc['int8']:.2%} on "
+                f"{acc['images']} images of {check}, against {acc['fp32']:.2%} in fp32: "
                 f"{100 * (acc['fp32'] - acc['int8']):.2f} points lower, more than the "
                 f"{100 * MAX_TOP1_DROP:g} allowed; {out} not written. Calibrate on more images "
                 f"(--calibration-images, {len(images)} now) or on data more like {check}, or "
