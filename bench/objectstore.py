@@ -25,10 +25,12 @@ child process of its own:
    decoded: with its defaults (batch size 1, no worker process), and (reader `litdata-2`) with 2
    workers.
    LitData, per file (`litdata-raw`): StreamingRawDataset over s3://bench/imagedir/, one GET per
-   image (its asyncio downloads, up to 128 in flight), in a shuffled DataLoader of batch 64.
+   image (its asyncio downloads, up to 128 in flight), in a shuffled DataLoader of batch 64,
+   the bytes kept in memory (its default); `litdata-raw-files`: the same with `cache_files=True`,
+   each image also written to a file, as the node fetcher writes each to the node's disk.
 2. Our fetch of s3://bench/imagedir/ into an empty folder: the node fetcher alone (as the node
-   agent starts it, for one node, one rank, one epoch) and s3sync.fetch of the whole prefix
-   (bench/objectstore_children.py).
+   agent starts it, for one node, one rank, one epoch; `node-64`: 64 connections, the default
+   16) and s3sync.fetch of the whole prefix (bench/objectstore_children.py).
 3. With --job: the 2-node x 1-process built-in job under `kfvision job run-local`, on s3:// against
    the same job on the local folder (bench/objectstore_job.py).
 
@@ -70,11 +72,13 @@ CLASSES = 5
 SIZE = (500, 375)  # ImageNet's most common size
 LITDATA_PYTHON = Path("build/litdata-venv/bin/python")
 IMAGES, LITDATA = f"s3://{BUCKET}/imagedir/", f"s3://{BUCKET}/litdata/"
-READERS = ("litdata", "litdata-raw", "litdata-2", "node", "s3sync")  # every read, in round order
+READERS = ("litdata", "litdata-raw", "litdata-raw-files", "litdata-2", "node", "node-64",
+           "s3sync")  # every read, in round order
 DEFAULT_READERS = ("litdata", "litdata-raw", "node")
 NAMES = {"litdata": "LitData chunked stream (its defaults)",
          "litdata-2": "LitData chunked stream, 2 workers",
          "litdata-raw": "LitData StreamingRawDataset (per file)",
+         "litdata-raw-files": "LitData StreamingRawDataset, each file written (cache_files)",
          **FETCHERS, "push": "upload: kfvision push (setup)",
          "optimize": "LitData optimize (conversion)"}
 
@@ -165,8 +169,9 @@ def run_reads(args, store: Store, data: Path, work: Path) -> dict:
             shutil.rmtree(dest, ignore_errors=True)
             if reader in FETCHERS:
                 cmd = _children(sys.executable, "fetch", IMAGES, dest, "--fetcher", reader)
-            elif reader == "litdata-raw":
-                cmd = _children(args.litdata_python, "litdata-raw", data, IMAGES, dest)
+            elif reader.startswith("litdata-raw"):
+                cmd = _children(args.litdata_python, "litdata-raw", data, IMAGES, dest,
+                                *(["--files"] if reader == "litdata-raw-files" else []))
             else:
                 cmd = _children(args.litdata_python, "litdata-stream", LITDATA, dest,
                                 *(["--workers", "2"] if reader == "litdata-2" else []))
@@ -197,7 +202,17 @@ def summarise(runs: dict, n: int, dataset_bytes: int) -> dict:
         out[part] = {k: _median([r[k] for r in rs]) for k in rs[0]}
         out[part]["images_per_s"] = _median([n / r["seconds"] for r in rs])
         out[part]["rounds"] = len(rs)
+        out[part]["per_round_images_per_s"] = [n / r["seconds"] for r in rs]
     return out
+
+
+def paired(parts: dict, ours: str, theirs: str) -> list:
+    """Round by round, `ours`' images/s over `theirs`' in the same round (the two ran one after
+    the other: on a machine whose load moves, a ratio within a round is steadier than one of
+    medians)."""
+    a = parts.get(ours, {}).get("per_round_images_per_s", [])
+    b = parts.get(theirs, {}).get("per_round_images_per_s", [])
+    return [x / y for x, y in zip(a, b, strict=False)]
 
 
 def table(parts: dict, n: int, dataset_bytes: int) -> str:
@@ -221,12 +236,18 @@ def table(parts: dict, n: int, dataset_bytes: int) -> str:
             f"{1000 * p['cpu_s'] / n:.2f} | {p['object_bytes'] / dataset_bytes:.2f} |")
     if "node" in parts:
         ours = parts["node"]["images_per_s"]
-        for name, best, goal in (("LitData per file", raw, 1.0), ("LitData chunked", chunked,
-                                                                  0.5)):
+        for name, key, best, goal in (("LitData per file", "litdata-raw", raw, 1.0),
+                                      ("LitData chunked", "litdata", chunked, 0.5)):
             if best:
+                rounds = ", ".join(f"{x:.2f}x" for x in paired(parts, "node", key))
                 rows.append(f"\nGoal: the node fetcher >= {goal:g}x {name}: "
                             f"{'met' if ours >= goal * best else 'NOT met'} ({ours:,.0f} against "
-                            f"{best:,.0f} images/s: {ours / best:.2f}x).")
+                            f"{best:,.0f} images/s: {ours / best:.2f}x; round by round "
+                            f"{rounds}).")
+    for other in ("litdata-raw-files", "node-64"):
+        if other in parts and "litdata-raw" in parts:
+            rounds = ", ".join(f"{x:.2f}x" for x in paired(parts, other, "litdata-raw"))
+            rows.append(f"\n{NAMES[other]} x LitData per file, round by round: {rounds}.")
     return "\n".join(rows)
 
 

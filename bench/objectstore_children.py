@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 FETCHERS = {"node": "kfvision node fetcher (one node, one rank)",
+            "node-64": "kfvision node fetcher, 64 connections",
             "s3sync": "kfvision s3sync.fetch (the whole prefix)"}
 
 
@@ -32,17 +33,18 @@ def _since(start: tuple) -> dict:
     return {"seconds": time.perf_counter() - start[0], "cpu_s": time.process_time() - start[1]}
 
 
-def node_fetch(uri: str, dest: Path) -> None:
+def node_fetch(uri: str, dest: Path, connections: int | None = None) -> None:
     """The node fetcher (kfvision.pipelines.clients.nodefetch) as the node agent starts it, for a
     one-node, one-rank job of one epoch: the whole image directory, in the sampler's order,
     into dest/data/train/images. No trainer runs: epoch 1 is fetched without waiting for one."""
-    from kfvision.pipelines.clients import nodefetch, s3
+    from kfvision.pipelines.clients import fetchplan, nodefetch, s3
     from kfvision.pipelines.jobs.storenode import stage_images
 
     channel = stage_images("train", uri, dest)
-    channel.list(s3.DEFAULT_CONNECTIONS)
-    fetcher = nodefetch.NodeFetcher(channel, None, nodefetch.Plan(1, (0,), 0, 1),
-                                    dest / "arrival").start()
+    connections = connections or s3.DEFAULT_CONNECTIONS
+    channel.list(connections)
+    fetcher = nodefetch.NodeFetcher(channel, None, fetchplan.Plan(1, (0,), 0, 1),
+                                    dest / "arrival", max_connections=connections).start()
     while len(fetcher.held) < len(channel.paths) and not fetcher.done.is_set():
         time.sleep(0.01)  # it serves late requests until stopped: done once it holds them all
     fetcher.stop()
@@ -115,11 +117,12 @@ def litdata_stream(uri: str, cache: Path, workers: int | None) -> dict:
     return {**_since(start), "images": images, "bytes": size}
 
 
-def litdata_raw(data: Path, uri: str, cache: Path, batch: int = 64) -> dict:
+def litdata_raw(data: Path, uri: str, cache: Path, batch: int = 64, files: bool = False) -> dict:
     """Read every image of the image directory at `uri` with LitData's per-file reader,
     StreamingRawDataset (one GET per file, its asyncio downloads: up to 128 in flight in one
     process by its own rule), through a torch DataLoader in random order (batch `batch`, no
-    worker process: as the node fetcher reads, one process), the bytes counted, not decoded.
+    worker process: as the node fetcher reads, one process), the bytes counted, not decoded;
+    with `files`, each image also written to a file under `cache` (its cache_files).
     Its file list is given from the manifest (an indexer of ours): its own lists the prefix
     through s3fs, which neither venv has, and stores the list zstd-compressed."""
     from litdata.raw.dataset import StreamingRawDataset
@@ -140,7 +143,8 @@ def litdata_raw(data: Path, uri: str, cache: Path, batch: int = 64) -> dict:
             return files
 
     start = _now()
-    dataset = StreamingRawDataset(uri, cache_dir=str(cache), indexer=Manifest())
+    dataset = StreamingRawDataset(uri, cache_dir=str(cache), indexer=Manifest(),
+                                  cache_files=files)
     loader = DataLoader(dataset, batch_size=batch, shuffle=True, collate_fn=list)
     images = size = 0
     for items in loader:
@@ -156,7 +160,8 @@ def fetch(uri: str, dest: Path, fetcher: str) -> dict:
     from kfvision.pipelines.clients import nodefetch, s3sync  # noqa: F401
 
     start = _now()
-    {"node": node_fetch, "s3sync": s3sync_fetch}[fetcher](uri, dest)
+    {"node": node_fetch, "node-64": lambda u, d: node_fetch(u, d, 64),
+     "s3sync": s3sync_fetch}[fetcher](uri, dest)
     took = _since(start)
     files = [p for p in dest.rglob("*") if p.is_file() and not p.name.startswith(".")]
     return {**took, "images": sum(p.suffix == ".jpg" for p in files),
@@ -190,6 +195,7 @@ def main(argv=None) -> int:
     r.add_argument("data", type=Path)
     r.add_argument("uri")
     r.add_argument("cache", type=Path)
+    r.add_argument("--files", action="store_true", help="write each file (its cache_files)")
     f = sub.add_parser("fetch")
     f.add_argument("uri")
     f.add_argument("dest", type=Path)
@@ -205,7 +211,7 @@ def main(argv=None) -> int:
     elif a.what == "litdata-stream":
         result = litdata_stream(a.uri, a.cache, a.workers)
     elif a.what == "litdata-raw":
-        result = litdata_raw(a.data, a.uri, a.cache)
+        result = litdata_raw(a.data, a.uri, a.cache, files=a.files)
     else:
         result = fetch(a.uri, a.dest, a.fetcher)
     print(json.dumps(result), flush=True)

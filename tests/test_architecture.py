@@ -230,10 +230,11 @@ def _importers(*packages: str) -> set:
 CLIENTS = "kfvision.pipelines.clients."
 OUTSIDE_SYSTEMS = {  # system -> (its client libraries, the modules that may import them)
     "Kubernetes API": (("kubernetes",), {"kfvision.pipelines.clients.k8s"}),
-    # s3get is the GET of s3's downloads: botocore's request, its failures mapped by s3;
-    # s3put its multipart upload, each part checked
-    "object storage": (("boto3", "botocore", "s3transfer", "s3fs"),
+    # s3obstore is the GET of s3's downloads (obstore's, its failures as botocore's, mapped by
+    # s3); s3get botocore's request for what obstore does not take; s3put the multipart upload
+    "object storage": (("boto3", "botocore", "s3transfer", "s3fs", "obstore"),
                        {"kfvision.pipelines.clients.s3", "kfvision.pipelines.clients.s3get",
+                        "kfvision.pipelines.clients.s3obstore",
                         "kfvision.pipelines.clients.s3put"}),
     "MLflow": (("mlflow",), {"kfvision.pipelines.clients.registry", "kfvision.trainer.tracking"}),
     "Kubeflow Model Registry": (("model_registry",), {"kfvision.pipelines.clients.registry"}),

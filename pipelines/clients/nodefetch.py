@@ -7,7 +7,7 @@ trainer's side: a rank waits for a file that is not there yet).
     ...
     fetcher.stop(); fetcher.summary()   # objects and bytes per epoch and per channel
 
-What is fetched, and when:
+What is fetched, and when (the orders and the plan: pipelines/clients/fetchplan.py):
 - epoch e's training images of this node's ranks, in their sampler's order (the same
   order, keyed the same: `rank_order`), interleaved rank by rank as the ranks read in step;
   the validation images of its ranks (every world_size-th, as EvalShard reads) after epoch 1's;
@@ -21,14 +21,16 @@ What is fetched, and when:
   persistent workers, a resumed run), training only waits.
 
 Requests in flight: `max_connections` (the job's `--max-connections`) downloads at once, each a
-thread blocked on its own kept-alive connection, and as many queued behind them; a 503 SlowDown
+thread waiting, without the interpreter's lock, on obstore's GET over a kept-alive connection of
+its pool, and as many queued behind them; a 503 SlowDown
 pauses every request of the process for its backoff (pipelines/clients/s3.py's `retried`). A
 small GET (up to HEDGE_BYTES) that has run HEDGE_FACTOR times longer than the median of the last
 ones (and at least `hedge_after` seconds) is asked again once beside it: whichever copy lands
 first is kept (a stalled connection or a slow server thread does not hold a rank up), the other
 one's bytes are counted apart (`hedged` in the summary).
 
-Each object is downloaded by pipelines/clients/s3.py's `download`: the listed ETag asked for
+Each object is downloaded by pipelines/clients/s3.py's `download` (its GET obstore's, pipelines/
+clients/s3obstore.py, where obstore checks what botocore would): the listed ETag asked for
 (If-Match), size, ETag and MD5 checked, retried under the retry policy, written to a hidden part
 file renamed into place when whole, so a file that exists is complete and a restarted pod never
 reads half an object; the trainer then checks each image's sha256 against the manifest as it reads
@@ -44,12 +46,12 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from kfvision.pipelines.clients import s3, s3sync
+from kfvision.pipelines.clients.fetchplan import Channel, Plan, eval_share, node_order, rank_order
 from kfvision.trainer.data.arrival import ALIVE, FAILED, read_epochs
-from kfvision.trainer.errors import ChangedDatasetError, OutputError
+from kfvision.trainer.errors import OutputError
 from kfvision.trainer.exitcodes import error_line
 
 AHEAD_SHARE = 0.02  # of an epoch's share: fetched before the ranks begin that epoch
@@ -63,71 +65,6 @@ HEDGE_AFTER_S = 1.0  # and never sooner than this
 class ScratchFullError(OutputError):
     """The node's scratch disk cannot hold what the node fetches: the message says how much room
     it needs and which option gives it (`--scratch-size`)."""
-
-
-@dataclass
-class Channel:
-    """One image directory of the job, as this node fetches it."""
-
-    name: str  # train, val
-    uri: str  # s3://bucket/prefix/ (ends with '/')
-    paths: list  # each image's path relative to the prefix, in manifest order
-    sizes: list  # each image's bytes, in manifest order
-    folder: Path  # where the images go (the local manifest's images_root)
-    objects: dict = field(default_factory=dict)  # path -> s3.Obj, from the listing
-
-    def __post_init__(self):
-        self.index = {p: i for i, p in enumerate(self.paths)}
-
-    def list(self, max_connections: int) -> None:
-        """The listing of the prefix: every image of the manifest must be there.
-
-        Raises:
-            ChangedDatasetError: an image of the manifest is not in the store.
-        """
-        bucket, prefix = s3.split_uri(self.uri)
-        wanted = set(self.paths)
-        for obj in s3.list_objects(self.uri, max_connections):
-            rel = obj.key[len(prefix):]
-            if rel in wanted:
-                self.objects[rel] = obj
-        missing = [p for p in self.paths if p not in self.objects]
-        if missing:
-            raise ChangedDatasetError(
-                f"{self.uri}: {len(missing)} image(s) of its manifest are not in the store "
-                f"(first: {missing[0]}). Push the image directory again (`kfvision push DIR "
-                f"{self.uri}`).")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the node's ranks read: the job's world, this node's ranks, the sampler's seed."""
-
-    world_size: int
-    ranks: tuple  # the global ranks on this node
-    seed: int
-    epochs: int
-
-
-def rank_order(n: int, world_size: int, rank: int, seed: int, epoch: int) -> list:
-    """The indices `rank` trains on in `epoch`, as the trainer's sampler deals them
-    (kfvision.trainer.data.draws.epoch_order, for any world size)."""
-    from kfvision.trainer.data.draws import epoch_order
-
-    return epoch_order(n, seed, epoch, rank, world_size)
-
-
-def node_order(orders: list) -> list:
-    """The ranks' orders interleaved position by position (the ranks read in step)."""
-    out = []
-    for i in range(max(map(len, orders), default=0)):
-        out.extend(o[i] for o in orders if i < len(o))
-    return out
-
-
-def eval_share(n: int, world_size: int, ranks) -> list:
-    """The validation indices this node's ranks read (kfvision.trainer.data.datasets.EvalShard)."""
-    return node_order([list(range(r, n, world_size)) for r in ranks])
 
 
 class NodeFetcher:

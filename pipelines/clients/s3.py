@@ -1,9 +1,11 @@
 """The one object-storage layer: the `s3://` calls kfvision makes (AWS S3 and what speaks its API:
 MinIO, Ceph RGW, SeaweedFS, the pipelines' own artifact store), and one mapping of their failures
 onto the named errors. No other module imports boto3 (pipelines/clients/s3sync.py builds fetching,
-pushing and the model cache on these calls; pipelines/clients/s3get.py is the GetObject of
-`download`, botocore's request and signature without its per-call work; pipelines/clients/
-s3put.py is `upload`: one checked PUT, or parts each checked against its own MD5).
+pushing and the model cache on these calls; pipelines/clients/s3obstore.py is the GetObject of
+`download`, on the Rust obstore client, configured from botocore's and failing as botocore does;
+pipelines/clients/s3get.py is botocore's request and signature without its per-call work, for
+the objects obstore does not take; pipelines/clients/s3put.py is `upload`: one checked PUT, or
+parts each checked against its own MD5).
 
 boto3 rather than fsspec/s3fs: boto3 is what AWS documents and what KServe's storage initializer
 and Kubeflow Trainer's initializers use, it reads the standard credential chain (environment,
@@ -213,13 +215,18 @@ def _timestamp(text: str):
 
 def _getter(bucket: str, max_connections: int):
     """The GetObject of `bucket` that skips botocore's per-call work (pipelines/clients/
-    s3get.py), made once per client and bucket (its first call asks botocore for a template)."""
+    s3get.py), made once per client and bucket (its first call asks botocore for a template),
+    and the obstore store made from it (pipelines/clients/s3obstore.py; None where obstore
+    cannot make botocore's request)."""
     with _clients_lock:
         if (max_connections, bucket) not in _getters:
             from kfvision.pipelines.clients.s3get import Getter
+            from kfvision.pipelines.clients.s3obstore import Store
 
-            _getters[max_connections, bucket] = Getter(client(max_connections), bucket,
-                                                       _credentials[max_connections])
+            c, creds = client(max_connections), _credentials[max_connections]
+            getter = Getter(c, bucket, creds)
+            _getters[max_connections, bucket] = getter, Store.make(
+                c, bucket, getter.template, creds, _policy, max_connections)
         return _getters[max_connections, bucket]
 
 
@@ -481,7 +488,11 @@ def download(obj: Obj, bucket: str, target: Path, max_connections: int = DEFAULT
     def attempt() -> int:
         written = 0
         try:
-            r = _getter(bucket, max_connections).get_object(obj.key, f'"{obj.etag}"')
+            getter, store = _getter(bucket, max_connections)
+            r = None
+            if store is not None and store.takes(obj.key, obj.etag):
+                r = store.get_object(obj.key, f'"{obj.etag}"')  # None: redirected
+            r = r or getter.get_object(obj.key, f'"{obj.etag}"')
             etag = r["ETag"].strip('"')
             if etag != obj.etag:  # a stale cache or proxy: the server itself checked If-Match
                 raise BadBody(f"an answer with ETag {etag}, not the listed {obj.etag}")
@@ -496,7 +507,7 @@ def download(obj: Obj, bucket: str, target: Path, max_connections: int = DEFAULT
                         on_bytes(len(chunk))
             if written != obj.size:
                 raise BadBody(f"a body of {written} bytes, not {obj.size}")
-            if md5 is not None and md5.hexdigest() != etag:
+            if md5 is not None and md5.hexdigest() != etag and not _encrypted(r, uri, obj):
                 raise BadBody(f"a body whose MD5 {md5.hexdigest()} is not its ETag {etag}")
         except BaseException:
             if on_bytes and written:
@@ -516,6 +527,16 @@ def download(obj: Obj, bucket: str, target: Path, max_connections: int = DEFAULT
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+def _encrypted(answer: dict, uri: str, obj: Obj) -> bool:
+    """Whether an answer whose encryption headers were not known (obstore's) is of an object
+    encrypted with KMS or a customer key, whose ETag is no MD5: asked by HEAD."""
+    if not answer.get("Unsure"):
+        return False
+    bucket, key = split_uri(uri)
+    head = client().head_object(Bucket=bucket, Key=key, IfMatch=f'"{obj.etag}"')
+    return not is_md5(obj.etag, head)
 
 
 def delete(bucket: str, keys: list) -> None:

@@ -1,5 +1,7 @@
-"""GetObject without botocore's per-call machinery: the hot path of a fetch (pipelines/clients/
-s3.py's `download`), a request per object.
+"""GetObject without botocore's per-call machinery: a fetch's GET (pipelines/clients/s3.py's
+`download`) for what obstore does not take (pipelines/clients/s3obstore.py: an object whose ETag
+is no MD5, a key its paths cannot name, a redirected bucket), and the template obstore's store is
+made from (its URL and signing region: botocore's endpoint rules, run once).
 
 botocore's `get_object` spends about 90% of a small object's client CPU on work that is the same
 for every key of a bucket: the endpoint rules (S3's take the key as a parameter, so they run per
@@ -41,8 +43,8 @@ from botocore.utils import percent_encode
 _PER_REQUEST = {"authorization", "x-amz-date", "x-amz-content-sha256", "x-amz-security-token",
                 "if-match", "amz-sdk-invocation-id", "content-length"}
 # answers that mean "ask elsewhere": botocore's S3 region redirector follows them
-_REDIRECT_STATUS = {301, 307}
-_REDIRECT_CODES = {"PermanentRedirect", "AuthorizationHeaderMalformed", "TemporaryRedirect"}
+REDIRECT_STATUS = {301, 307}
+REDIRECT_CODES = {"PermanentRedirect", "AuthorizationHeaderMalformed", "TemporaryRedirect"}
 _SCOPE = re.compile(r"^AWS4-HMAC-SHA256 Credential=[^/]+/\d{8}/([^/]+)/([^/]+)/aws4_request,")
 
 
@@ -121,7 +123,7 @@ class Getter:
         if status >= 300:
             body = answer.raw.read()
             code = _tag(body, "Code") or str(status)
-            if status in _REDIRECT_STATUS or code in _REDIRECT_CODES:
+            if status in REDIRECT_STATUS or code in REDIRECT_CODES:
                 self._redirected = True  # another region: botocore follows it
                 return self.get_object(key, if_match)
             raise ClientError({"Error": {"Code": code, "Message": _tag(body, "Message")

@@ -39,7 +39,7 @@ import threading
 from pathlib import Path
 
 from kfvision.pipelines import contract
-from kfvision.pipelines.clients import nodefetch, s3, s3put, s3sync, storedirs
+from kfvision.pipelines.clients import fetchplan, nodefetch, s3, s3put, s3sync, storedirs
 from kfvision.pipelines.jobs.storejob import STORE_PATHS
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
 from kfvision.trainer.errors import KfvisionError
@@ -92,7 +92,7 @@ def node_identity() -> tuple:
     return nnodes, int(nproc), int(os.environ.get(NODE_RANK, "0"))
 
 
-def stage_images(name: str, uri: str, scratch: Path) -> nodefetch.Channel:
+def stage_images(name: str, uri: str, scratch: Path) -> fetchplan.Channel:
     """The local manifest of the image directory at `uri`, its images to arrive under
     scratch/data/NAME/images; the Channel the fetcher fills."""
     from kfvision.trainer.data.imagedir import write_manifest
@@ -103,7 +103,7 @@ def stage_images(name: str, uri: str, scratch: Path) -> nodefetch.Channel:
     images.mkdir(parents=True, exist_ok=True)
     write_manifest(root, store.classes, store.images, images_root=images.absolute(),
                    source={"uri": prefix(uri)}, arrival=(scratch / "arrival").absolute())
-    return nodefetch.Channel(name, prefix(uri), [e.path for e in store.images],
+    return fetchplan.Channel(name, prefix(uri), [e.path for e in store.images],
                              [e.bytes for e in store.images], images)
 
 
@@ -209,7 +209,7 @@ def _stage(cfg, uris: dict, scratch: Path, max_connections: int) -> tuple:
         need = sum(sum(ch.sizes) for ch in channels.values())
         nodefetch.check_room(scratch, need)
         ranks = tuple(range(node_rank * nproc, (node_rank + 1) * nproc))
-        plan = nodefetch.Plan(nnodes * nproc, ranks, cfg.seed, cfg.epochs)
+        plan = fetchplan.Plan(nnodes * nproc, ranks, cfg.seed, cfg.epochs)
         train = channels.get("train")
         if train is None:  # only val from the store: it is then the one the plan walks
             train, channels["val"] = channels.pop("val"), None

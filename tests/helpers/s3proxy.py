@@ -95,6 +95,8 @@ class FaultProxy:
         self.faults: Counter = Counter()  # kind -> how many
         self.by_rule: Counter = Counter()  # the rule's index (in a tuple of rules) -> faults
         self.requests: Counter = Counter()  # method -> how many
+        self.clients: Counter = Counter()  # (method, the User-Agent's product) -> how many
+        self.tokens: Counter = Counter()  # (the User-Agent's product, X-Amz-Security-Token)
         self._seen: Counter = Counter()
         self._lock = threading.Lock()
         self._server = None
@@ -194,6 +196,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         owner, method = self.owner, self.command
         body = self._body()
+        product = self.headers.get("User-Agent", "").split("/")[0]
+        with owner._lock:  # which client asked: Boto3 (botocore), object_store (obstore)
+            owner.clients[method, product] += 1
+            owner.tokens[product, self.headers.get("X-Amz-Security-Token")] += 1
         kind = owner.decide(method, self.path)
         if kind in _ANSWERED:
             status, reason, text = _ANSWERED[kind]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers.runs import JOB_FLAGS
 
-from kfvision.pipelines.clients import nodefetch
+from kfvision.pipelines.clients import fetchplan, nodefetch
 from kfvision.pipelines.clients.endpoints import free_port
 
 FLAGS = JOB_FLAGS
@@ -37,9 +37,9 @@ def test_the_fetchers_order_is_the_samplers():
         for epoch in (1, 2, 3):
             sampler.set_epoch(epoch)
             seen = [int(i) for (batch,) in loader for i in batch]
-            assert seen == nodefetch.rank_order(37, world, rank, 7, epoch), (world, rank, epoch)
-    assert nodefetch.node_order([[1, 2, 3], [4, 5]]) == [1, 4, 2, 5, 3]
-    assert nodefetch.eval_share(10, 4, (2, 3)) == [2, 3, 6, 7]
+            assert seen == fetchplan.rank_order(37, world, rank, 7, epoch), (world, rank, epoch)
+    assert fetchplan.node_order([[1, 2, 3], [4, 5]]) == [1, 4, 2, 5, 3]
+    assert fetchplan.eval_share(10, 4, (2, 3)) == [2, 3, 6, 7]
 
 
 def _upload(bucket, micro_digits, resnet18_dir) -> dict:
@@ -172,6 +172,7 @@ def test_a_job_killed_mid_epoch_resumes_on_new_pods_from_the_stores_checkpoint(
         assert rc == 0, text[-4000:]
     assert proxy.by_rule[1] > 0, proxy.faults
     assert proxy.by_rule[0] >= 2, proxy.by_rule  # every multipart upload's part 1, once
+    assert proxy.clients["GET", "object_store"] > 0, proxy.clients  # the images: obstore's GETs
     log = second[0][1]
     assert "checkpoint(s) from s3://" in log and "resuming from" in log, log[-3000:]
     model = _fetched(s3_bucket, "runs/resumed/", tmp_path / "model")
@@ -194,7 +195,7 @@ def test_a_full_scratch_disk_says_how_much_room_the_node_needs(tmp_path, s3_buck
     scratch = tmpfs("64k")
     channel = stage_images("train", s3_bucket.uri("data/train"), scratch)
     channel.list(4)
-    plan = nodefetch.Plan(world_size=1, ranks=(0,), seed=1, epochs=1)
+    plan = fetchplan.Plan(world_size=1, ranks=(0,), seed=1, epochs=1)
     fetcher = nodefetch.NodeFetcher(channel, None, plan, scratch / "arrival",
                                     max_connections=4).start()
     assert fetcher.done.wait(60)
@@ -219,7 +220,7 @@ def test_a_restarted_node_fetches_again_and_never_reads_a_part_file(tmp_path, s3
     first.parent.mkdir(parents=True, exist_ok=True)
     part = first.parent / f".kfvision-part-dead-{first.name}"
     part.write_bytes(b"half an image")
-    plan = nodefetch.Plan(world_size=1, ranks=(0,), seed=1, epochs=1)
+    plan = fetchplan.Plan(world_size=1, ranks=(0,), seed=1, epochs=1)
     fetcher = nodefetch.NodeFetcher(channel, None, plan, scratch / "arrival").start()
     deadline = time.monotonic() + 60
     while len(fetcher.held) < len(channel.paths) and time.monotonic() < deadline:
@@ -248,8 +249,8 @@ def test_a_stalled_small_get_is_asked_again_and_does_not_hold_the_node_up(tmp_pa
     channel = stage_images("train", s3_bucket.uri("data/train"), tmp_path / "scratch")
     channel.list(4)
     n = len(channel.paths)
-    plan = nodefetch.Plan(world_size=1, ranks=(0,), seed=1, epochs=1)
-    late = channel.paths[nodefetch.rank_order(n, 1, 0, 1, 1)[n // 2]]  # its peers timed first
+    plan = fetchplan.Plan(world_size=1, ranks=(0,), seed=1, epochs=1)
+    late = channel.paths[fetchplan.rank_order(n, 1, 0, 1, 1)[n // 2]]  # its peers timed first
     rule = Rule(rate=1.0, methods={"GET"}, kinds=("stall",), first=True,
                 path=re.escape(f"/data/train/{late}") + "$")
     with FaultProxy(s3_bucket.endpoint, rule, stall_s=20.0) as proxy:
