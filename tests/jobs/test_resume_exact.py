@@ -24,6 +24,7 @@ import pytest
 import torch
 import yaml
 from helpers.paths import REPO
+from helpers.procs import with_env
 from helpers.runs import JOB_FLAGS
 
 TIMING = ("train_seconds", "train_images_per_sec")
@@ -65,15 +66,6 @@ def _render(root: Path, data: dict, model: Path, name: str, kind: str) -> Path:
     return manifest
 
 
-def _environ(pid: str) -> dict:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:  # gone, or not ours
-        return {}
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
-                if "=" in item)
-
-
 def _parent(pid: str) -> str:
     try:  # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
@@ -84,9 +76,7 @@ def _parent(pid: str) -> str:
 def find_processes(job: str, node: int, local_rank: int | None) -> list:
     """Pids of `job`'s pod of node rank `node` (the launcher and its processes), or only of its
     training process of `local_rank` (not the DataLoader workers under it, which inherit it)."""
-    pod = {p: env for p in os.listdir("/proc") if p.isdigit()
-           for env in [_environ(p)] if env.get(MARK) == job
-           and env.get("PET_NODE_RANK") == str(node)}
+    pod = with_env(**{MARK: job, "PET_NODE_RANK": str(node)})
     if local_rank is None:
         return [int(p) for p in pod]
     return [int(p) for p, env in pod.items() if env.get("LOCAL_RANK") == str(local_rank)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.procs import kill_with_env
 from helpers.runs import JOB_FLAGS
 
 from kfvision.pipelines.clients import fetchplan, nodefetch
@@ -70,8 +71,8 @@ def _nodes(root: Path, flags: list, *, nodes=2, nproc=2, kill_on=None, env=None)
     deadline = time.monotonic() + 600
     while kill_on and time.monotonic() < deadline:
         if kill_on((root / "node-0.log").read_text()):
-            for p, _ in procs:
-                os.killpg(p.pid, signal.SIGKILL)
+            for i in range(nodes):  # the agent, the launcher (a session of its own), trainers
+                kill_with_env(KFVISION_SCRATCH=str(root / f"node-{i}"))
             break
         if all(p.poll() is not None for p, _ in procs):
             break
