@@ -2,28 +2,35 @@
 
 Both train the same model from random initialisation (no weights can be downloaded here; on a
 machine with network the same comparison takes pretrained weights: kfvision's `model
---pretrained`, the reference's `--weights`) on the same generated JPEGs (bench/jpegset.py, split
-once), with the same image size, batch, epochs, learning rate, weight decay and seed, each with
-its own implementation of the recipe (SGD, cosine decay, label smoothing 0.1, mixup 0.2, cutmix
-1.0, TrivialAugment, random erasing 0.1, no weight decay on norms, an EMA of the weights). The
-reference's EMA keeps its own defaults (updated every 32 steps, decay 0.99998 adjusted for the
-batch and epochs); kfvision's is the recipe's (every step, 0.9998).
+--pretrained`, the reference's `--weights`) on the same images, with the same image size, batch,
+epochs, learning rate, weight decay and seed, each with its own implementation of the recipe
+(SGD, cosine decay, label smoothing 0.1, mixup 0.2, cutmix 1.0, TrivialAugment, random erasing
+0.1, no weight decay on norms, biases and embeddings, an EMA of the weights). The data: `digits`
+(scikit-learn's 1,797 8 x 8 handwritten digits as PNG class folders, 80% of each class for
+training, scaled up to the image size by each side's own resize; a model learns them far above
+chance in a few epochs from random initialisation) or `jpeg` (bench/jpegset.py's generated JPEGs).
 
-Figures per run: top-1 on the validation images (kfvision: its output weights, the better of the
-weights and their EMA by validation loss; the reference: the better top-1 of its model and its
-EMA after the last epoch, which favours it) and training images/s (images over the seconds of
-the training epochs, validation excluded; data loading included). Runs alternate (reference,
-kfvision, then kfvision, reference), so a drift of the machine's speed favours neither; the
-table shows means over seeds and the images/s ratio per seed.
+The EMA is the same on both sides: updated after every step with `--ema-decay` (kfvision's
+`--ema-decay`; the reference's `--model-ema-steps 1` and the `--model-ema-decay` its adjustment
+for batch and epochs turns into that decay: `reference_ema_decay`). Its defaults (every 32 steps,
+0.99998, tuned for 600 ImageNet epochs) and kfvision's recipe default (0.9998 a step) both keep the
+EMA at the initial weights over a few hundred steps.
+
+Figures per run: top-1 on the validation images after the last epoch, of the weights and of
+their EMA (each side validates both); kfvision's output (the better of the two by validation
+loss, at the best epoch) as well. Training images/s: images over the seconds of the training
+epochs, validation excluded, data loading included. Runs alternate (reference first, then
+kfvision first, ...; seeds outermost, so a stopped run has every model at its first seeds), so a
+drift of the machine's speed favours neither; the table shows means over seeds and the images/s
+ratio per seed (median, range), and the load average around the runs.
 
 torchvision's reference scripts are not part of its wheel and are never committed here: they are
 copied at run time from a git clone of pytorch/vision into build/torchvision-references/<rev>/,
 at the tag of constraints.txt's torchvision pin unless `--rev` says otherwise:
 
     git clone --bare --filter=blob:none https://github.com/pytorch/vision build/vision.git
-    python -m bench.reference --vision-git build/vision.git              # ResNet-50, MobileNetV3
-    python -m bench.reference --vision-git build/vision.git --archs resnet50 \\
-        --image-size 64 --images 400 --epochs 2 --seeds 1 2 3
+    python -m bench.reference --vision-git build/vision.git          # ResNet-50, MobileNetV3
+    python -m bench.reference --report build/bench/reference-cpu.json    # its table again
 
 (or put train.py, presets.py, transforms.py, utils.py and sampler.py into the folder yourself).
 Prints a Markdown table and writes it to build/bench/reference-cpu.md.
@@ -31,6 +38,7 @@ Prints a Markdown table and writes it to build/bench/reference-cpu.md.
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
@@ -77,6 +85,12 @@ def references(rev: str, vision_git: Path | None) -> Path:
     return dest
 
 
+def reference_ema_decay(decay: float, batch_size: int, epochs: int) -> float:
+    """The reference's `--model-ema-decay` that, updated every step (`--model-ema-steps 1`), gives
+    an EMA of `decay` a step: its train.py takes alpha = (1 - decay) * batch * steps / epochs."""
+    return 1.0 - (1.0 - decay) * epochs / batch_size
+
+
 def run_reference_here(folder: str, seed: int, argv: list) -> dict:
     """Run the reference's main() in this process, seeded, timing its training epochs and
     keeping what its evaluations return (its own code unchanged; only wrapped)."""
@@ -105,9 +119,9 @@ def run_reference_here(folder: str, seed: int, argv: list) -> dict:
 
     train.train_one_epoch, train.evaluate = timed_epoch, kept_evaluate
     train.main(train.get_args_parser().parse_args(argv))
-    last = {suffix: acc for suffix, acc in top1[-2:]}  # the last epoch's model (and EMA)
-    return {"top1": max(last.values()), "images_per_sec": sum(images) / sum(seconds),
-            "top1_by_weights": last}
+    last = {suffix: acc for suffix, acc in top1[-2:]}  # the last epoch's model ("") and EMA
+    return {"top1": max(last.values()), "top1_model": last[""], "top1_ema": last.get("EMA"),
+            "images_per_sec": sum(images) / sum(seconds)}
 
 
 def _run(cmd: list) -> tuple[str, float]:
@@ -123,9 +137,13 @@ def reference_run(folder: Path, arch: str, data: Path, seed: int, a) -> dict:
     argv = ["--data-path", str(data), "--model", arch, "--device", "cpu",
             "-b", str(a.batch_size), "--epochs", str(a.epochs), "-j", str(a.workers),
             "--opt", "sgd", "--lr", str(a.lr), "--wd", str(a.weight_decay),
-            "--norm-weight-decay", "0.0", "--label-smoothing", "0.1", "--mixup-alpha", "0.2",
+            "--norm-weight-decay", "0.0", "--bias-weight-decay", "0.0",
+            "--transformer-embedding-decay", "0.0",  # kfvision's groups: trainer/recipes.py
+            "--label-smoothing", "0.1", "--mixup-alpha", "0.2",
             "--cutmix-alpha", "1.0", "--lr-scheduler", "cosineannealinglr",
             "--auto-augment", "ta_wide", "--random-erase", "0.1", "--model-ema",
+            "--model-ema-steps", "1", "--model-ema-decay",
+            repr(reference_ema_decay(a.ema_decay, a.batch_size, a.epochs)),
             "--train-crop-size", str(a.image_size), "--val-crop-size", str(a.image_size),
             "--val-resize-size", str(int(a.image_size / 0.875)),  # kfvision's eval resize
             "--output-dir", "", "--print-freq", "100000"]
@@ -146,15 +164,24 @@ def kfvision_run(arch: str, data: Path, seed: int, a) -> dict:
                     "--train", str(data / "train"), "--val", str(data / "val"), "--out", str(out),
                     "--recipe", "torchvision", "--epochs", str(a.epochs), "--batch-size",
                     str(a.batch_size), "--image-size", str(a.image_size), "--lr", str(a.lr),
-                    "--weight-decay", str(a.weight_decay), "--seed", str(seed),
-                    "--patience", str(a.epochs), "--print-freq", "100000"])
-    final = json.loads((out / "metrics.json").read_text())["final"]
-    return {"top1": final["val_top1"], "images_per_sec": final["train_images_per_sec"],
-            "seconds": wall}
+                    "--weight-decay", str(a.weight_decay), "--ema-decay", str(a.ema_decay),
+                    "--seed", str(seed), "--patience", str(a.epochs), "--print-freq", "100000"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    last = metrics["history"][-1]
+    return {"top1": metrics["final"]["val_top1"], "top1_model": last["val_top1_model"],
+            "top1_ema": last["val_top1_ema"],
+            "images_per_sec": metrics["final"]["train_images_per_sec"], "seconds": wall}
 
 
 def dataset(a) -> Path:
-    """BENCH/refN/{train,val}: the generated JPEGs, split once (class folders both read)."""
+    """BENCH/ref-digits or BENCH/refN: {train,val} class folders, written once."""
+    if a.data == "digits":
+        from kfvision.pipelines.flow.demo import write_digits  # needs scikit-learn
+
+        out = BENCH / "ref-digits"
+        if not (out / "val").exists():
+            write_digits(out, val_fraction=0.2, seed=1)
+        return out
     from bench.jpegset import make_jpeg_set
     from kfvision.trainer.data.split import split
 
@@ -165,6 +192,84 @@ def dataset(a) -> Path:
     return out
 
 
+def compare(folder: Path, a) -> dict:
+    """{arch: {"reference": [runs], "kfvision": [runs]}}, seeds outermost, sides alternating."""
+    data, runs, turn = dataset(a), {}, 0
+    for seed in a.seeds:
+        for arch in a.archs:
+            sides = runs.setdefault(arch, {"reference": [], "kfvision": []})
+            order = ("reference", "kfvision") if turn % 2 == 0 else ("kfvision", "reference")
+            turn += 1
+            for name in order:
+                load = os.getloadavg()[0]
+                run = (reference_run(folder, arch, data, seed, a) if name == "reference"
+                       else kfvision_run(arch, data, seed, a))
+                sides[name].append({**run, "seed": seed, "first": name == order[0],
+                                    "load": [load, os.getloadavg()[0]]})
+                print(f"{arch} seed {seed} {name}: {sides[name][-1]}", flush=True)
+            (BENCH / f"reference-cpu{a.tag}.json").write_text(json.dumps(
+                {"settings": settings(a), "runs": runs}))  # kept as it goes
+    return runs
+
+
+def settings(a) -> dict:
+    return {k: getattr(a, k) for k in ("data", "image_size", "batch_size", "epochs", "lr",
+                                        "weight_decay", "ema_decay", "workers", "rev")}
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def report(saved: dict) -> str:
+    """The Markdown table (means over seeds) and a line per run of `compare`'s results."""
+    s, rows = saved["settings"], []
+    head = (f"| {s['data']}, {s['image_size']} px, {s['epochs']} epochs, batch {s['batch_size']},"
+            " random init | seeds | reference top-1 weights / EMA | kfvision top-1 weights / EMA "
+            "(output) | gap weights / EMA (points) | reference img/s | kfvision img/s "
+            "| ratio (range) |")
+    rows += [head, "|---" * 8 + "|"]
+    lines = []
+    for arch, sides in saved["runs"].items():
+        ref, ours = sides["reference"], sides["kfvision"]
+        n = min(len(ref), len(ours))
+        ref, ours = ref[:n], ours[:n]
+        if not n:
+            continue
+        rows.append(_row(arch, ref, ours))
+        for r, o in zip(ref, ours):
+            lines.append(f"- {arch} seed {r['seed']} ({'reference' if r['first'] else 'kfvision'}"
+                         f" first): reference {_pct(r['top1_model'])} / {_pct(r['top1_ema'])}, "
+                         f"{r['images_per_sec']:.1f} img/s, {r['seconds']:.0f} s; kfvision "
+                         f"{_pct(o['top1_model'])} / {_pct(o['top1_ema'])} "
+                         f"({_pct(o['top1'])}), {o['images_per_sec']:.1f} img/s, "
+                         f"{o['seconds']:.0f} s; load average {r['load'][0]:.1f}-"
+                         f"{max(r['load'][1], o['load'][1]):.1f}")
+    note = (f"\nMeans over seeds; torchvision's references/classification at {s['rev']}; every "
+            f"run from random initialisation; lr {s['lr']}, weight decay {s['weight_decay']}, "
+            f"EMA {s['ema_decay']} a step on both sides; a ratio is kfvision's images/s over the "
+            "reference's for the same seed (median, range).")
+    return "\n".join(rows) + "\n" + note + "\n\n" + "\n".join(lines)
+
+
+def _row(arch: str, ref: list, ours: list) -> str:
+    def mean(runs, k):
+        values = [r[k] for r in runs if r.get(k) is not None]
+        return statistics.mean(values) if values else None
+
+    def gap(k):
+        m, n = mean(ours, k), mean(ref, k)
+        return "-" if m is None or n is None else f"{100 * (m - n):+.1f}"
+
+    ratios = sorted(o["images_per_sec"] / r["images_per_sec"] for r, o in zip(ref, ours))
+    return (f"| {arch} | {len(ref)} | {_pct(mean(ref, 'top1_model'))} / "
+            f"{_pct(mean(ref, 'top1_ema'))} | {_pct(mean(ours, 'top1_model'))} / "
+            f"{_pct(mean(ours, 'top1_ema'))} ({_pct(mean(ours, 'top1'))}) "
+            f"| {gap('top1_model')} / {gap('top1_ema')} "
+            f"| {mean(ref, 'images_per_sec'):.1f} | {mean(ours, 'images_per_sec'):.1f} "
+            f"| {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -173,55 +278,31 @@ def main(argv=None) -> int:
     p.add_argument("--rev", help="its tag or commit (default: constraints.txt's torchvision)")
     p.add_argument("--archs", nargs="+", default=["resnet50", "mobilenet_v3_large"])
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    p.add_argument("--images", type=int, default=400, help="size of the generated JPEG set")
-    p.add_argument("--train-share", type=float, default=0.6, help="of each class, for training")
-    p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--data", choices=("digits", "jpeg"), default="digits")
+    p.add_argument("--images", type=int, default=400, help="jpeg: size of the generated set")
+    p.add_argument("--train-share", type=float, default=0.6, help="jpeg: of each class, to train")
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--ema-decay", type=float, default=0.98, help="a step, on both sides")
     p.add_argument("--workers", type=int, default=2, help="the reference's DataLoader workers")
+    p.add_argument("--tag", default="", help="added to the result files' names")
+    p.add_argument("--report", type=Path, help="only the table of these results (.json)")
     p.add_argument("--one-reference", help=argparse.SUPPRESS)  # the reference's own process
     p.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     a, rest = p.parse_known_args(argv)
     if a.one_reference:
         print(json.dumps(run_reference_here(a.one_reference, a.seed, rest[1:])))
         return 0
-    rev = a.rev or pinned_tag()
-    folder = references(rev, a.vision_git)
-    data = dataset(a)
-    rows = [f"| {a.image_size} px, {a.epochs} epochs, batch {a.batch_size}, from random init "
-            "| reference top-1 | kfvision top-1 | gap (points) | reference img/s "
-            "| kfvision img/s | ratio (range) |", "|---|---|---|---|---|---|---|"]
-    runs = {}
-    for arch in a.archs:
-        ref, ours = [], []
-        for i, seed in enumerate(a.seeds):
-            pair = [("reference", ref), ("kfvision", ours)]
-            for name, into in (pair if i % 2 == 0 else pair[::-1]):
-                into.append(reference_run(folder, arch, data, seed, a) if name == "reference"
-                            else kfvision_run(arch, data, seed, a))
-            print(f"{arch} seed {seed}: reference {ref[-1]}, kfvision {ours[-1]}", flush=True)
-        runs[arch] = {"reference": ref, "kfvision": ours}
-        (BENCH / "reference-cpu.json").write_text(json.dumps(runs))  # kept as it goes
-        rows.append(_row(arch, ref, ours))
-    note = (f"\nMeans over seeds {a.seeds}; torchvision's references/classification at {rev}; "
-            f"{a.images} generated JPEGs ({a.train_share:.0%} of each class for training), "
-            "every run from random initialisation; a ratio is kfvision's images/s over the "
-            "reference's for the same seed (median, range).")
-    publish("\n".join(rows) + "\n" + note, "reference-cpu.md")
+    if a.report:
+        publish(report(json.loads(a.report.read_text())), f"reference-cpu{a.tag}.md")
+        return 0
+    a.rev = a.rev or pinned_tag()
+    runs = compare(references(a.rev, a.vision_git), a)
+    publish(report({"settings": settings(a), "runs": runs}), f"reference-cpu{a.tag}.md")
     return 0
-
-
-def _row(arch: str, ref: list, ours: list) -> str:
-    def mean(runs, k):
-        return statistics.mean(r[k] for r in runs)
-
-    ratios = sorted(o["images_per_sec"] / r["images_per_sec"] for r, o in zip(ref, ours))
-    gap = 100 * (mean(ours, "top1") - mean(ref, "top1"))
-    return (f"| {arch} | {mean(ref, 'top1'):.1%} | {mean(ours, 'top1'):.1%} | {gap:+.1f} "
-            f"| {mean(ref, 'images_per_sec'):.1f} | {mean(ours, 'images_per_sec'):.1f} "
-            f"| {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |")
 
 
 if __name__ == "__main__":
