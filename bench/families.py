@@ -14,7 +14,9 @@ bench/train.py's to measure. The variants of a model:
 
 A round runs every variant of a model once; rounds alternate the order (A, B, ..., B, A), so a
 drift in the machine's speed favours none; torch.compile's variant runs in the first round only
-(it compiles for minutes on 2 cores). A ratio is taken within a round, the table shows its median
+(it compiles for minutes on 2 cores, with a cold compiler cache: TORCHINDUCTOR_CACHE_DIR is a
+fresh folder under build/bench/), and its verdict line says after how many training images its
+faster steps pay back the compilation (`payback`). A ratio is taken within a round, the table shows its median
 (range) over rounds: `default/plain`, and for each choice `on/off` (the variant with it on over
 the one with it off). With `--threads 1` and `--clock cpu` (the default) a figure is images per
 second of the process's CPU time: on a machine other jobs share, the step's own cost.
@@ -29,8 +31,10 @@ FAMILY_CHOICES; writes both to build/bench/families-cpu.md.
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 from bench import BENCH, publish
@@ -120,6 +124,24 @@ def verdict(r, on_by_default: bool) -> str | None:
     return f"loses: {r[0]:.2f}x" if r[0] < LOSES else None
 
 
+def payback(runs: dict, on: str, off: str) -> str | None:
+    """torch.compile's cost against its gain, from the first round's wall times (compile runs in
+    that round only): the first step's extra seconds, the steady on/off ratio, and after how many
+    training images the faster steps have paid the compilation back (a slower machine or a loaded
+    one stretches both alike: the count holds). None where either did not run."""
+    first = [runs.get(v, [{}])[0] for v in (on, off)]
+    if any("error" in r or "first_step_s" not in r for r in first):
+        return None
+    (c, e) = first
+    steady = c["images_per_sec"] / e["images_per_sec"]
+    extra = c["first_step_s"] - e["first_step_s"]
+    saved = 1 / e["images_per_sec"] - 1 / c["images_per_sec"]  # seconds a training image
+    back = f"pays back after {extra / saved:,.0f} images" if saved > 0 else "never pays back"
+    return (f"first step {c['first_step_s']:.0f} s compiled against {e['first_step_s']:.1f} s "
+            f"eager (+{extra:.0f} s), steady on/off {steady:.2f}x"
+            f" (wall; {c['images_per_sec']:.1f} against {e['images_per_sec']:.1f} img/s): {back}")
+
+
 def report(arch: str, entry: dict, key: str) -> tuple[str, str]:
     """(table row, verdict line) of one model's measurement: {"default": {choice: on},
     "choices": the flipped choices, "runs": measure's}."""
@@ -135,9 +157,11 @@ def report(arch: str, entry: dict, key: str) -> tuple[str, str]:
               for c, (on, off) in flips(default, entry["choices"]).items()}
     cells += [_cell(ratios[c]) if c in ratios else "not run" for c in CHOICES]
     off = {c: why for c in ratios if (why := verdict(ratios[c], default[c]))}
+    compiled = payback(runs, *flips(default)["compile"]) if "compile" in ratios else None
     return (f"| {family} ({arch}) | " + " | ".join(cells) + " |",
             f"- {family}: the measurement turns off {off or 'nothing'}; FAMILY_CHOICES now: "
-            f"{FAMILY_CHOICES.get(family, {}) or 'nothing'}")
+            f"{FAMILY_CHOICES.get(family, {}) or 'nothing'}"
+            + (f"; torch.compile: {compiled}" if compiled else ""))
 
 
 def main(argv=None) -> int:
@@ -170,6 +194,9 @@ def main(argv=None) -> int:
             "| kfvision default | default/plain |" + "".join(f" {c} on/off |" for c in CHOICES),
             "|---" * (4 + len(CHOICES)) + "|"]
     results = {}
+    if "compile" in a.choices and not a.report:  # a cold compiler cache, as a first run has
+        BENCH.mkdir(parents=True, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-", dir=BENCH)
     if a.report:  # tables of earlier runs' figures
         for f in a.report:
             results.update(json.loads(Path(f).read_text()))

@@ -34,3 +34,17 @@ def test_a_choice_on_by_default_that_loses_or_breaks_is_turned_off():
     assert verdict(_ratio(broken, "on", "off", KEY), True).startswith("breaks: on: RuntimeError")
     noop = {"on": [{KEY: 1.0}], "off": [{"error": "no-op: no one-pixel convolution"}]}
     assert verdict(_ratio(noop, "on", "off", KEY), True) is None
+
+
+def test_compile_pays_back_its_first_step_after_the_images_its_faster_steps_save():
+    from bench.families import payback
+
+    runs = {"conv-gemm+compile-nchw": [{"first_step_s": 101.0, "images_per_sec": 20.0}],
+            "conv-gemm": [{"first_step_s": 1.0, "images_per_sec": 10.0}, {"images_per_sec": 9}]}
+    said = payback(runs, "conv-gemm+compile-nchw", "conv-gemm")
+    # +100 s; each image 0.1 s eager, 0.05 s compiled: 100 / 0.05 = 2,000 images
+    assert "+100 s" in said and "2.00x" in said and "after 2,000 images" in said
+    runs["conv-gemm+compile-nchw"][0]["images_per_sec"] = 8.0
+    assert payback(runs, "conv-gemm+compile-nchw", "conv-gemm").endswith("never pays back")
+    runs["conv-gemm+compile-nchw"] = [{"error": "not done in 900 s (--variant-timeout)"}]
+    assert payback(runs, "conv-gemm+compile-nchw", "conv-gemm") is None
