@@ -13,13 +13,13 @@ bench/train.py's to measure. The variants of a model:
   choice flipped, the others as they are.
 
 A round runs every variant of a model once; rounds alternate the order (A, B, ..., B, A), so a
-drift in the machine's speed favours none; torch.compile's variant runs in the first round only
-(it compiles for minutes on 2 cores, with a cold compiler cache: TORCHINDUCTOR_CACHE_DIR is a
-fresh folder under build/bench/), and its verdict line says after how many training images its
-faster steps pay back the compilation (`payback`). A ratio is taken within a round, the table shows its median
-(range) over rounds: `default/plain`, and for each choice `on/off` (the variant with it on over
-the one with it off). With `--threads 1` and `--clock cpu` (the default) a figure is images per
-second of the process's CPU time: on a machine other jobs share, the step's own cost.
+drift in the machine's speed favours none; torch.compile's variant runs in the first round only (it
+compiles for minutes on 2 cores, with a cold compiler cache: TORCHINDUCTOR_CACHE_DIR is a fresh
+folder under build/bench/), and its verdict line says after how many training images its faster
+steps pay back the compilation (`payback`). A ratio is taken within a round, the table shows its
+median (range) over rounds: `default/plain`, and for each choice `on/off` (the variant with it on
+over the one with it off). With `--threads 1` and `--clock cpu` (the default) a figure is images
+per second of the process's CPU time: on a machine other jobs share, the step's own cost.
 
     python -m bench.families --threads 1                         # the six families, 224 px
     python -m bench.families --archs swin_t --choices amp conv_gemm --rounds 4 --threads 1

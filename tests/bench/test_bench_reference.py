@@ -1,7 +1,7 @@
 """bench.reference's sums: the reference's EMA decay that equals kfvision's per-step one, and the
 table's means, gaps and ratios taken per seed (no run: the runs are minutes each)."""
 
-from bench.reference import report, reference_ema_decay
+from bench.reference import reference_ema_decay, report
 
 
 def test_the_reference_ema_decay_gives_the_same_decay_a_step():
