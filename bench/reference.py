@@ -173,15 +173,21 @@ def kfvision_run(arch: str, data: Path, seed: int, a) -> dict:
             "images_per_sec": metrics["final"]["train_images_per_sec"], "seconds": wall}
 
 
-def dataset(a) -> Path:
-    """BENCH/ref-digits or BENCH/refN: {train,val} class folders, written once."""
+def dataset(a) -> tuple[Path, Path]:
+    """(the reference's data path, kfvision's): each with train/ and val/, written once; the
+    digits as PNG class folders (the reference's ImageFolder) and as kfvision image
+    directories of the same files (`convert`)."""
     if a.data == "digits":
         from kfvision.pipelines.flow.demo import write_digits  # needs scikit-learn
+        from kfvision.trainer.data.convert import convert
 
         out = BENCH / "ref-digits"
-        if not (out / "val").exists():
-            write_digits(out, val_fraction=0.2, seed=1)
-        return out
+        if not (out / "imagedirs" / "val").exists():
+            write_digits(out / "raw", val_fraction=0.2, seed=1)
+            for part in ("train", "val"):
+                convert(out / "raw" / part, out / "imagedirs" / part, overwrite=True,
+                        progress=False)
+        return out / "raw", out / "imagedirs"
     from bench.jpegset import make_jpeg_set
     from kfvision.trainer.data.split import split
 
@@ -189,12 +195,12 @@ def dataset(a) -> Path:
     data = make_jpeg_set(out / "set", images=a.images)
     if not (out / "val").exists():
         split(data, out / "train", out / "val", fraction=a.train_share, seed=1)
-    return out
+    return out, out
 
 
 def compare(folder: Path, a) -> dict:
     """{arch: {"reference": [runs], "kfvision": [runs]}}, seeds outermost, sides alternating."""
-    data, runs, turn = dataset(a), {}, 0
+    (data, imagedirs), runs, turn = dataset(a), {}, 0
     for seed in a.seeds:
         for arch in a.archs:
             sides = runs.setdefault(arch, {"reference": [], "kfvision": []})
@@ -203,7 +209,7 @@ def compare(folder: Path, a) -> dict:
             for name in order:
                 load = os.getloadavg()[0]
                 run = (reference_run(folder, arch, data, seed, a) if name == "reference"
-                       else kfvision_run(arch, data, seed, a))
+                       else kfvision_run(arch, imagedirs, seed, a))
                 sides[name].append({**run, "seed": seed, "first": name == order[0],
                                     "load": [load, os.getloadavg()[0]]})
                 print(f"{arch} seed {seed} {name}: {sides[name][-1]}", flush=True)
