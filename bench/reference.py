@@ -200,7 +200,7 @@ def dataset(a) -> tuple[Path, Path]:
 
 def compare(folder: Path, a) -> dict:
     """{arch: {"reference": [runs], "kfvision": [runs]}}, seeds outermost, sides alternating."""
-    (data, imagedirs), runs, turn = dataset(a), {}, 0
+    (data, imagedirs), runs, turn = dataset(a), {}, int(a.kfvision_first)
     for seed in a.seeds:
         for arch in a.archs:
             sides = runs.setdefault(arch, {"reference": [], "kfvision": []})
@@ -223,6 +223,20 @@ def settings(a) -> dict:
                                         "weight_decay", "ema_decay", "workers", "rev")}
 
 
+def merged(saved: list) -> dict:
+    """Several `compare` results of the same settings (e.g. seeds run side by side) as one."""
+    runs = {}
+    for one in saved:
+        if one["settings"] != saved[0]["settings"]:
+            raise SystemExit(f"results of other settings: {one['settings']} against "
+                             f"{saved[0]['settings']}")
+        for arch, sides in one["runs"].items():
+            into = runs.setdefault(arch, {"reference": [], "kfvision": []})
+            for name in into:
+                into[name] += sides[name]
+    return {"settings": saved[0]["settings"], "runs": runs}
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.1%}"
 
@@ -237,11 +251,11 @@ def report(saved: dict) -> str:
     rows += [head, "|---" * 8 + "|"]
     lines = []
     for arch, sides in saved["runs"].items():
-        ref, ours = sides["reference"], sides["kfvision"]
-        n = min(len(ref), len(ours))
-        ref, ours = ref[:n], ours[:n]
-        if not n:
+        by_seed = [{r["seed"]: r for r in sides[name]} for name in ("reference", "kfvision")]
+        seeds = sorted(set(by_seed[0]) & set(by_seed[1]))  # a seed run on both sides
+        if not seeds:
             continue
+        ref, ours = ([side[seed] for seed in seeds] for side in by_seed)
         rows.append(_row(arch, ref, ours))
         for r, o in zip(ref, ours):
             lines.append(f"- {arch} seed {r['seed']} ({'reference' if r['first'] else 'kfvision'}"
@@ -295,7 +309,10 @@ def main(argv=None) -> int:
     p.add_argument("--ema-decay", type=float, default=0.98, help="a step, on both sides")
     p.add_argument("--workers", type=int, default=2, help="the reference's DataLoader workers")
     p.add_argument("--tag", default="", help="added to the result files' names")
-    p.add_argument("--report", type=Path, help="only the table of these results (.json)")
+    p.add_argument("--kfvision-first", action="store_true",
+                   help="start with kfvision's run (to pair with a run started with the reference)")
+    p.add_argument("--report", type=Path, nargs="+",
+                   help="only the table of these results (.json, runs of the same settings)")
     p.add_argument("--one-reference", help=argparse.SUPPRESS)  # the reference's own process
     p.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     a, rest = p.parse_known_args(argv)
@@ -303,7 +320,8 @@ def main(argv=None) -> int:
         print(json.dumps(run_reference_here(a.one_reference, a.seed, rest[1:])))
         return 0
     if a.report:
-        publish(report(json.loads(a.report.read_text())), f"reference-cpu{a.tag}.md")
+        publish(report(merged([json.loads(f.read_text()) for f in a.report])),
+                f"reference-cpu{a.tag}.md")
         return 0
     a.rev = a.rev or pinned_tag()
     runs = compare(references(a.rev, a.vision_git), a)

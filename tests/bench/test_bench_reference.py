@@ -32,3 +32,21 @@ def test_the_table_takes_means_over_seeds_and_ratios_per_seed():
     assert "+1.0 / +3.0" in row
     assert "2.00x (1.00-3.00)" in row  # per seed 3.0 and 1.0: median 2.0
     assert "seed 2 (kfvision first)" in text
+
+
+def test_seeds_run_side_by_side_merge_and_other_settings_are_refused():
+    import pytest
+
+    from bench.reference import merged
+
+    settings = {"data": "digits", "image_size": 32, "batch_size": 32, "epochs": 6, "lr": 0.05,
+                "weight_decay": 1e-4, "ema_decay": 0.98, "workers": 2, "rev": "e2aff7e9"}
+    one = {"settings": settings, "runs": {"resnet18": {
+        "reference": [_run(1, 0.8, 0.8, 10.0, True)], "kfvision": [_run(1, 0.8, 0.8, 20.0, 0)]}}}
+    two = {"settings": settings, "runs": {"resnet18": {
+        "reference": [_run(2, 0.6, 0.6, 10.0, 0)], "kfvision": [_run(2, 0.7, 0.6, 40.0, True)]}}}
+    row = next(line for line in report(merged([one, two])).splitlines()
+               if line.startswith("| resnet18"))
+    assert "| 2 |" in row and "+5.0 / +0.0" in row and "3.00x (2.00-4.00)" in row
+    with pytest.raises(SystemExit, match="other settings"):
+        merged([one, {**two, "settings": {**settings, "epochs": 3}}])
