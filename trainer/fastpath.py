@@ -62,13 +62,13 @@ FAMILY_CHOICES: dict[str, dict[str, tuple[bool, str]]] = {
                        "fp32 at 224 px on the EPYC (AVX512_BF16)"),
         "channels_last": (True, "fp32 channels-last trained it 1.44x (1.25-1.63) as fast as "
                                 "fp32 NCHW at 224 px on the EPYC (AVX512_BF16)")},
-    "swin_transformer": {"channels_last": (False, "bf16 channels-last trained swin_t 0.94x as "
-                                                  "fast as bf16 NCHW at 224 px on the EPYC "
-                                                  "(AVX512_BF16), one round")},
-    "regnet": {"conv_gemm": (False, "one-pixel convolutions as GEMM trained regnet_y_1_6gf 0.89x "
-                                    "(0.77-1.01) as fast as oneDNN's at 224 px on the EPYC "
+    "regnet": {"conv_gemm": (False, "one-pixel convolutions as GEMM trained regnet_y_1_6gf 0.92x "
+                                    "(0.87-1.02, 4 interleaved rounds; 0.89x in 2 earlier ones) "
+                                    "as fast as oneDNN's, bf16, at 224 px on the EPYC "
                                     "(AVX512_BF16)")},
 }
+# swin_transformer: channels-last measured a tie with NCHW in bf16 (1.06x, 0.90-1.24, 4
+# interleaved rounds), so it keeps `auto`'s rule (docs/benchmarks.md, "The fast path per family").
 
 
 def family_choices(family: str | None, cuda: bool) -> dict:
