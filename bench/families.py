@@ -124,22 +124,23 @@ def verdict(r, on_by_default: bool) -> str | None:
     return f"loses: {r[0]:.2f}x" if r[0] < LOSES else None
 
 
-def payback(runs: dict, on: str, off: str) -> str | None:
-    """torch.compile's cost against its gain, from the first round's wall times (compile runs in
-    that round only): the first step's extra seconds, the steady on/off ratio, and after how many
-    training images the faster steps have paid the compilation back (a slower machine or a loaded
-    one stretches both alike: the count holds). None where either did not run."""
+def payback(runs: dict, on: str, off: str, key: str = "images_per_sec") -> str | None:
+    """torch.compile's cost against its gain, from the first round (compile runs in that round
+    only): the first step's extra seconds (wall: the compiler's own processes are not this
+    process's CPU time), the steady on/off ratio by `key`, and after how many training images the
+    faster steps pay the compilation back. None where either did not run."""
     first = [runs.get(v, [{}])[0] for v in (on, off)]
     if any("error" in r or "first_step_s" not in r for r in first):
         return None
     (c, e) = first
-    steady = c["images_per_sec"] / e["images_per_sec"]
+    steady = c[key] / e[key]
     extra = c["first_step_s"] - e["first_step_s"]
-    saved = 1 / e["images_per_sec"] - 1 / c["images_per_sec"]  # seconds a training image
-    back = f"pays back after {extra / saved:,.0f} images" if saved > 0 else "never pays back"
+    saved = 1 / e[key] - 1 / c[key]  # seconds a training image
+    back = (f"pays back after {extra / saved:,.0f} images" if steady > 1.02
+            else "never pays back (no faster within 2%)")
     return (f"first step {c['first_step_s']:.0f} s compiled against {e['first_step_s']:.1f} s "
-            f"eager (+{extra:.0f} s), steady on/off {steady:.2f}x"
-            f" (wall; {c['images_per_sec']:.1f} against {e['images_per_sec']:.1f} img/s): {back}")
+            f"eager (+{extra:.0f} s wall), steady on/off {steady:.2f}x ({c[key]:.1f} against "
+            f"{e[key]:.1f} {'img/cpu-s' if 'cpu' in key else 'img/s'}): {back}")
 
 
 def report(arch: str, entry: dict, key: str) -> tuple[str, str]:
@@ -157,7 +158,7 @@ def report(arch: str, entry: dict, key: str) -> tuple[str, str]:
               for c, (on, off) in flips(default, entry["choices"]).items()}
     cells += [_cell(ratios[c]) if c in ratios else "not run" for c in CHOICES]
     off = {c: why for c in ratios if (why := verdict(ratios[c], default[c]))}
-    compiled = payback(runs, *flips(default)["compile"]) if "compile" in ratios else None
+    compiled = payback(runs, *flips(default)["compile"], key) if "compile" in ratios else None
     return (f"| {family} ({arch}) | " + " | ".join(cells) + " |",
             f"- {family}: the measurement turns off {off or 'nothing'}; FAMILY_CHOICES now: "
             f"{FAMILY_CHOICES.get(family, {}) or 'nothing'}"

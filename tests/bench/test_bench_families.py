@@ -44,7 +44,8 @@ def test_compile_pays_back_its_first_step_after_the_images_its_faster_steps_save
     said = payback(runs, "conv-gemm+compile-nchw", "conv-gemm")
     # +100 s; each image 0.1 s eager, 0.05 s compiled: 100 / 0.05 = 2,000 images
     assert "+100 s" in said and "2.00x" in said and "after 2,000 images" in said
-    runs["conv-gemm+compile-nchw"][0]["images_per_sec"] = 8.0
-    assert payback(runs, "conv-gemm+compile-nchw", "conv-gemm").endswith("never pays back")
+    runs["conv-gemm+compile-nchw"][0]["images_per_sec"] = 10.1  # within 2%: no gain
+    assert payback(runs, "conv-gemm+compile-nchw", "conv-gemm").endswith("never pays back "
+                                                                         "(no faster within 2%)")
     runs["conv-gemm+compile-nchw"] = [{"error": "not done in 900 s (--variant-timeout)"}]
     assert payback(runs, "conv-gemm+compile-nchw", "conv-gemm") is None
