@@ -247,8 +247,8 @@ def report(saved: dict) -> str:
     head = (f"| {s['data']}, {s['image_size']} px, {s['epochs']} epochs, batch {s['batch_size']},"
             " random init | seeds | reference top-1 weights / EMA | kfvision top-1 weights / EMA "
             "(output) | gap weights / EMA (points) | reference img/s | kfvision img/s "
-            "| ratio (range) |")
-    rows += [head, "|---" * 8 + "|"]
+            "| ratio per seed (range) | ratio, same position |")
+    rows += [head, "|---" * 9 + "|"]
     lines = []
     for arch, sides in saved["runs"].items():
         by_seed = [{r["seed"]: r for r in sides[name]} for name in ("reference", "kfvision")]
@@ -287,7 +287,24 @@ def _row(arch: str, ref: list, ours: list) -> str:
             f"{_pct(mean(ours, 'top1_ema'))} ({_pct(mean(ours, 'top1'))}) "
             f"| {gap('top1_model')} / {gap('top1_ema')} "
             f"| {mean(ref, 'images_per_sec'):.1f} | {mean(ours, 'images_per_sec'):.1f} "
-            f"| {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) |")
+            f"| {statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}) "
+            f"| {same_position(ref, ours)} |")
+
+
+def same_position(ref: list, ours: list) -> str:
+    """kfvision's images/s over the reference's among runs that ran in the same position of their
+    pair (first, second): a machine whose load falls while the pairs run (side by side, the first
+    runs share it with more) slows every first run alike. The geometric mean of the two."""
+    by = {}
+    for first in (True, False):
+        r = [x["images_per_sec"] for x in ref if x["first"] == first]
+        o = [x["images_per_sec"] for x in ours if x["first"] == first]
+        if r and o:
+            by["first" if first else "second"] = statistics.mean(o) / statistics.mean(r)
+    if not by:
+        return "-"
+    both = statistics.geometric_mean(by.values())
+    return f"{both:.2f}x (" + ", ".join(f"{k} {v:.2f}x" for k, v in by.items()) + ")"
 
 
 def main(argv=None) -> int:

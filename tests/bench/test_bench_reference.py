@@ -50,3 +50,12 @@ def test_seeds_run_side_by_side_merge_and_other_settings_are_refused():
     assert "| 2 |" in row and "+5.0 / +0.0" in row and "3.00x (2.00-4.00)" in row
     with pytest.raises(SystemExit, match="other settings"):
         merged([one, {**two, "settings": {**settings, "epochs": 3}}])
+
+
+def test_runs_in_the_same_position_of_their_pairs_are_compared():
+    from bench.reference import same_position
+
+    # first runs at 10 and 20 img/s (reference, kfvision), second runs at 30 and 90
+    ref = [_run(1, 0.5, 0.5, 10.0, True), _run(2, 0.5, 0.5, 30.0, False)]
+    ours = [_run(1, 0.5, 0.5, 90.0, False), _run(2, 0.5, 0.5, 20.0, True)]
+    assert same_position(ref, ours) == f"{(2.0 * 3.0) ** 0.5:.2f}x (first 2.00x, second 3.00x)"
