@@ -20,8 +20,9 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
   the loss stay float32. The start-up line says why (`bf16 autocast (AVX512_BF16, 224 px)`);
   `--amp bf16` on a CPU with neither runs (PyTorch emulates bf16 there) and says it is slower;
 - channels_last: on where the convolutions are faster in NHWC (CUDA, and CPU oneDNN with bf16);
-- compile: torch.compile of the model (off by default: on 2 CPU cores it costs more than it saves
-  on short runs; see docs/benchmarks.md);
+- compile: torch.compile of the model (off by default for every family: on a CPU the compiled
+  step was no faster for ResNet and paid its minutes of compilation back only after ~80 epochs
+  of the digits for RegNet; docs/benchmarks.md, "The fast path per family");
 - gpu_decode: the training JPEGs decoded (nvJPEG), cropped, resized and flipped in batches on the
   device, workers only read files (trainer/data/devicedata.py, batchcrop.py); auto: on for CUDA
   when most training images are JPEGs, whether or not they fit the cache (which then keeps the
