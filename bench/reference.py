@@ -29,7 +29,8 @@ copied at run time from a git clone of pytorch/vision into build/torchvision-ref
 at the tag of constraints.txt's torchvision pin unless `--rev` says otherwise:
 
     git clone --bare --filter=blob:none https://github.com/pytorch/vision build/vision.git
-    python -m bench.reference --vision-git build/vision.git          # ResNet-50, MobileNetV3
+    python -m bench.reference --vision-git build/vision.git          # ResNet-18, RegNetY-400MF
+    python -m bench.reference --vision-git build/vision.git --archs resnet50 mobilenet_v3_large
     python -m bench.reference --report build/bench/reference-cpu.json    # its table again
 
 (or put train.py, presets.py, transforms.py, utils.py and sampler.py into the folder yourself).
@@ -313,7 +314,7 @@ def main(argv=None) -> int:
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--vision-git", type=Path, help="a clone of pytorch/vision (bare is enough)")
     p.add_argument("--rev", help="its tag or commit (default: constraints.txt's torchvision)")
-    p.add_argument("--archs", nargs="+", default=["resnet50", "mobilenet_v3_large"])
+    p.add_argument("--archs", nargs="+", default=["resnet18", "regnet_y_400mf"])
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--data", choices=("digits", "jpeg"), default="digits")
     p.add_argument("--images", type=int, default=400, help="jpeg: size of the generated set")
@@ -321,7 +322,7 @@ def main(argv=None) -> int:
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--epochs", type=int, default=6)
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--ema-decay", type=float, default=0.98, help="a step, on both sides")
     p.add_argument("--workers", type=int, default=2, help="the reference's DataLoader workers")
