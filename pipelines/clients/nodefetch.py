@@ -20,27 +20,23 @@ What is fetched, and when (the orders and the plan: pipelines/clients/fetchplan.
   above is a prediction, and nothing breaks where it is wrong (a one-process node reading with
   persistent workers, a resumed run), training only waits.
 
-Requests in flight: `max_connections` (the job's `--max-connections`) GETs at once, each a task of
-one asyncio loop (one thread) awaiting obstore's GET over a kept-alive connection of its pool: the
-request and body in obstore's Rust runtime, the Python work of each image (its checks, its file)
-in the loop's one thread, so no image waits for the interpreter's lock to be handed between
-threads (docs/data.md, "Requests in flight"). A 503 SlowDown pauses every request of the process
-for its backoff (pipelines/clients/s3.py's `retried_async`). A small GET (up to HEDGE_BYTES) that
-has run HEDGE_FACTOR times longer than the median of the last ones (and at least `hedge_after`
-seconds) is asked again once beside it: whichever copy lands first is kept (a stalled connection
-or a slow server thread does not hold a rank up), the other one's bytes are counted apart
-(`hedged` in the summary).
+Requests in flight: `max_connections` (the job's `--max-connections`) downloads at once, each a
+thread waiting, without the interpreter's lock, on obstore's GET over a kept-alive connection of
+its pool, and as many queued behind them; a 503 SlowDown
+pauses every request of the process for its backoff (pipelines/clients/s3.py's `retried`). A
+small GET (up to HEDGE_BYTES) that has run HEDGE_FACTOR times longer than the median of the last
+ones (and at least `hedge_after` seconds) is asked again once beside it: whichever copy lands
+first is kept (a stalled connection or a slow server thread does not hold a rank up), the other
+one's bytes are counted apart (`hedged` in the summary).
 
-Each object is downloaded by pipelines/clients/s3download.py's `download_async` (its GET
-obstore's, pipelines/clients/s3obstore.py, where obstore checks what botocore would): the listed
-ETag asked for (If-Match), size, ETag and MD5 checked, retried under the retry policy, written to
-a hidden part file renamed into place when whole, so a file that exists is complete and a
-restarted pod never reads half an object; the trainer then checks each image's sha256 against
-the manifest as it reads it. A full scratch disk is a ScratchFullError that says how much room
-the node needs.
+Each object is downloaded by pipelines/clients/s3download.py's `download` (its GET obstore's,
+pipelines/clients/s3obstore.py, where obstore checks what botocore would): the listed ETag asked for
+(If-Match), size, ETag and MD5 checked, retried under the retry policy, written to a hidden part
+file renamed into place when whole, so a file that exists is complete and a restarted pod never
+reads half an object; the trainer then checks each image's sha256 against the manifest as it reads
+it. A full scratch disk is a ScratchFullError that says how much room the node needs.
 """
 
-import asyncio
 import contextlib
 import json
 import math
@@ -49,6 +45,7 @@ import statistics
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kfvision.pipelines.clients import s3, s3download, s3sync
@@ -86,6 +83,7 @@ class NodeFetcher:
         self._hedged: set = set()
         self._took: deque = deque(maxlen=256)  # seconds of the last small GETs
         self.second_copies = 0  # bytes of the hedged GETs' copies that landed second
+        self._pool = None
         self.arrival = Path(arrival)
         self.max_connections = max_connections
         self.ahead = ahead
@@ -147,8 +145,12 @@ class NodeFetcher:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        pool = self._pool = ThreadPoolExecutor(self.max_connections + 4,  # + hedges
+                                               thread_name_prefix="fetch")
+        slots = threading.Semaphore(2 * self.max_connections)
         try:
-            asyncio.run(self._main())
+            self._schedule(pool, slots)
+            pool.shutdown(wait=True)
             if self.error is not None:
                 raise self.error
         except BaseException as e:  # noqa: BLE001 (told to the readers, raised by the agent)
@@ -156,21 +158,8 @@ class NodeFetcher:
             self._stop.set()
             self._tell_readers(error_line(self.error))
         finally:
+            pool.shutdown(wait=False, cancel_futures=True)
             self.done.set()
-
-    async def _main(self) -> None:
-        """The plan's GETs from one loop: up to max_connections in flight (and the hedges), each
-        a task awaiting obstore; stopped (or failed), the ones in flight are cancelled (their part
-        files removed)."""
-        self._tasks: set = set()
-        self._freed = asyncio.Event()
-        self._in_flight = 0
-        try:
-            await self._schedule()
-        finally:
-            for task in self._tasks:
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _tell_readers(self, line: str) -> None:
         """arrival/failed with `line`, written into the note reserved at start: a full disk (the
@@ -181,42 +170,42 @@ class NodeFetcher:
                 f.write(line.encode()[:NOTE_BYTES].ljust(NOTE_BYTES))
             os.replace(note, self.arrival / FAILED)
 
-    async def _schedule(self) -> None:
+    def _schedule(self, pool, slots) -> None:
         epoch, val_sent = 1, False
         while epoch <= self.plan.epochs and not self._stop.is_set():
             items = self.epoch_items(epoch)
             ahead = math.ceil(self.ahead * len(items))
             for pos, item in enumerate(items):
                 while not self._stop.is_set():
-                    await self._serve_wants()
+                    self._serve_wants(pool, slots)
                     begun = max(1, self.trainer_epoch())
                     if begun > epoch:  # the ranks are past this epoch (a resumed run)
                         break
                     if begun == epoch or pos < ahead:
-                        await self._submit(item)
+                        self._submit(pool, slots, item)
                         break
-                    await self._idle()
+                    self._idle()
                 else:
                     return
                 if max(1, self.trainer_epoch()) > epoch:
                     break
             if not val_sent:
                 for item in self.val_items():
-                    await self._submit(item)
+                    self._submit(pool, slots, item)
                 val_sent = True
             epoch = max(epoch + 1, self.trainer_epoch())
         while not self._stop.is_set() and self.plan.epochs > 0:  # wants until told to stop
-            await self._serve_wants()
-            await self._idle()
+            self._serve_wants(pool, slots)
+            self._idle()
 
-    async def _idle(self) -> None:
+    def _idle(self) -> None:
         self._touch()
-        await asyncio.sleep(POLL_S)
-        self._hedge()
+        time.sleep(POLL_S)
+        self._hedge(self._pool)
 
-    def _hedge(self) -> None:
+    def _hedge(self, pool) -> None:
         """Ask again, once, for each small GET that has run far longer than its peers."""
-        if len(self._took) < 8:
+        if pool is None or len(self._took) < 8:
             return
         limit = max(self.hedge_after, HEDGE_FACTOR * statistics.median(self._took))
         now = time.monotonic()
@@ -226,13 +215,13 @@ class NodeFetcher:
                     and ch.objects[key[1]].size <= HEDGE_BYTES]
             self._hedged.update(key for key, _ in late)
         for (_, rel), ch in late:
-            self._start(ch, rel, counted=False)
+            pool.submit(self._fetch, ch, rel)
 
     def _touch(self) -> None:
         with contextlib.suppress(OSError):
             (self.arrival / ALIVE).touch()
 
-    async def _serve_wants(self) -> None:
+    def _serve_wants(self, pool, slots) -> None:
         now = time.monotonic()
         if now - self._wants_read < POLL_S:
             return
@@ -246,45 +235,28 @@ class NodeFetcher:
                 with contextlib.suppress(ValueError):
                     rel = path.relative_to(ch.folder).as_posix()
                     if rel in ch.objects:
-                        await self._submit((ch, ch.index[rel]))
+                        self._submit(pool, slots, (ch, ch.index[rel]))
 
-    async def _submit(self, item) -> None:
+    def _submit(self, pool, slots, item) -> None:
         ch, i = item
         key = (ch.name, ch.paths[i])
         with self._lock:
             if key in self.held or key in self._queued:
                 return
             self._queued.add(key)
-        while self._in_flight >= self.max_connections:  # all in flight: look for a late one
-            if self.error is not None:
-                raise self.error
-            if self._stop.is_set():
-                return
-            self._freed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), POLL_S)
-            self._hedge()
         if self.error is not None:
             raise self.error
+        while not slots.acquire(timeout=POLL_S):  # all in flight: look for a late one
+            self._hedge(pool)
+            if self.error is not None:
+                raise self.error
         now = time.monotonic()
         if now - self._touched >= POLL_S:  # a sign of life for the readers, not a write per item
             self._touched = now
             self._touch()
-        self._start(ch, ch.paths[i], counted=True)
+        pool.submit(self._fetch, ch, ch.paths[i]).add_done_callback(lambda _: slots.release())
 
-    def _start(self, ch: Channel, rel: str, counted: bool) -> None:
-        """A task fetching `rel`; `counted` ones hold one of the max_connections slots."""
-        task = asyncio.create_task(self._fetch(ch, rel))
-        self._tasks.add(task)
-        self._in_flight += counted
-        task.add_done_callback(lambda t: self._ended(t, counted))
-
-    def _ended(self, task, counted: bool) -> None:
-        self._tasks.discard(task)
-        self._in_flight -= counted
-        self._freed.set()
-
-    async def _fetch(self, ch: Channel, rel: str) -> None:
+    def _fetch(self, ch: Channel, rel: str) -> None:
         if self._stop.is_set():
             return
         obj, key = ch.objects[rel], (ch.name, rel)
@@ -293,10 +265,7 @@ class NodeFetcher:
         with self._lock:
             self._running.setdefault(key, (ch, start))
         try:
-            got = await s3download.download_async(obj, bucket, ch.folder / rel,
-                                                  self.max_connections)
-        except asyncio.CancelledError:
-            raise
+            got = s3download.download(obj, bucket, ch.folder / rel, self.max_connections)
         except OutputError as e:
             self._fail(self.full(e))
             return

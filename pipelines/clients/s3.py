@@ -1,8 +1,8 @@
 """The one object-storage layer: the `s3://` calls kfvision makes (AWS S3 and what speaks its API:
 MinIO, Ceph RGW, SeaweedFS, the pipelines' own artifact store), and one mapping of their failures
 onto the named errors. No other module imports boto3 (pipelines/clients/s3sync.py builds fetching,
-pushing and the model cache on these calls; pipelines/clients/s3download.py is `download` and
-`download_async`: one object into a file, checked; pipelines/clients/s3obstore.py is their
+pushing and the model cache on these calls; pipelines/clients/s3download.py is `download`:
+one object into a file, checked; pipelines/clients/s3obstore.py is their
 GetObject, on the Rust obstore client, configured from botocore's and failing as botocore does;
 pipelines/clients/s3get.py is botocore's request and signature without its per-call work, for
 the objects obstore does not take; pipelines/clients/s3put.py is `upload`: one checked PUT, or
@@ -386,24 +386,6 @@ def retried(uri: str, doing: str, attempt):
                 return attempt()
             except Exception as e:
                 time.sleep(_after_failure(e, n, policy, start, uri, doing))
-    raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
-
-
-async def retried_async(uri: str, doing: str, attempt):
-    """`retried` for a coroutine function `attempt` (the node fetcher's loop): the same policy,
-    process-wide throttle and named errors; its waits are the loop's, not a thread's."""
-    import asyncio
-
-    policy, start = _policy, time.monotonic()
-    with mapped(uri, doing):
-        for n in range(policy.attempts):
-            try:
-                left = _throttled_until - time.monotonic()
-                if left > 0:
-                    await asyncio.sleep(left)
-                return await attempt()
-            except Exception as e:
-                await asyncio.sleep(_after_failure(e, n, policy, start, uri, doing))
     raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
 

@@ -2,20 +2,15 @@
 a file, through a hidden part file (s3.PART) renamed into place once its size, ETag and (where
 the ETag is one) MD5 are checked, so a file at the object's name is always whole; the listed
 ETag is asked for (If-Match: an object rewritten since it was listed is ChangedDatasetError);
-every try under s3's retry policy and named errors (s3.retried).
+every try under s3's retry policy and named errors (s3.retried). Its GET is obstore's
+(pipelines/clients/s3obstore.py) where obstore checks what botocore would, botocore's
+(pipelines/clients/s3get.py) for the rest.
 
-Two ways in, one set of checks:
-- `download`, from a thread (s3sync's pool, the model cache, a checkpoint restored);
-- `download_async`, from an asyncio loop: the node fetcher's (pipelines/clients/nodefetch.py),
-  which keeps its GETs in flight from one thread, each awaiting obstore's get_async (the
-  request, its connection and body in obstore's Rust runtime) while the loop does the Python
-  work of the others: a thread per GET cost more client CPU per image in handing the
-  interpreter's lock between threads than the GET itself (docs/data.md, "Requests in flight").
-  What obstore does not take (s3obstore's `takes`: an ETag that is no MD5, a key it cannot name,
-  a redirected bucket) is `download` in the loop's executor, botocore's GET as before.
+Called from threads: s3sync's pool, the node fetcher's (pipelines/clients/nodefetch.py), the
+model cache. An asyncio loop on obstore's get_async was built and measured in their place and
+not kept (docs/data.md, "Requests in flight, and which client").
 """
 
-import asyncio
 import contextlib
 import hashlib
 import os
@@ -25,8 +20,6 @@ from pathlib import Path
 from kfvision.pipelines.clients import s3
 from kfvision.trainer.errors import ChangedDatasetError
 from kfvision.trainer.fileio import disk_errors
-
-WHOLE = 1 << 20  # a body this small is read in one await, a larger one in s3.CHUNK chunks
 
 
 def download(obj: s3.Obj, bucket: str, target: Path,
@@ -70,68 +63,6 @@ def download(obj: s3.Obj, bucket: str, target: Path,
 
     with _cleaned(tmp, uri):
         return s3.retried(uri, "download", attempt)
-
-
-async def download_async(obj: s3.Obj, bucket: str, target: Path,
-                         max_connections: int = s3.DEFAULT_CONNECTIONS, on_bytes=None) -> int:
-    """`download` awaited in an asyncio loop (obstore's GET; what it does not take, `download`
-    in the loop's executor). The same checks, retries and errors."""
-    uri, tmp = _places(obj, bucket, target)
-    with s3.mapped(uri, "download"):
-        _, store = s3.getters(bucket, max_connections)
-    if store is None or not store.takes(obj.key, obj.etag):
-        return await _in_thread(obj, bucket, target, max_connections, on_bytes)
-
-    async def attempt() -> int | None:
-        r = await store.get_object_async(obj.key, f'"{obj.etag}"')
-        if r is None:  # the bucket redirected: botocore's GET from now on
-            return None
-        md5 = _md5_of(obj, r)
-        written = 0
-        if obj.size <= WHOLE:
-            data = await r["Body"].read_async()
-            with disk_errors(target, obj.size), open(tmp, "wb") as f:
-                written = f.write(data)
-            if md5 is not None:
-                md5.update(data)
-        else:
-            with disk_errors(target, obj.size), open(tmp, "wb") as f:
-                async for chunk in r["Body"].iter_chunks_async(s3.CHUNK):
-                    written += f.write(chunk)
-                    if md5 is not None:
-                        md5.update(chunk)
-        if _bad_md5(obj, written, md5) and not await asyncio.get_running_loop().run_in_executor(
-                None, _encrypted, r, uri, obj):
-            raise s3.BadBody(_bad_md5(obj, written, md5))
-        with disk_errors(target, obj.size):
-            os.replace(tmp, target)
-        if on_bytes:  # a progress bar: counted once the object is whole
-            on_bytes(written)
-        return written
-
-    with _cleaned(tmp, uri):
-        got = await s3.retried_async(uri, "download", attempt)
-    return (got if got is not None
-            else await _in_thread(obj, bucket, target, max_connections, on_bytes))
-
-
-def run(coroutine):
-    """asyncio.run(coroutine), in a thread of its own where this one already runs a loop (a
-    notebook's): s3sync's fetch of a prefix, called from anywhere."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
-
-
-async def _in_thread(obj: s3.Obj, bucket: str, target: Path, max_connections: int,
-                     on_bytes) -> int:
-    return await asyncio.get_running_loop().run_in_executor(None, download, obj, bucket, target,
-                                                            max_connections, on_bytes)
 
 
 def _places(obj: s3.Obj, bucket: str, target: Path) -> tuple[str, Path]:

@@ -97,19 +97,6 @@ class Store:
         return {"ETag": answer.meta.get("e_tag") or "", "Unsure": True,
                 "Body": _Body(answer, self)}
 
-    async def get_object_async(self, key: str, if_match: str) -> dict | None:
-        """`get_object` awaited in an asyncio loop (obstore's get_async: the request runs in
-        its Rust runtime while the loop serves the other GETs); its Body read by `read_async`
-        or `iter_chunks_async`."""
-        import obstore
-
-        try:
-            answer = await obstore.get_async(self._store, key, options={"if_match": if_match})
-        except Exception as e:  # noqa: BLE001 (each one mapped, or raised as it is)
-            return self._refused(e)
-        return {"ETag": answer.meta.get("e_tag") or "", "Unsure": True,
-                "Body": _Body(answer, self)}
-
     def _refused(self, e: Exception) -> None:
         """None for a redirect (marking the store redirected), else `e` raised as botocore's."""
         err = self.botocore(e)
@@ -148,7 +135,7 @@ class Store:
 
 
 class _Body:
-    """An answer's body, read as botocore's StreamingBody is (`iter_chunks`), or awaited."""
+    """An answer's body, read as botocore's StreamingBody is (`iter_chunks`)."""
 
     def __init__(self, answer, store: Store):
         self._answer, self._store = answer, store
@@ -156,20 +143,6 @@ class _Body:
     def iter_chunks(self, size: int):
         try:
             yield from self._answer.stream(min_chunk_size=size)
-        except Exception as e:  # noqa: BLE001 (mapped as the GET's own failures)
-            raise self._store.botocore(e) from e
-
-    async def read_async(self):
-        """The whole body (a buffer), in one await: a small object's."""
-        try:
-            return await self._answer.bytes_async()
-        except Exception as e:  # noqa: BLE001 (mapped as the GET's own failures)
-            raise self._store.botocore(e) from e
-
-    async def iter_chunks_async(self, size: int):
-        try:
-            async for chunk in self._answer.stream(min_chunk_size=size):
-                yield chunk
         except Exception as e:  # noqa: BLE001 (mapped as the GET's own failures)
             raise self._store.botocore(e) from e
 

@@ -25,7 +25,6 @@ throttled, reset, cut short, stalled or answered with another ETag. Or a named e
 same command resumes there.
 """
 
-import asyncio
 import contextlib
 import hashlib
 import json
@@ -188,34 +187,38 @@ def fetch(uri: str, dest, *, max_connections: int = s3.DEFAULT_CONNECTIONS,
 
 def _download_all(objects, bucket: str, prefix: str, dest: Path, journal: _Journal,
                   result: Fetched, max_connections: int, progress) -> None:
-    """Download what `journal` does not hold yet, `max_connections` at a time: tasks of one
-    asyncio loop, as the node fetcher's (s3download.download_async; the listing's pages are
-    asked between them)."""
+    """Download what `journal` does not hold yet, `max_connections` at a time."""
     from kfvision.trainer.progressbar import progress_bar
 
     bar = progress_bar(None, "fetch", "B", progress)
     update = getattr(bar, "update", None)
     if update is not None:
         bar.unit_scale = True
+    count_lock = threading.Lock()
 
-    async def one(obj: s3.Obj, rel: str) -> None:
-        n = await s3download.download_async(obj, bucket, dest / rel, max_connections,
-                                            on_bytes=update)
+    def one(obj: s3.Obj, rel: str) -> None:
+        n = s3download.download(obj, bucket, dest / rel, max_connections, on_bytes=update)
         journal.add(rel, obj)
-        result.fetched_objects += 1
-        result.fetched_bytes += n
+        with count_lock:
+            result.fetched_objects += 1
+            result.fetched_bytes += n
 
-    async def run() -> None:
-        # a slot taken before each task starts, given back when it ends (asyncio.wait on the
-        # running set would touch every task per object)
-        slots, running, failed = asyncio.Semaphore(max_connections), set(), []
+    # At most 2 x max_connections downloads submitted and not done: a slot is taken before each
+    # submit and given back when one ends. (concurrent.futures.wait on the pending set did the
+    # same, but takes and gives back every pending future's lock on each call, once per object:
+    # threads then wait on each other's locks; docs/benchmarks.md counts them.)
+    slots = threading.Semaphore(2 * max_connections)
+    pending: set = set()
+    failed: list = []
 
-        def ended(task) -> None:
-            running.discard(task)
-            slots.release()
-            if not task.cancelled() and task.exception() is not None:
-                failed.append(task)
+    def ended(f) -> None:
+        with count_lock:
+            pending.discard(f)
+        if not f.cancelled() and f.exception() is not None:
+            failed.append(f)
+        slots.release()
 
+    with ThreadPoolExecutor(max_connections, thread_name_prefix="kfvision-s3") as pool:
         try:
             for obj in objects:
                 result.listed += 1
@@ -235,26 +238,26 @@ def _download_all(objects, bucket: str, prefix: str, dest: Path, journal: _Journ
                     if update is not None:
                         update(obj.size)
                     continue
-                await slots.acquire()
+                slots.acquire()
                 if failed:
-                    failed[0].result()  # the first failure ends the fetch
-                task = asyncio.create_task(one(obj, rel))
-                running.add(task)
-                task.add_done_callback(ended)
-            for _ in range(max_connections):  # every download ended
-                await slots.acquire()
+                    failed[0].result()
+                f = pool.submit(one, obj, rel)
+                with count_lock:
+                    pending.add(f)
+                f.add_done_callback(ended)
+            for _ in range(2 * max_connections):  # every download ended
+                slots.acquire()
             if failed:
                 failed[0].result()
+        except BaseException:
+            with count_lock:
+                left = list(pending)
+            for f in left:
+                f.cancel()
+            raise
         finally:
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-
-    try:
-        s3download.run(run())
-    finally:
-        if hasattr(bar, "close"):
-            bar.close()
+            if hasattr(bar, "close"):
+                bar.close()
 
 
 def _size(path: Path) -> int | None:

@@ -98,20 +98,20 @@ def test_changed_object_is_a_changed_dataset_error(s3_bucket, tiny_digits, tmp_p
 def test_killed_download_resumes_with_only_what_is_missing(s3_bucket, tiny_digits, tmp_path,
                                                            monkeypatch, capsys):
     n = s3_bucket.upload_folder(tiny_digits["raw"] / "val", "v/")
-    place, real, done = tmp_path / "place", s3download.download_async, []
+    place, real, done = tmp_path / "place", s3download.download, []
 
-    async def killed_after_20(obj, bucket, target, *args, **kwargs):
+    def killed_after_20(obj, bucket, target, *args, **kwargs):
         if len(done) >= 20:  # a half-written temporary file, then the process dies
             (target.parent / f"{s3.PART}dead-{target.name}").write_bytes(b"\x89PNG half")
             raise KeyboardInterrupt
         done.append(obj.key)
-        return await real(obj, bucket, target, *args, **kwargs)
+        return real(obj, bucket, target, *args, **kwargs)
 
-    monkeypatch.setattr(s3download, "download_async", killed_after_20)
+    monkeypatch.setattr(s3download, "download", killed_after_20)
     with pytest.raises(KeyboardInterrupt):
         s3sync.fetch(s3_bucket.uri("v/"), place, max_connections=1, progress=False)
     assert list(place.rglob(f"{s3.PART}*"))
-    monkeypatch.setattr(s3download, "download_async", real)
+    monkeypatch.setattr(s3download, "download", real)
     got = s3sync.fetch(s3_bucket.uri("v/"), place, max_connections=4, progress=False)
     assert (got.objects, got.fetched_objects) == (n, n - 20)
     assert not list(place.rglob(f"{s3.PART}*"))

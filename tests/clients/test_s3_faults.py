@@ -13,7 +13,7 @@ import pytest
 from helpers.s3proxy import KINDS, PART_1, FaultProxy, Rule
 
 from kfvision.pipelines.cli import main
-from kfvision.pipelines.clients import s3, s3download, s3put, s3sync
+from kfvision.pipelines.clients import s3, s3put, s3sync
 from kfvision.trainer.data.imagedir import MANIFEST
 
 
@@ -62,11 +62,10 @@ def _journal(folder: Path) -> set:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_fault_alone_is_retried_to_the_right_bytes(s3_bucket, proxy, policy, tmp_path,
-                                                        monkeypatch, kind):
+                                                        kind):
     if kind == "stall":  # a stalled body (3 s) is a failed try; a slow one on a loaded machine not
         proxy.stall_s = 3.0
         policy(read_timeout_s=1.0)
-    monkeypatch.setattr(s3download, "WHOLE", 1024)  # objects read whole, and in chunks
     put = _objects(s3_bucket, "d/", 30)
     proxy.rule = Rule(rate=0.3, methods={"GET"}, kinds=(kind,))
     got = s3sync.fetch(s3_bucket.uri("d/"), tmp_path / "f", max_connections=4, progress=False)

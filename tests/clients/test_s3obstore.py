@@ -3,7 +3,6 @@ botocore's credentials; what it cannot check goes through botocore; its failures
 exceptions, so the named errors are the layer's. (The fault tests, tests/clients/
 test_s3_faults.py, fetch through it too.)"""
 
-import asyncio
 import hashlib
 import socket
 
@@ -91,36 +90,14 @@ def test_a_refused_connection_and_a_failed_handshake_are_botocores_errors(s3_buc
 
 
 def test_answers_are_botocores_client_errors(s3_bucket):
-    """From a thread (get_object) and from an asyncio loop (get_object_async) alike."""
     s3_bucket.put("k", b"data")
     store = _store(s3_bucket.endpoint, s3_bucket.name)
     etag = hashlib.md5(b"data").hexdigest()
     assert b"".join(store.get_object("k", f'"{etag}"')["Body"].iter_chunks(4)) == b"data"
-
-    async def read(key, match, whole):
-        body = (await store.get_object_async(key, match))["Body"]
-        return (bytes(await body.read_async()) if whole
-                else b"".join([bytes(c) async for c in body.iter_chunks_async(4)]))
-
-    assert asyncio.run(read("k", f'"{etag}"', True)) == b"data"
-    assert asyncio.run(read("k", f'"{etag}"', False)) == b"data"
     for key, match, code in (("k", f'"{MD5}"', "PreconditionFailed"), ("nope", "*", "NoSuchKey")):
-        for get in (store.get_object, lambda k, m: asyncio.run(read(k, m, True))):
-            with pytest.raises(ClientError) as e:
-                get(key, match)
-            assert e.value.response["Error"]["Code"] == code
-
-
-def test_a_fetch_called_where_a_loop_runs_fetches_in_a_thread_of_its_own(s3_bucket, tmp_path):
-    """s3sync's fetch runs its downloads on a loop of its own: called from a coroutine (a
-    notebook's cell), it does so in another thread."""
-    put = _objects(s3_bucket, 4)
-
-    async def cell():
-        return s3sync.fetch(s3_bucket.uri("d/"), tmp_path / "f", progress=False)
-
-    assert asyncio.run(cell()).fetched_objects == len(put)
-    assert (tmp_path / "f" / "1" / "o1.bin").read_bytes() == put["d/1/o1.bin"]
+        with pytest.raises(ClientError) as e:
+            store.get_object(key, match)
+        assert e.value.response["Error"]["Code"] == code
 
 
 def test_credentials_that_cannot_be_had_are_botocores_error(s3_bucket):
