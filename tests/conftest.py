@@ -91,6 +91,19 @@ def pytest_xdist_make_scheduler(config, log):
     return None
 
 
+# Session fixtures that start a process importing torch for the tests that ask for them (one
+# `kfvision serve` the protocol tests share). The cost check cannot see a process a wider fixture
+# started, so a test that asks for one is marked `process` here, as it would be had it started
+# the server itself: `make test-fast` runs no torch process (docs/development.md, the tiers).
+TORCH_PROCESS_FIXTURES = ("served_digits",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_itemcollected(item):
+    if any(name in item.fixturenames for name in TORCH_PROCESS_FIXTURES):
+        item.add_marker(pytest.mark.process)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` skip, saying why, where PyTorch sees no CUDA device; `stress` tests run
     only when `-m` names them. Under pytest-xdist the heavy units come first (a heavy test alone,

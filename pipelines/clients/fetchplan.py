@@ -2,15 +2,18 @@
 directories of the job as the node sees them (`Channel`: the manifest's paths and sizes, the
 listing's ETags), the job's world and this node's ranks (`Plan`), and the orders the ranks'
 samplers will read in (`rank_order`, the trainer's own draws; `node_order`, the ranks read in
-step; `eval_share`, each rank's validation images). Pure functions of the plan, but for
-`Channel.list`, the listing that checks every image of the manifest is in the store.
+step; `eval_share`, each rank's validation images), and the room it needs on the node's scratch
+disk (`check_room`, `ScratchFullError`). Pure functions of the plan, but for `Channel.list`, the
+listing that checks every image of the manifest is in the store.
 """
 
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kfvision.pipelines.clients import s3
-from kfvision.trainer.errors import ChangedDatasetError
+from kfvision.trainer.errors import ChangedDatasetError, OutputError
 
 
 @dataclass
@@ -76,3 +79,38 @@ def node_order(orders: list) -> list:
 def eval_share(n: int, world_size: int, ranks) -> list:
     """The validation indices this node's ranks read (kfvision.trainer.data.datasets.EvalShard)."""
     return node_order([list(range(r, n, world_size)) for r in ranks])
+
+
+class ScratchFullError(OutputError):
+    """The node's scratch disk cannot hold what the node fetches: the message says how much room
+    it needs and which option gives it (`--scratch-size`)."""
+
+
+def scratch_full(scratch: Path, need: int, e: OutputError) -> ScratchFullError:
+    """The disk `scratch` filled up while fetching (`e`); the node needs `need` bytes of images."""
+    return ScratchFullError(
+        f"the node's scratch disk ({scratch}) is full: by the end of the run each node holds up "
+        f"to the whole dataset, {_gib(need)} ({need:,} bytes) of images, plus the model and its "
+        f"checkpoints. Give the job a larger scratch disk (`kfvision job render --scratch-size`, "
+        f"e.g. {_gib(need * 1.2 + (1 << 30))}). ({e})")
+
+
+def check_room(folder: Path, need: int) -> None:
+    """Fail before fetching when the scratch disk cannot hold `need` bytes.
+
+    Raises:
+        ScratchFullError: the free space is smaller.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise ScratchFullError(
+            f"the node's scratch disk ({folder}) has {_gib(free)} free, but by the end of the run "
+            f"this node holds {_gib(need)} ({need:,} bytes): the whole dataset, the model and "
+            "its checkpoints. Give the job a larger scratch disk (`kfvision job render "
+            f"--scratch-size`, e.g. {_gib(need * 1.2 + (1 << 30))}).")
+
+
+def _gib(n: float) -> str:
+    return f"{math.ceil(n / (1 << 30) * 10) / 10:g}Gi"

@@ -29,8 +29,8 @@ ones (and at least `hedge_after` seconds) is asked again once beside it: whichev
 first is kept (a stalled connection or a slow server thread does not hold a rank up), the other
 one's bytes are counted apart (`hedged` in the summary).
 
-Each object is downloaded by pipelines/clients/s3.py's `download` (its GET obstore's, pipelines/
-clients/s3obstore.py, where obstore checks what botocore would): the listed ETag asked for
+Each object is downloaded by pipelines/clients/s3download.py's `download` (its GET obstore's,
+pipelines/clients/s3obstore.py, where obstore checks what botocore would): the listed ETag asked for
 (If-Match), size, ETag and MD5 checked, retried under the retry policy, written to a hidden part
 file renamed into place when whole, so a file that exists is complete and a restarted pod never
 reads half an object; the trainer then checks each image's sha256 against the manifest as it reads
@@ -48,8 +48,17 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kfvision.pipelines.clients import s3, s3sync
-from kfvision.pipelines.clients.fetchplan import Channel, Plan, eval_share, node_order, rank_order
+from kfvision.pipelines.clients import s3, s3download, s3sync
+from kfvision.pipelines.clients.fetchplan import (  # noqa: F401 (check_room: the agent's)
+    Channel,
+    Plan,
+    ScratchFullError,
+    check_room,
+    eval_share,
+    node_order,
+    rank_order,
+    scratch_full,
+)
 from kfvision.trainer.data.arrival import ALIVE, FAILED, read_epochs
 from kfvision.trainer.errors import OutputError
 from kfvision.trainer.exitcodes import error_line
@@ -60,11 +69,6 @@ NOTE, NOTE_BYTES = ".failed-note", 4096  # the failure note's room, taken before
 HEDGE_BYTES = 8 << 20  # a GET this small is asked again when it takes far longer than its peers
 HEDGE_FACTOR = 8.0  # "far longer": this many times the median of the last GETs
 HEDGE_AFTER_S = 1.0  # and never sooner than this
-
-
-class ScratchFullError(OutputError):
-    """The node's scratch disk cannot hold what the node fetches: the message says how much room
-    it needs and which option gives it (`--scratch-size`)."""
 
 
 class NodeFetcher:
@@ -261,7 +265,7 @@ class NodeFetcher:
         with self._lock:
             self._running.setdefault(key, (ch, start))
         try:
-            got = s3.download(obj, bucket, ch.folder / rel, self.max_connections)
+            got = s3download.download(obj, bucket, ch.folder / rel, self.max_connections)
         except OutputError as e:
             self._fail(self.full(e))
             return
@@ -290,12 +294,7 @@ class NodeFetcher:
 
     def full(self, e: OutputError) -> ScratchFullError:
         need = sum(sum(ch.sizes) for ch in filter(None, (self.train, self.val)))
-        return ScratchFullError(
-            f"the node's scratch disk ({self.train.folder.parent}) is full: by the end of the run "
-            f"each node holds up to the whole dataset, {_gib(need)} ({need:,} bytes) of images, "
-            f"plus the model and its checkpoints. Give the job a larger scratch disk "
-            f"(`kfvision job render --scratch-size`, e.g. {_gib(need * 1.2 + (1 << 30))}). "
-            f"({e})")
+        return scratch_full(self.train.folder.parent, need, e)
 
     # --- what it did
     def summary(self) -> dict:
@@ -326,24 +325,3 @@ def write_summary(fetcher: NodeFetcher, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(fetcher.summary(), indent=1))
     os.replace(tmp, path)
-
-
-def check_room(folder: Path, need: int) -> None:
-    """Fail before fetching when the scratch disk cannot hold `need` bytes.
-
-    Raises:
-        ScratchFullError: the free space is smaller.
-    """
-    folder.mkdir(parents=True, exist_ok=True)
-    st = os.statvfs(folder)
-    free = st.f_bavail * st.f_frsize
-    if free < need:
-        raise ScratchFullError(
-            f"the node's scratch disk ({folder}) has {_gib(free)} free, but by the end of the run "
-            f"this node holds {_gib(need)} ({need:,} bytes): the whole dataset, the model and "
-            "its checkpoints. Give the job a larger scratch disk (`kfvision job render "
-            f"--scratch-size`, e.g. {_gib(need * 1.2 + (1 << 30))}).")
-
-
-def _gib(n: float) -> str:
-    return f"{math.ceil(n / (1 << 30) * 10) / 10:g}Gi"

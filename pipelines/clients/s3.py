@@ -1,8 +1,9 @@
 """The one object-storage layer: the `s3://` calls kfvision makes (AWS S3 and what speaks its API:
 MinIO, Ceph RGW, SeaweedFS, the pipelines' own artifact store), and one mapping of their failures
 onto the named errors. No other module imports boto3 (pipelines/clients/s3sync.py builds fetching,
-pushing and the model cache on these calls; pipelines/clients/s3obstore.py is the GetObject of
-`download`, on the Rust obstore client, configured from botocore's and failing as botocore does;
+pushing and the model cache on these calls; pipelines/clients/s3download.py is `download`:
+one object into a file, checked; pipelines/clients/s3obstore.py is their
+GetObject, on the Rust obstore client, configured from botocore's and failing as botocore does;
 pipelines/clients/s3get.py is botocore's request and signature without its per-call work, for
 the objects obstore does not take; pipelines/clients/s3put.py is `upload`: one checked PUT, or
 parts each checked against its own MD5).
@@ -36,15 +37,11 @@ short, stalled, wrong bytes) is repeated under one `RetryPolicy`: exponential ba
 jitter, a bounded number of tries and a bounded total time (docs/data.md, "Object storage").
 """
 import contextlib
-import hashlib
-import os
 import random
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from kfvision.pipelines.clients.endpoints import (
     EndpointAuthError,
@@ -52,7 +49,6 @@ from kfvision.pipelines.clients.endpoints import (
     EndpointUnreachableError,
 )
 from kfvision.trainer.errors import ChangedDatasetError, InvalidParameterError, KfvisionError
-from kfvision.trainer.fileio import disk_errors
 from kfvision.trainer.options import option
 
 SCHEME = "s3://"
@@ -213,7 +209,7 @@ def _timestamp(text: str):
     return parse_timestamp(text)
 
 
-def _getter(bucket: str, max_connections: int):
+def getters(bucket: str, max_connections: int):
     """The GetObject of `bucket` that skips botocore's per-call work (pipelines/clients/
     s3get.py), made once per client and bucket (its first call asks botocore for a template),
     and the obstore store made from it (pipelines/clients/s3obstore.py; None where obstore
@@ -382,9 +378,6 @@ def retried(uri: str, doing: str, attempt):
     errors (the module doc's table). Throttling slows the whole process: after a 503 SlowDown
     (or 429, Throttling) no call of any thread starts a try until that call's backoff is over,
     so many requests in flight back off together rather than each asking again at once."""
-    from botocore import exceptions as bx
-
-    global _throttled_until
     policy, start = _policy, time.monotonic()
     with mapped(uri, doing):
         for n in range(policy.attempts):
@@ -392,23 +385,33 @@ def retried(uri: str, doing: str, attempt):
                 _pause_while_throttled()
                 return attempt()
             except Exception as e:
-                if isinstance(e, KfvisionError) or not _transient(e):
-                    raise
-                wait = policy.wait(n)
-                spent = time.monotonic() - start
-                if n + 1 >= policy.attempts or spent + wait > policy.total_s:
-                    tries = f"{n + 1} tr{'y' if n == 0 else 'ies'} over {spent:.1f} s"
-                    if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
-                        err = _error(e, uri, doing)
-                        raise type(err)(f"{err} ({tries})", err.endpoint) from e
-                    raise ObjectTransferError(
-                        f"cannot {doing} {uri}: {_what_failed(e)}, on the last of {tries} (the "
-                        "retry budget: docs/data.md, 'Object storage'). Running the same command "
-                        "again resumes: what is done is kept.", known_endpoint()) from e
-                if _throttling(e):
-                    _throttled_until = max(_throttled_until, time.monotonic() + wait)
-                time.sleep(wait)
+                time.sleep(_after_failure(e, n, policy, start, uri, doing))
     raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+
+def _after_failure(e: Exception, n: int, policy: RetryPolicy, start: float, uri: str,
+                   doing: str) -> float:
+    """The wait before the try after try `n` failed with `e`; raises `e` (not one another try
+    may fix) or the named error of a spent budget."""
+    from botocore import exceptions as bx
+
+    global _throttled_until
+    if isinstance(e, KfvisionError) or not _transient(e):
+        raise e
+    wait = policy.wait(n)
+    spent = time.monotonic() - start
+    if n + 1 >= policy.attempts or spent + wait > policy.total_s:
+        tries = f"{n + 1} tr{'y' if n == 0 else 'ies'} over {spent:.1f} s"
+        if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError)):
+            err = _error(e, uri, doing)
+            raise type(err)(f"{err} ({tries})", err.endpoint) from e
+        raise ObjectTransferError(
+            f"cannot {doing} {uri}: {_what_failed(e)}, on the last of {tries} (the retry "
+            "budget: docs/data.md, 'Object storage'). Running the same command again resumes: "
+            "what is done is kept.", known_endpoint()) from e
+    if _throttling(e):
+        _throttled_until = max(_throttled_until, time.monotonic() + wait)
+    return wait
 
 
 def known_endpoint() -> str:
@@ -469,74 +472,6 @@ def is_md5(etag: str, answer: dict) -> bool:
     return (len(etag) == 32 and "-" not in etag
             and answer.get("ServerSideEncryption") not in ("aws:kms", "aws:kms:dsse")
             and not answer.get("SSECustomerAlgorithm"))
-
-
-def download(obj: Obj, bucket: str, target: Path, max_connections: int = DEFAULT_CONNECTIONS,
-             on_bytes=None) -> int:
-    """Download `obj` (as listed: its ETag is asked for) to `target`, through a hidden temporary
-    file renamed into place once its size, ETag and (where the ETag is one) MD5 are checked;
-    retried under the policy. Returns the bytes written.
-
-    Raises:
-        ChangedDatasetError: the object changed or went since it was listed. ObjectTransferError:
-            no try of the budget brought it whole. OutputError: the local disk is full.
-    """
-    uri = f"{SCHEME}{bucket}/{obj.key}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f"{PART}{uuid.uuid4().hex[:8]}-{target.name}"
-
-    def attempt() -> int:
-        written = 0
-        try:
-            getter, store = _getter(bucket, max_connections)
-            r = None
-            if store is not None and store.takes(obj.key, obj.etag):
-                r = store.get_object(obj.key, f'"{obj.etag}"')  # None: redirected
-            r = r or getter.get_object(obj.key, f'"{obj.etag}"')
-            etag = r["ETag"].strip('"')
-            if etag != obj.etag:  # a stale cache or proxy: the server itself checked If-Match
-                raise BadBody(f"an answer with ETag {etag}, not the listed {obj.etag}")
-            md5 = hashlib.md5(usedforsecurity=False) if is_md5(etag, r) else None
-            with disk_errors(target, obj.size), open(tmp, "wb") as f:
-                for chunk in r["Body"].iter_chunks(CHUNK):
-                    f.write(chunk)
-                    written += len(chunk)
-                    if md5 is not None:
-                        md5.update(chunk)
-                    if on_bytes:
-                        on_bytes(len(chunk))
-            if written != obj.size:
-                raise BadBody(f"a body of {written} bytes, not {obj.size}")
-            if md5 is not None and md5.hexdigest() != etag and not _encrypted(r, uri, obj):
-                raise BadBody(f"a body whose MD5 {md5.hexdigest()} is not its ETag {etag}")
-        except BaseException:
-            if on_bytes and written:
-                on_bytes(-written)  # the progress bar counts this try's bytes again
-            raise
-        with disk_errors(target, obj.size):
-            os.replace(tmp, target)
-        return written
-
-    try:
-        try:
-            return retried(uri, "download", attempt)
-        except NoSuchObjectError as e:  # listed a moment ago
-            raise ChangedDatasetError(f"{uri} was removed while it was being fetched; fetch "
-                                      "again once nothing writes to the source.") from e
-    except BaseException:  # a failed try's part (a whole one was renamed: no unlink per object)
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
-
-
-def _encrypted(answer: dict, uri: str, obj: Obj) -> bool:
-    """Whether an answer whose encryption headers were not known (obstore's) is of an object
-    encrypted with KMS or a customer key, whose ETag is no MD5: asked by HEAD."""
-    if not answer.get("Unsure"):
-        return False
-    bucket, key = split_uri(uri)
-    head = client().head_object(Bucket=bucket, Key=key, IfMatch=f'"{obj.etag}"')
-    return not is_md5(obj.etag, head)
 
 
 def delete(bucket: str, keys: list) -> None:

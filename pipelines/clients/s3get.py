@@ -1,7 +1,7 @@
-"""GetObject without botocore's per-call machinery: a fetch's GET (pipelines/clients/s3.py's
-`download`) for what obstore does not take (pipelines/clients/s3obstore.py: an object whose ETag
-is no MD5, a key its paths cannot name, a redirected bucket), and the template obstore's store is
-made from (its URL and signing region: botocore's endpoint rules, run once).
+"""GetObject without botocore's per-call machinery: a fetch's GET (pipelines/clients/
+s3download.py) for what obstore does not take (pipelines/clients/s3obstore.py: an object whose
+ETag is no MD5, a key its paths cannot name, a redirected bucket), and the template obstore's
+store is made from (its URL and signing region: botocore's endpoint rules, run once).
 
 botocore's `get_object` spends about 90% of a small object's client CPU on work that is the same
 for every key of a bucket: the endpoint rules (S3's take the key as a parameter, so they run per

@@ -1,7 +1,8 @@
-"""The GetObject of `download` (pipelines/clients/s3.py) on obstore, the Python binding of the Rust
-`object_store` crate (LitData's client): a GET's request, signature, connection and body in Rust,
-outside the interpreter's lock and at less client CPU per GET than botocore's (docs/benchmarks.md,
-"Training from object storage"): a node's fetcher spends its CPU on these GETs.
+"""The GetObject of pipelines/clients/s3download.py's downloads on obstore, the Python binding of
+the Rust `object_store` crate (LitData's client): a GET's request, signature, connection and body
+in Rust, outside the interpreter's lock and at less client CPU per GET than botocore's
+(docs/benchmarks.md, "Training from object storage"): a node's fetcher spends its CPU on these
+GETs.
 
 What it talks to, and how, is botocore's, never a second configuration: the store is made from
 the GET botocore built for the bucket (pipelines/clients/s3get.py's template: its URL gives the
@@ -24,7 +25,7 @@ Where obstore cannot do what botocore's GET does, the GET stays botocore's (`tak
 - a bucket without a SigV4 template (unsigned, SigV4a, S3 Express) or answering with a redirect
   (another region: botocore follows it).
 obstore does not hand back the answer's encryption headers, so an MD5 that does not match the
-ETag is settled by a HEAD (s3.py's `download`): the object's ETag is an MD5 unless it is
+ETag is settled by a HEAD (s3download.py): the object's ETag is an MD5 unless it is
 encrypted with KMS or a customer key.
 """
 
@@ -92,15 +93,19 @@ class Store:
         try:
             answer = obstore.get(self._store, key, options={"if_match": if_match})
         except Exception as e:  # noqa: BLE001 (each one mapped, or raised as it is)
-            err = self.botocore(e)
-            if isinstance(err, bx.ClientError) and (
-                    err.response["ResponseMetadata"]["HTTPStatusCode"] in REDIRECT_STATUS
-                    or err.response["Error"]["Code"] in REDIRECT_CODES):
-                self.redirected = True
-                return None
-            raise err from e
+            return self._refused(e)
         return {"ETag": answer.meta.get("e_tag") or "", "Unsure": True,
                 "Body": _Body(answer, self)}
+
+    def _refused(self, e: Exception) -> None:
+        """None for a redirect (marking the store redirected), else `e` raised as botocore's."""
+        err = self.botocore(e)
+        if isinstance(err, bx.ClientError) and (
+                err.response["ResponseMetadata"]["HTTPStatusCode"] in REDIRECT_STATUS
+                or err.response["Error"]["Code"] in REDIRECT_CODES):
+            self.redirected = True
+            return None
+        raise err from e
 
     def botocore(self, e: Exception) -> Exception:
         """`e` (obstore's) as the botocore exception of the same failure (the module doc)."""

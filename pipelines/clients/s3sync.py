@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from kfvision.pipelines.clients import s3, s3put
+from kfvision.pipelines.clients import s3, s3download, s3put
 from kfvision.trainer.errors import ChangedDatasetError, InvalidParameterError
 from kfvision.trainer.fileio import atomic_write_bytes, disk_errors
 
@@ -197,7 +197,7 @@ def _download_all(objects, bucket: str, prefix: str, dest: Path, journal: _Journ
     count_lock = threading.Lock()
 
     def one(obj: s3.Obj, rel: str) -> None:
-        n = s3.download(obj, bucket, dest / rel, max_connections, on_bytes=update)
+        n = s3download.download(obj, bucket, dest / rel, max_connections, on_bytes=update)
         journal.add(rel, obj)
         with count_lock:
             result.fetched_objects += 1

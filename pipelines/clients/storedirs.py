@@ -16,7 +16,7 @@ directory that passes here is one the trainer would read.
 import tempfile
 from pathlib import Path
 
-from kfvision.pipelines.clients import s3
+from kfvision.pipelines.clients import s3, s3download
 from kfvision.trainer.data.imagedir import MANIFEST, VERSION, ImageDirectory, parse_manifest
 from kfvision.trainer.errors import InvalidDatasetError, InvalidModelDirectoryError
 from kfvision.trainer.model.spec import SPEC_FILE, ModelSpec, parse_model_spec
@@ -34,14 +34,14 @@ def _folder(uri: str) -> str:
 
 def _get(uri: str) -> bytes | None:
     """The bytes of the object at `uri`, or None when there is none (NoSuchBucketError when the
-    bucket is not there). Through s3.download: its size, ETag and MD5 checks and retries."""
+    bucket is not there). Through s3download.download: its size, ETag and MD5 checks and retries."""
     obj = s3.head(uri)
     if obj is None:
         return None
     bucket, _ = s3.split_uri(uri)
     with tempfile.TemporaryDirectory(prefix="kfvision-storedirs-") as tmp:
         target = Path(tmp) / "object"
-        s3.download(obj, bucket, target)
+        s3download.download(obj, bucket, target)
         return target.read_bytes()
 
 

@@ -39,7 +39,15 @@ import threading
 from pathlib import Path
 
 from kfvision.pipelines import contract
-from kfvision.pipelines.clients import fetchplan, nodefetch, s3, s3put, s3sync, storedirs
+from kfvision.pipelines.clients import (
+    fetchplan,
+    nodefetch,
+    s3,
+    s3download,
+    s3put,
+    s3sync,
+    storedirs,
+)
 from kfvision.pipelines.jobs.storejob import STORE_PATHS
 from kfvision.pipelines.jobs.trainjob.rules import PET_NAMES
 from kfvision.trainer.errors import KfvisionError
@@ -144,7 +152,7 @@ class CheckpointMirror:
                 continue
             target = self.folder / name
             if not (target.exists() and target.stat().st_size == obj.size):
-                s3.download(obj, self.bucket, target, self.max_connections)
+                s3download.download(obj, self.bucket, target, self.max_connections)
             st = target.stat()
             self.sent[name] = (st.st_size, st.st_mtime_ns)
             n += 1

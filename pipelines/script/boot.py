@@ -91,7 +91,7 @@ def read_snapshot(where: str, sha256: str) -> bytes:
     if where.startswith("s3://"):
         import tempfile
 
-        from kfvision.pipelines.clients import s3
+        from kfvision.pipelines.clients import s3, s3download
 
         bucket, key = s3.split_uri(where)
         obj = s3.head(where)
@@ -100,7 +100,7 @@ def read_snapshot(where: str, sha256: str) -> bytes:
                                      "job again (it uploads the snapshot).")
         with tempfile.TemporaryDirectory() as tmp:
             target = Path(tmp) / ARCHIVE_NAME
-            s3.download(obj, bucket, target)
+            s3download.download(obj, bucket, target)
             data = target.read_bytes()
     else:
         path = contract.pod_path(where)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kfvision.pipelines.cli import main
-from kfvision.pipelines.clients import s3, s3put, s3sync
+from kfvision.pipelines.clients import s3, s3download, s3put, s3sync
 from kfvision.trainer.data.imagedir import MANIFEST, read_image_directory
 from kfvision.trainer.errors import InvalidParameterError
 
@@ -98,7 +98,7 @@ def test_changed_object_is_a_changed_dataset_error(s3_bucket, tiny_digits, tmp_p
 def test_killed_download_resumes_with_only_what_is_missing(s3_bucket, tiny_digits, tmp_path,
                                                            monkeypatch, capsys):
     n = s3_bucket.upload_folder(tiny_digits["raw"] / "val", "v/")
-    place, real, done = tmp_path / "place", s3.download, []
+    place, real, done = tmp_path / "place", s3download.download, []
 
     def killed_after_20(obj, bucket, target, *args, **kwargs):
         if len(done) >= 20:  # a half-written temporary file, then the process dies
@@ -107,11 +107,11 @@ def test_killed_download_resumes_with_only_what_is_missing(s3_bucket, tiny_digit
         done.append(obj.key)
         return real(obj, bucket, target, *args, **kwargs)
 
-    monkeypatch.setattr(s3, "download", killed_after_20)
+    monkeypatch.setattr(s3download, "download", killed_after_20)
     with pytest.raises(KeyboardInterrupt):
         s3sync.fetch(s3_bucket.uri("v/"), place, max_connections=1, progress=False)
     assert list(place.rglob(f"{s3.PART}*"))
-    monkeypatch.setattr(s3, "download", real)
+    monkeypatch.setattr(s3download, "download", real)
     got = s3sync.fetch(s3_bucket.uri("v/"), place, max_connections=4, progress=False)
     assert (got.objects, got.fetched_objects) == (n, n - 20)
     assert not list(place.rglob(f"{s3.PART}*"))

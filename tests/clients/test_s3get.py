@@ -47,7 +47,7 @@ def _objects(bucket, n: int) -> dict:
 def test_the_answer_is_get_objects(s3_bucket):
     s3_bucket.put("a b/ü+x~=.txt", b"hello")
     listed = next(s3.list_objects(s3_bucket.uri()))
-    ours = s3._getter(s3_bucket.name, 4)[0].get_object(listed.key, f'"{listed.etag}"')
+    ours = s3.getters(s3_bucket.name, 4)[0].get_object(listed.key, f'"{listed.etag}"')
     theirs = s3.client(4).get_object(Bucket=s3_bucket.name, Key=listed.key,
                                      IfMatch=f'"{listed.etag}"', ChecksumMode="ENABLED")
     assert ours["ETag"] == theirs["ETag"] == f'"{listed.etag}"'
@@ -110,7 +110,7 @@ def test_a_botocore_without_the_private_pool_gets_through_get_object(s3_bucket):
 
 def test_a_redirect_hands_the_bucket_to_botocore(s3_bucket, monkeypatch):
     put = _objects(s3_bucket, 3)
-    getter = s3._getter(s3_bucket.name, 2)[0]
+    getter = s3.getters(s3_bucket.name, 2)[0]
     answered = []
 
     class Moved:
@@ -151,7 +151,7 @@ def test_a_get_signs_with_the_session_token(s3_bucket, monkeypatch):
         return signed
 
     monkeypatch.setattr(s3get.SigV4, "sign", spy)
-    getter = s3._getter(s3_bucket.name, 2)[0]
+    getter = s3.getters(s3_bucket.name, 2)[0]
     for key, data in put.items():
         etag = s3_bucket.client.head_object(Bucket=s3_bucket.name, Key=key)["ETag"]
         assert getter.get_object(key, etag)["Body"].read() == data

@@ -370,18 +370,8 @@ def test_evaluation_page_embeds_the_picture():
     assert "data:image/png;base64,iVBORw==" in page and "a&lt;b" in page
 
 
-@pytest.mark.distributed
-def test_the_local_path_runs_a_trainjob_when_asked(tmp_path, tiny_digits, resnet18_dir):
-    summary = train_step.train_step(
-        resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "trained",
-        tmp_path / "job.yaml", options=pipeline_train_options(
-            epochs=1, batch_size=16, warmup_epochs=0, learning_rate=0.05, random_seed=1,
-            patience=3, print_frequency=100, image_size=32, augment="none"),
-        settings=_job_settings(), run_key="run-1/train", mode="local", kind="trainjob")
-    assert summary["epochs_run"] == 1 and (tmp_path / "trained" / "weights.pt").is_file()
-    assert train_step.job_summary(tmp_path / "job.yaml") == {
-        "kind": "TrainJob", "name": yaml.safe_load((tmp_path / "job.yaml").read_text())[
-            "metadata"]["name"], "nodes": 1, "procs_per_node": 1}
+# The local path's TrainJob, run by the train step: tests/flow/test_tracking_jobs.py (one run
+# checks what the step returns and writes, and what it logs into the task's MLflow run).
 
 
 def test_the_run_data_place_is_the_workspace_else_the_data_pvc_else_none(tmp_path):

@@ -1,6 +1,7 @@
 """The train step forwards the MLflow variables it received (KFP 2.17 injects them into a task's
 container) into the job's training container, both kinds, locally and on a cluster: what the
-manifest carries, and a TrainJob run locally that logs into the task's run on a real server."""
+manifest carries, and a TrainJob run locally that logs into the task's run on a real server (the
+one run of the local path's TrainJob: what the step returns and keeps is checked there too)."""
 
 import pytest
 import yaml
@@ -69,12 +70,17 @@ def test_a_local_trainjob_logs_into_the_tasks_run(mlflow_server, tmp_path, tiny_
     given = client.create_run(client.create_experiment(f"steps-{tmp_path.name}")).info.run_id
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     monkeypatch.setenv("MLFLOW_RUN_ID", given)  # what KFP's driver hands the task
-    train_step.train_step(
+    summary = train_step.train_step(
         resnet18_dir, tiny_digits["train"], tiny_digits["val"], tmp_path / "trained",
         tmp_path / "job.yaml", options=pipeline_train_options(
             epochs=2, batch_size=16, warmup_epochs=0, learning_rate=0.05, random_seed=1,
             patience=3, print_frequency=100, image_size=32, augment="none"),
         settings=_settings(), run_key="run-1/train", mode="local", kind="trainjob")
+    # the local path ran the TrainJob it was asked for, and kept its model and manifest
+    assert summary["epochs_run"] == 2 and (tmp_path / "trained" / "weights.pt").is_file()
+    assert train_step.job_summary(tmp_path / "job.yaml") == {
+        "kind": "TrainJob", "name": yaml.safe_load((tmp_path / "job.yaml").read_text())[
+            "metadata"]["name"], "nodes": 1, "procs_per_node": 1}
     run = client.get_run(given)
     assert sorted(m.step for m in client.get_metric_history(given, "val_loss")) == [1, 2]
     assert run.data.tags["kfvision.job_kind"] == "TrainJob"

@@ -38,23 +38,32 @@ JOB_FLAGS = ["--epochs", "3", "--image-size", "32", "--batch-size", "4", "--lr",
              "--print-freq", "1", "--seed", "5", "--patience", "10"]
 
 
+def render_job(root: Path, data: dict, model, *, kind="pytorchjob", nodes=2, nproc=2) -> Path:
+    """`kfvision job render` of a `nodes` x `nproc` CPU job of `kind` (JOB_FLAGS), named
+    digits-KIND-NODESxNPROC, its model to root/model-NAME: the manifest's path."""
+    from kfvision.pipelines.cli import main
+
+    name = f"digits-{kind}-{nodes}x{nproc}"
+    manifest = root / f"{name}.yaml"
+    kind_flags = ["--kind", "trainjob", "--runtime", "kfvision-torch"] if kind == "trainjob" \
+        else []
+    assert main(["job", "render", *kind_flags, "--name", name, "--image", "local",
+                 "--nodes", str(nodes), "--procs-per-node", str(nproc), "--model", str(model),
+                 "--train", str(data["train"]), "--val", str(data["val"]),
+                 "--out", str(root / f"model-{name}"), *JOB_FLAGS, "-o", str(manifest)]) == 0
+    return manifest
+
+
 def run_job(root: Path, data: dict, model, *, kind="pytorchjob", nodes=2, nproc=2) -> dict:
-    """Render a `nodes` x `nproc` CPU job of `kind` (JOB_FLAGS) with `kfvision job render`, run
-    it with `kfvision job run-local`.
+    """render_job's job, run with `kfvision job run-local`.
 
     Returns {"rc": run-local's exit code, "out": the model directory, "metrics": its
     metrics.json, "logs": the log folder}.
     """
     from kfvision.pipelines.cli import main
 
-    name = f"digits-{kind}-{nodes}x{nproc}"
-    out, manifest, logs = root / f"model-{name}", root / f"{name}.yaml", root / f"logs-{name}"
-    kind_flags = ["--kind", "trainjob", "--runtime", "kfvision-torch"] if kind == "trainjob" \
-        else []
-    assert main(["job", "render", *kind_flags, "--name", name, "--image", "local",
-                 "--nodes", str(nodes), "--procs-per-node", str(nproc), "--model", str(model),
-                 "--train", str(data["train"]), "--val", str(data["val"]), "--out", str(out),
-                 *JOB_FLAGS, "-o", str(manifest)]) == 0
+    manifest = render_job(root, data, model, kind=kind, nodes=nodes, nproc=nproc)
+    out, logs = root / f"model-{manifest.stem}", root / f"logs-{manifest.stem}"
     rc = main(["job", "run-local", str(manifest), "--quiet", "--log-dir", str(logs)])
     return {"rc": rc, "out": out, "metrics": json.loads((out / "metrics.json").read_text()),
             "logs": logs}

@@ -7,9 +7,10 @@ test runs the real trainer through torchrun, as the rendered TrainJob says.
 
 import json
 import textwrap
+from urllib.parse import urlsplit
 
 import pytest
-from helpers.runs import run_job
+from helpers.runs import render_job
 
 from kfvision.pipelines.jobs.config import JobConfig
 from kfvision.pipelines.jobs.errors import InvalidJobError, JobFailedError
@@ -200,16 +201,37 @@ def test_run_local_refuses_what_it_cannot_run_faithfully(tmp_path, change, messa
 
 
 @pytest.mark.distributed
-def test_a_2x2_trainjob_trains_the_digits_like_the_same_pytorchjob(tmp_path, micro_digits,
-                                                                  resnet18_dir, pytorchjob_2x2):
-    job = run_job(tmp_path, micro_digits, resnet18_dir, kind="trainjob")
-    assert job["rc"] == pytorchjob_2x2["rc"] == 0
-    trainjob, pytorchjob = job["metrics"], pytorchjob_2x2["metrics"]
+def test_a_2x2_trainjob_trains_the_digits_like_the_same_pytorchjob_and_reports_each_epoch(
+        tmp_path, micro_digits, resnet18_dir, pytorchjob_2x2):
+    """The 2 x 2 job of helpers.runs, rendered as a TrainJob on kfvision's runtime (whose node
+    job carries the trainer ancestor label) and run by the local runner with the TrainJobStatus
+    gate on (helpers/statusserver.py stands in for the controller's server): the nodes get the
+    variables trainjobstatus.go injects, rank 0 alone reports every epoch, re-reading the token
+    that rotates after each report, and the model's figures are the PyTorchJob's."""
+    import yaml
+    from helpers.statusserver import StatusServer  # a server's certificate: made only here
+
+    manifest = render_job(tmp_path, micro_digits, resnet18_dir, kind="trainjob")
+    job = yaml.safe_load(manifest.read_text())
+    server = StatusServer(tmp_path / "kubeflow-trainer", namespace="default",
+                          name=job["metadata"]["name"], rotate=True)
+    base = "{0.scheme}://{0.netloc}".format(urlsplit(server.url))
+    try:
+        run_local(job, tmp_path / "logs", quiet=True, restart_delay_s=0,
+                  status=StatusEndpoint(base, server.directory))
+    finally:
+        server.close()
+    assert [r[2] for r in server.requests] == [200] * 3  # one report an epoch, rank 0 only
+    assert [s["progressPercentage"] for s in server.reports] == [33, 67, 100]
+    assert len(set(server.tokens_used)) == 3
+    trainjob = json.loads((tmp_path / f"model-{manifest.stem}" / "metrics.json").read_text())
+    pytorchjob = pytorchjob_2x2["metrics"]
+    assert pytorchjob_2x2["rc"] == 0
     assert trainjob["status"] == pytorchjob["status"] == "completed"
     assert trainjob["world_size"] == pytorchjob["world_size"] == 4
     for key in ("val_loss", "val_top1", "val_top5"):
         assert trainjob["final"][key] == pytorchjob["final"][key], key
-    assert (job["logs"] / "node-0-1.log").exists()
+    assert (tmp_path / "logs" / "node-0-1.log").exists()
 
 
 KILLED_ONCE = """

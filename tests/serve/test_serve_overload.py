@@ -22,6 +22,8 @@ from kfvision.pipelines.serve.client import Server, request, v1_body, v2_body
 from kfvision.trainer.data.imagedir import read_image_directory
 
 NAME = "digits"
+# every test here asks for a server of its own options (a `kfvision serve`, which imports torch)
+pytestmark = pytest.mark.process
 
 
 def samples(server) -> dict:

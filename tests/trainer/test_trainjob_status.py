@@ -261,32 +261,6 @@ def test_kfvision_train_reports_every_epoch_to_the_status_server(tmp_path, micro
     assert float(metrics["val_top1"]) == pytest.approx(final["val_top1"], rel=1e-5)
 
 
-@pytest.mark.distributed
-def test_the_local_trainjob_runner_injects_what_the_controller_does(tmp_path, micro_digits,
-                                                                     resnet18_dir):
-    """`run-local` of a rendered TrainJob on kfvision's runtime (whose node job carries the
-    trainer ancestor label) with the TrainJobStatus gate on: the nodes get the three variables
-    as trainjobstatus.go injects them, and rank 0 reports every epoch, re-reading the token that
-    rotates after each report. 2 nodes x 1 process, on the micro digits: what is checked is one
-    report an epoch, not what the model learns."""
-    from kfvision.pipelines.jobs.config import JobConfig
-    from kfvision.pipelines.jobs.trainjob.build import RuntimeRef, build_trainjob
-    from kfvision.pipelines.jobs.trainjob.local import StatusEndpoint, run_local
-    from kfvision.trainer.config import TrainConfig
-
-    train = TrainConfig(model=str(resnet18_dir), train=str(micro_digits["train"]),
-                        val=str(micro_digits["val"]), out=str(tmp_path / "out"), epochs=2,
-                        image_size=32, batch_size=16, lr=0.05, augment="none", print_freq=100)
-    job = build_trainjob(JobConfig(name="digits-progress", image="local", train=train, nodes=2),
-                         RuntimeRef("kfvision-torch"))
-    server = StatusServer(tmp_path / "kubeflow-trainer", namespace="default",
-                          name="digits-progress", rotate=True)
-    base = "{0.scheme}://{0.netloc}".format(urlsplit(server.url))
-    try:
-        run_local(job, tmp_path / "logs", quiet=True, restart_delay_s=0,
-                  status=StatusEndpoint(base, server.directory))
-    finally:
-        server.close()
-    assert [r[2] for r in server.requests] == [200, 200]  # one report an epoch, rank 0 only
-    assert [s["progressPercentage"] for s in server.reports] == [50, 100]
-    assert len(set(server.tokens_used)) == 2
+# The local TrainJob runner with the TrainJobStatus gate on (the variables the controller
+# injects, rank 0's report every epoch under a rotating token) is checked on the 2 x 2 TrainJob
+# that tests/jobs/test_trainjob_local.py runs anyway, beside its figures against the PyTorchJob's.

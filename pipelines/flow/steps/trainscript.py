@@ -119,7 +119,7 @@ def snapshot(source: str, scratch: Path) -> Snapshot:
         return pack(source)
     import tarfile
 
-    from kfvision.pipelines.clients import s3
+    from kfvision.pipelines.clients import s3, s3download
 
     obj = s3.head(source)
     if obj is None:
@@ -127,7 +127,7 @@ def snapshot(source: str, scratch: Path) -> Snapshot:
                                  "packed source (kfvision job render --source DIR "
                                  "--source-store s3://BUCKET/PREFIX does).")
     target = scratch / "download.tar.gz"
-    s3.download(obj, s3.split_uri(source)[0], target)
+    s3download.download(obj, s3.split_uri(source)[0], target)
     data = target.read_bytes()
     target.unlink()
     sha256 = hashlib.sha256(data).hexdigest()
