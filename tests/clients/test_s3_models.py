@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kfvision.pipelines.cli import main
-from kfvision.pipelines.clients import s3
+from kfvision.pipelines.clients import s3, s3download
 from kfvision.pipelines.clients.models import resolve_model
 
 
@@ -33,7 +33,7 @@ def test_model_pushed_then_scored_back_from_the_cache(s3_bucket, trained_tiny, t
     def no_download(*a, **k):
         raise AssertionError("downloaded again")
 
-    monkeypatch.setattr(s3, "download", no_download)  # the cache is keyed by the ETags
+    monkeypatch.setattr(s3download, "download", no_download)  # the cache is keyed by the ETags
     assert resolve_model(uri) == resolve_model(uri.rstrip("/"))
     monkeypatch.undo()
     s3_bucket.put("models/digits/metrics.json", b"{}")  # a changed model: a new cache folder
