@@ -8,8 +8,9 @@
 
 The hook does nothing unless KFVISION_PROCLOG is set. Then every Python process of this
 environment (`-I` ones too: the .pth is read from site-packages) appends a line when it starts,
-and another when it first imports torch, with the test that was running (pytest's
-PYTEST_CURRENT_TEST, which the processes a test starts inherit). Processes of other
+another when it first imports torch, and one at a normal exit with its own CPU seconds ("end
+3.412": none for a process killed or ended by os._exit), each with the test that was running
+(pytest's PYTEST_CURRENT_TEST, which the processes a test starts inherit). Processes of other
 environments (the wheel install's, a script's requirements') are not counted. The cost log is
 tests/helpers/cost.py's `--cost-log` (wall, CPU, CPU of the processes a test waited for).
 """
@@ -44,6 +45,13 @@ if _log:
                 cls.seen = True
                 _write("torch")
 
+    def _end():
+        import resource
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        _write(f"end {usage.ru_utime + usage.ru_stime:.3f}")
+
+    import atexit
+    atexit.register(_end)
     _write("start")
     sys.meta_path.insert(0, _TorchSeen)
 '''
@@ -70,13 +78,15 @@ def table(proclog: Path, costlogs: list) -> str:
     for log in costlogs:
         for line in Path(log).read_text().splitlines():
             t = json.loads(line)
+            if "id" not in t:  # a wider fixture's line or a process's total
+                continue
             r = rows[t["id"].split("::")[0]]
             r["tests"] += 1
             r["wall"] += t["wall"]
             r["cpu"] += t["cpu"] + t["kids"]
     for line in proclog.read_text().splitlines():
         kind, _pid, _when, test, _argv = line.split("\t", 4)
-        if test:  # not a pytest worker itself
+        if test and kind in ("start", "torch"):  # not a pytest worker itself
             rows[test.split("::")[0]]["torch" if kind == "torch" else "procs"] += 1
     out = ["| file | tests | wall s | CPU s | Python processes | of which import torch |",
            "|---|---:|---:|---:|---:|---:|"]

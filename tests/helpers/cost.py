@@ -15,8 +15,10 @@ when it
   (a `kfvision` command without torch: 0.1 s). Mark it `process`, or `slow`/`distributed`;
 - spent more than `kfvision_unmarked_cpu_s` (5 s) in all: mark it `slow` (or `distributed`).
 
-`--cost-log FILE` writes one JSON line per test (wall, CPU, children's CPU, markers): the
-durations table of docs/development.md is made from it (tools/suitecost.py).
+`--cost-log FILE` writes one JSON line per test (wall, CPU, children's CPU, markers), one per
+setup of a wider-scope fixture (its name and scope) and one per process at its end (the whole
+process and its children): the durations table of docs/development.md is made from it
+(tools/suitecost.py).
 """
 
 import json
@@ -75,10 +77,23 @@ def pytest_fixture_setup(fixturedef, request):
     if fixturedef.scope == "function":
         yield
         return
-    cpu, kids = time.process_time(), _children_cpu()
+    wall, cpu, kids = time.monotonic(), time.process_time(), _children_cpu()
     yield
-    _meter.left_out[0] += time.process_time() - cpu
-    _meter.left_out[1] += _children_cpu() - kids
+    cpu, kids = time.process_time() - cpu, _children_cpu() - kids
+    _meter.left_out[0] += cpu
+    _meter.left_out[1] += kids
+    _log(request.config, {"fixture": fixturedef.argname, "scope": fixturedef.scope,
+                          "wall": round(time.monotonic() - wall, 3), "cpu": round(cpu, 3),
+                          "kids": round(kids, 3)})
+
+
+def _log(config, line: dict) -> None:
+    """One JSON line into --cost-log's file (FILE.gwN under pytest-xdist)."""
+    log = config.getoption("cost_log")
+    if log:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        with open(f"{log}.{worker}" if worker else log, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 def _marks(item) -> set:
@@ -105,13 +120,8 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     wall, cpu, kids = _meter.totals()
     marks = _marks(item)
-    log = item.config.getoption("cost_log")
-    if log:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-        with open(f"{log}.{worker}" if worker else log, "a") as f:
-            f.write(json.dumps({"id": item.nodeid, "wall": round(wall, 3), "cpu": round(cpu, 3),
-                                "kids": round(kids, 3),
-                                "marks": sorted(marks & {*PROCESS_OK, "gpu"})}) + "\n")
+    _log(item.config, {"id": item.nodeid, "wall": round(wall, 3), "cpu": round(cpu, 3),
+                       "kids": round(kids, 3), "marks": sorted(marks & {*PROCESS_OK, "gpu"})})
     if not report.passed:
         return
     wrong = verdict(marks, cpu, kids, float(item.config.getini("kfvision_process_cpu_s")),
@@ -138,6 +148,15 @@ def pytest_runtest_logreport(report):
     """Collect the "warn" verdicts (in the process that reports: xdist's controller, or the only
     one)."""
     _unmarked.extend(text for key, text in report.user_properties if key == WARNING)
+
+
+def pytest_sessionfinish(session):
+    """The process's whole cost (collection, every fixture's teardown and servers reaped
+    included): the line the per-test and per-fixture lines are read against."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _log(session.config, {"process": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+                          "cpu": round(usage.ru_utime + usage.ru_stime, 3),
+                          "kids": round(_children_cpu(), 3)})
 
 
 def pytest_terminal_summary(terminalreporter):
