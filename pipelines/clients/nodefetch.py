@@ -300,10 +300,12 @@ class NodeFetcher:
     def summary(self) -> dict:
         """What the node fetched: `fetched` {epoch: {channel: [objects, bytes]}}, the epoch
         being the one the node's ranks were in (1 before they began), against `share` (epoch
-        1's training images of this node's ranks, and its validation images) and `dataset`."""
+        1's training images of this node's ranks, and its validation images) and `dataset`;
+        `epoch`, the one its ranks are in now (0 before they began)."""
         share = {i for _, i in self.epoch_items(1)}
         val = {i for _, i in self.val_items()}
         chans = {"train": self.train, "val": self.val}
+        now = self.trainer_epoch()
         with self._lock:
             fetched: dict = {}
             for (epoch, name), row in sorted(self.fetched.items()):
@@ -315,6 +317,7 @@ class NodeFetcher:
                           "val": [len(val), sum(self.val.sizes[i] for i in val) if self.val
                                   else 0]},
                 "fetched": fetched,
+                "epoch": now,
                 "held": len(self.held),
                 "hedged": {"gets": len(self._hedged), "second_copy_bytes": self.second_copies},
                 "seconds": round(time.monotonic() - self.started, 3),

@@ -26,6 +26,7 @@ render --scratch-size/--scratch-class`), at contract.SCRATCH_MOUNT or $KFVISION_
     model/        the untrained model          data/train/  data/val/   manifests + images
     arrival/      the fetcher's notes          checkpoints/ the trainer's, mirrored to the store
     out/          the trained model folder     fetch-summary.json  what this node fetched
+                                               (as each epoch begins, and at the end)
 """
 
 import contextlib
@@ -254,8 +255,10 @@ def _checkpoints(cfg, uris: dict, scratch: Path, max_connections: int):
     return mirror.start()
 
 
-def _run_trainer(argv: list, fetcher) -> int:
-    """The usual launch; stopped (its process group) when the fetcher fails."""
+def _run_trainer(argv: list, fetcher, summary: Path) -> int:
+    """The usual launch; stopped (its process group) when the fetcher fails. The fetcher's
+    summary is written to `summary` each time the node's ranks begin an epoch, so that a node
+    killed later leaves what it fetched until then."""
     cmd = [sys.executable, "-m", "kfvision.trainer.launch", "-m", "kfvision.trainer.train", *argv]
     child = subprocess.Popen(cmd, start_new_session=True)
 
@@ -265,11 +268,15 @@ def _run_trainer(argv: list, fetcher) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
+    written = 0  # the epoch the summary was last written in
     while True:
         try:
             return child.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
             pass
+        if fetcher is not None and fetcher.trainer_epoch() > written:
+            written = fetcher.trainer_epoch()
+            nodefetch.write_summary(fetcher, summary)
         if fetcher is not None and fetcher.error is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGTERM)
@@ -318,7 +325,7 @@ def run(argv: list) -> int:
         local["checkpoint_dir"] = scratch / "checkpoints"
     rc = 1
     try:
-        rc = _run_trainer(rewrite(argv, local), fetcher)
+        rc = _run_trainer(rewrite(argv, local), fetcher, scratch / SUMMARY)
     finally:
         _finish(uris, local, fetcher, mirror, rc, scratch, max_connections)
     return rc

@@ -1,7 +1,7 @@
 """A job that loses processes and resumes ends bit for bit where an unbroken run ends (on CPU),
 tried as a user would: `kfvision job render` and `kfvision job run-local` in a subprocess, and a
 SIGKILL from outside the project's own fault drill, to processes found by their environment
-(/proc/PID/environ), at a step of epoch 2 of 3 and again, after each resume, at steps of epoch 3
+(/proc/PID/environ), at a step of epoch 2 of 3 and again, after the resume, at a step of epoch 3
 (one drill per kind: each resume is its own case, and a resumed job is resumed again).
 2 nodes x 2 processes: with 2 processes a sum of
 two gradients is the same in either order, so only 3 or more show a reduction done in another order
@@ -84,9 +84,10 @@ def find_processes(job: str, node: int, local_rank: int | None) -> list:
 
 
 def run_job(manifest: Path, logs: Path, faults=()) -> tuple:
-    """`kfvision job run-local manifest`, which must succeed; each fault = (node, local rank or
-    None for the whole pod, log pattern), in turn: SIGKILL those processes once a log line
-    written since the previous fault matches. Returns (pids killed by each fault, seconds)."""
+    """`kfvision job run-local manifest`, which must succeed; each fault = (targets, log
+    pattern), in turn: SIGKILL the processes of every target (node, local rank or None for the
+    whole pod) at once, when a log line written since the previous fault matches. Returns (pids
+    killed by each fault, seconds)."""
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "kfvision.pipelines.cli", "job", "run-local",
                              str(manifest), "--log-dir", str(logs), "--quiet"], cwd=REPO,
@@ -94,12 +95,15 @@ def run_job(manifest: Path, logs: Path, faults=()) -> tuple:
     killed, todo, seen = [], list(faults), {}  # seen: each log's length at the last fault
     try:
         while todo and proc.poll() is None:
-            node, local_rank, pattern = todo[0]
+            targets, pattern = todo[0]
             texts = {p: p.read_text(errors="replace") for p in logs.glob("*.log")}
             if any(re.search(pattern, text[seen.get(p, 0):]) for p, text in texts.items()):
                 seen = {p: len(text) for p, text in texts.items()}
-                pids = find_processes(manifest.stem, node, local_rank)
-                assert pids, f"no process of node {node} / local rank {local_rank} found"
+                pids = []
+                for node, local_rank in targets:  # found first, then killed together
+                    found = find_processes(manifest.stem, node, local_rank)
+                    assert found, f"no process of node {node} / local rank {local_rank} found"
+                    pids += found
                 for pid in pids:
                     with contextlib.suppress(ProcessLookupError):  # a launcher's child went first
                         os.kill(pid, signal.SIGKILL)
@@ -198,18 +202,19 @@ def setup(tmp_path_factory, micro_digits, resnet18_dir, pytorchjob_2x2) -> dict:
             "model": resnet18_dir, "out": pytorchjob_2x2["out"]}
 
 
-# Per kind, faults in one run, each once the previous one's resume is under way: the later ones
-# hit a job that has already resumed. Each epoch is 3 steps. What each fault is:
+# Per kind, faults in one run, each once the previous one's resume is under way: the later one
+# hits a job that has already resumed. Each epoch is 3 steps. What each fault kills, as (node,
+# local rank or None: the whole pod):
 FAULTS = {
     "pytorchjob": [
-        (1, 0, r"epoch 2 \[2/3\]"),     # the Worker's local rank 0: its DDP buckets start anew
-        (0, 0, r"epoch 3 \[1/3\]"),     # the Master's process (global rank 0, which writes
-                                        # checkpoints), at its first step after one
-        (1, None, r"epoch 3 \[2/3\]"),  # the whole Worker pod (both processes and the launcher)
+        ([(1, 0)], r"epoch 2 \[2/3\]"),  # the Worker's local rank 0: its DDP buckets start anew
+        # at once: the Master's process (global rank 0, which writes checkpoints) at its first
+        # step after one, and the whole Worker pod (both processes and the launcher)
+        ([(0, 0), (1, None)], r"epoch 3 \[1/3\]"),
     ],
     "trainjob": [
-        (1, 0, r"epoch 2 \[2/3\]"),     # the same in a TrainJob
-        (0, 0, r"epoch 3 \[1/3\]"),
+        ([(1, 0)], r"epoch 2 \[2/3\]"),  # the same in a TrainJob
+        ([(0, 0)], r"epoch 3 \[1/3\]"),
     ],
 }
 # What `make test` runs: the PyTorchJob's drill, which holds every fault. The TrainJob's is

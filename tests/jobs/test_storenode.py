@@ -1,7 +1,7 @@
 """The node agent (pipelines/jobs/storenode.py) and its fetcher (pipelines/clients/nodefetch.py):
 a 2 x 2 job whose data, model and outputs are s3:// URIs on a real S3 API server (moto's, on
-loopback), each node a process of its own with the `PET_*` variables a pod gets and a scratch
-folder of its own, against the same job reading the folders."""
+loopback), run by `kfvision job run-local` (each pod a scratch volume of its own under the run's
+log folder), against the same job reading the folders; and the fetcher alone, in this process."""
 
 import json
 import os
@@ -17,7 +17,7 @@ from helpers.procs import kill_with_env
 from helpers.runs import JOB_FLAGS
 
 from kfvision.pipelines.clients import fetchplan, nodefetch
-from kfvision.pipelines.clients.endpoints import free_port
+from kfvision.pipelines.jobs import storenode
 
 FLAGS = JOB_FLAGS
 
@@ -51,40 +51,6 @@ def _upload(bucket, micro_digits, resnet18_dir) -> dict:
             "model": bucket.uri("models/r18")}
 
 
-def _nodes(root: Path, flags: list, *, nodes=2, nproc=2, kill_on=None, env=None) -> list:
-    """Run the agent as `nodes` pods of `nproc` processes, each with a scratch folder of its own
-    under `root`; `kill_on(node 0's output)`: SIGKILL every node's processes once it is true.
-    Returns [(rc, output)] per node."""
-    root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    procs = []
-    for i in range(nodes):
-        env = {**os.environ, **(env or {}), "PET_NNODES": str(nodes),
-               "PET_NPROC_PER_NODE": str(nproc), "PET_NODE_RANK": str(i),
-               "PET_MASTER_ADDR": "127.0.0.1",
-               "PET_MASTER_PORT": str(port), "KFVISION_SCRATCH": str(root / f"node-{i}"),
-               "PYTHONUNBUFFERED": "1"}
-        log = open(root / f"node-{i}.log", "w")  # noqa: SIM115 (closed below)
-        procs.append((subprocess.Popen(
-            [sys.executable, "-m", "kfvision.pipelines.jobs.storenode", *flags], env=env,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
-    deadline = time.monotonic() + 600
-    while kill_on and time.monotonic() < deadline:
-        if kill_on((root / "node-0.log").read_text()):
-            for i in range(nodes):  # the agent, the launcher (a session of its own), trainers
-                kill_with_env(KFVISION_SCRATCH=str(root / f"node-{i}"))
-            break
-        if all(p.poll() is not None for p, _ in procs):
-            break
-        time.sleep(0.05)
-    out = []
-    for i, (p, log) in enumerate(procs):
-        p.wait(timeout=600)
-        log.close()
-        out.append((p.returncode, (root / f"node-{i}.log").read_text()))
-    return out
-
-
 def _fetched(bucket, key: str, into: Path) -> Path:
     from kfvision.pipelines.clients import s3sync
 
@@ -92,26 +58,80 @@ def _fetched(bucket, key: str, into: Path) -> Path:
     return into
 
 
+def _keys(bucket, prefix: str) -> list:
+    return [o["Key"] for o in bucket.client.list_objects_v2(
+        Bucket=bucket.name, Prefix=prefix).get("Contents", [])]
+
+
+def _summaries(logs: Path) -> list:
+    """Each pod's fetch-summary.json (its scratch volume is under the run's log folder)."""
+    return [json.loads(p.read_text())
+            for p in sorted(logs.rglob(f"kfvision-scratch/{storenode.SUMMARY}"))]
+
+
+MARK = "KFVISION_STORENODE_TEST"  # the killed run's processes, found by their environment
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_a_2x2_job_on_object_storage_alone_trains_the_same_model(tmp_path, s3_bucket,
-                                                                  micro_digits, resnet18_dir,
-                                                                  pytorchjob_2x2):
-    """Same weights, bit for bit, as the job on the folders, every loading option at its default
-    (there: cached, no workers; here: uncached, a worker a process); each node fetched its ranks'
-    share in epoch 1 and never an image twice; the model and no checkpoint are left in the
-    store."""
+def test_a_2x2_job_on_object_storage_alone_killed_mid_epoch_resumes_on_new_pods_the_same(
+        tmp_path, s3_bucket, micro_digits, resnet18_dir, pytorchjob_2x2, monkeypatch):
+    """`kfvision job render` and `job run-local`, data, model and outputs in the store: every
+    process SIGKILLed in epoch 2, once epoch 1's checkpoint is in the store; the job run again
+    on new pods (empty scratch volumes) resumes from it and ends with the same weights, bit for
+    bit, as the unbroken job on folders, every loading option at its default (there: cached, no
+    workers; here: uncached, a worker a process). Each node fetched its ranks' share in epoch
+    1 and never an image twice; the model and no checkpoint are left in the store. The store is
+    flaky meanwhile: 10% of its GETs and PUTs fail (reset, cut short, 503 SlowDown, wrong ETag,
+    a flipped byte), retried; and the first answer to every multipart upload's part 1
+    (checkpoints, the model: larger than s3put.SINGLE_PUT) carries a wrong ETag, on every run:
+    that part is sent again. (One job for both claims: each run is six torch processes.)"""
+    from helpers.s3proxy import PART_1, FaultProxy, Rule
+
     from kfvision.pipelines.cli import main
+    from kfvision.pipelines.clients import s3
 
     uris = _upload(s3_bucket, micro_digits, resnet18_dir)
-    job, logs = tmp_path / "job.yaml", tmp_path / "logs"
+    out = "runs/r18"
+    job = tmp_path / "job.yaml"
     assert main(["job", "render", "--name", "r18", "--image", "local", "--nodes", "2",
                  "--nproc-per-node", "2", "--model", uris["model"], "--train", uris["train"],
-                 "--val", uris["val"], "--out", s3_bucket.uri("runs/r18-1"), *FLAGS,
+                 "--val", uris["val"], "--out", s3_bucket.uri(out), *FLAGS,
                  "-o", str(job)]) == 0
     assert "PersistentVolumeClaim" not in job.read_text() and "claimName" not in job.read_text()
-    assert main(["job", "run-local", str(job), "--quiet", "--log-dir", str(logs)]) == 0
-    model = _fetched(s3_bucket, "runs/r18-1/", tmp_path / "s3-model")
+    first, second = tmp_path / "logs-1", tmp_path / "logs-2"
+
+    def epoch_1_is_in_the_store() -> bool:  # and each node's summary of epoch 1 is written
+        master = first / "master-0.log"
+        return (master.is_file() and "epoch 2 [" in master.read_text(errors="replace")
+                and f"{out}/checkpoints/epoch-0001.pt" in _keys(s3_bucket, f"{out}/checkpoints/")
+                and [s["epoch"] >= 2 for s in _summaries(first)] == [True, True])
+
+    rule = (Rule(rate=1.0, methods={"PUT"}, kinds=("stale_etag",), path=PART_1, first=True),
+            Rule(rate=0.1, methods={"GET", "PUT"},
+                 kinds=("slowdown", "reset", "truncate", "stale_etag", "corrupt")))
+    with FaultProxy(s3_bucket.endpoint, rule, seed=3) as proxy:
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url, MARK: "1"}  # the pods inherit it
+        run = subprocess.Popen([sys.executable, "-m", "kfvision.pipelines.cli", "job",
+                                "run-local", str(job), "--quiet", "--log-dir", str(first)],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while not epoch_1_is_in_the_store() and run.poll() is None:
+            assert time.monotonic() < deadline, "epoch 2 never began with epoch 1 in the store"
+            time.sleep(0.05)
+        assert kill_with_env(**{MARK: "1"})  # run-local, its pods' agents, launchers, trainers
+        log = run.communicate(timeout=60)[0].decode(errors="replace")
+        assert run.returncode == -signal.SIGKILL, log[-3000:]
+        with monkeypatch.context() as patch:  # run-local's pods inherit this process's
+            patch.setenv("AWS_ENDPOINT_URL", proxy.url)
+            assert main(["job", "run-local", str(job), "--quiet", "--log-dir", str(second)]) == 0
+    s3.reset_clients()
+    assert proxy.by_rule[1] > 0, proxy.faults
+    assert proxy.by_rule[0] >= 2, proxy.by_rule  # every multipart upload's part 1, once
+    assert proxy.clients["GET", "object_store"] > 0, proxy.clients  # the images: obstore's GETs
+    log = (second / "master-0.log").read_text()
+    assert "checkpoint(s) from s3://" in log and "resuming from" in log, log[-3000:]
+    model = _fetched(s3_bucket, f"{out}/", tmp_path / "s3-model")
     local = pytorchjob_2x2["out"]
     assert (model / "weights.pt").read_bytes() == (local / "weights.pt").read_bytes()
     ours, theirs = (json.loads((m / "metrics.json").read_text()) for m in (model, local))
@@ -119,67 +139,19 @@ def test_a_2x2_job_on_object_storage_alone_trains_the_same_model(tmp_path, s3_bu
     assert (ours["fast_path"]["cache"], theirs["fast_path"]["cache"]) == (False, True)
     assert ours["fast_path"]["workers"] >= 1 and theirs["fast_path"]["workers"] == 0
     assert [h["val_loss"] for h in ours["history"]] == [h["val_loss"] for h in theirs["history"]]
-    keys = [o["Key"] for o in s3_bucket.client.list_objects_v2(
-        Bucket=s3_bucket.name, Prefix="runs/r18-1/").get("Contents", [])]
-    assert not [k for k in keys if "/checkpoints/" in k], keys
+    assert not [k for k in _keys(s3_bucket, f"{out}/") if "/checkpoints/" in k]
     n_train = len(json.loads((micro_digits["train"] / "kfvision-imagedir.json").read_text())
                   ["images"])
-    summaries = sorted(logs.rglob("kfvision-scratch/fetch-summary.json"))  # each pod's
-    assert len(summaries) == 2
-    for path in summaries:
-        s = json.loads(path.read_text())
+    killed, again = _summaries(first), _summaries(second)
+    assert len(killed) == len(again) == 2
+    for s in killed:  # written as epoch 2 began
         share = s["share"]["train"][0]
         assert share == n_train // 2  # 40 images, 4 ranks, 2 a node
         assert s["fetched"]["1"]["train"][0] <= share + 1  # its share and one read ahead
         assert s["fetched"]["1"]["val"] == s["share"]["val"]
+    for s in killed + again:
         assert sum(by["train"][0] for by in s["fetched"].values()) <= n_train  # none twice
         assert s["error"] is None
-
-
-def _keys(bucket, prefix: str) -> list:
-    return [o["Key"] for o in bucket.client.list_objects_v2(
-        Bucket=bucket.name, Prefix=prefix).get("Contents", [])]
-
-
-@pytest.mark.distributed
-@pytest.mark.slow
-def test_a_job_killed_mid_epoch_resumes_on_new_pods_from_the_stores_checkpoint(
-        tmp_path, s3_bucket, micro_digits, resnet18_dir, pytorchjob_2x2):
-    """Every process SIGKILLed in epoch 2, once epoch 1's checkpoint is in the store; the job
-    started again on new pods (empty scratch disks) resumes from it and ends with the same
-    weights as the unbroken job on folders. The store is flaky meanwhile: 10% of its GETs and
-    PUTs fail (reset, cut short, 503 SlowDown, wrong ETag, a flipped byte), retried; and the
-    first answer to every multipart upload's part 1 (checkpoints, the model: larger than
-    s3put.SINGLE_PUT) carries a wrong ETag, on every run: that part is sent again."""
-    from helpers.s3proxy import PART_1, FaultProxy, Rule
-
-    uris = _upload(s3_bucket, micro_digits, resnet18_dir)
-    flags = ["--model", uris["model"], "--train", uris["train"], "--val", uris["val"],
-             "--out", s3_bucket.uri("runs/resumed"), *FLAGS]
-
-    def epoch_1_is_in_the_store(log: str) -> bool:
-        return "epoch 2 [" in log and "runs/resumed/checkpoints/epoch-0001.pt" in _keys(
-            s3_bucket, "runs/resumed/checkpoints/")
-
-    rule = (Rule(rate=1.0, methods={"PUT"}, kinds=("stale_etag",), path=PART_1, first=True),
-            Rule(rate=0.1, methods={"GET", "PUT"},
-                 kinds=("slowdown", "reset", "truncate", "stale_etag", "corrupt")))
-    with FaultProxy(s3_bucket.endpoint, rule, seed=3) as proxy:
-        env = {"AWS_ENDPOINT_URL": proxy.url}
-        first = _nodes(tmp_path / "pods-1", flags, kill_on=epoch_1_is_in_the_store, env=env)
-        assert [rc for rc, _ in first] == [-signal.SIGKILL] * 2, first[0][1][-3000:]
-        second = _nodes(tmp_path / "pods-2", flags, env=env)
-    for rc, text in second:
-        assert rc == 0, text[-4000:]
-    assert proxy.by_rule[1] > 0, proxy.faults
-    assert proxy.by_rule[0] >= 2, proxy.by_rule  # every multipart upload's part 1, once
-    assert proxy.clients["GET", "object_store"] > 0, proxy.clients  # the images: obstore's GETs
-    log = second[0][1]
-    assert "checkpoint(s) from s3://" in log and "resuming from" in log, log[-3000:]
-    model = _fetched(s3_bucket, "runs/resumed/", tmp_path / "model")
-    baseline = pytorchjob_2x2["out"] / "weights.pt"
-    assert (model / "weights.pt").read_bytes() == baseline.read_bytes()
-    assert not [k for k in _keys(s3_bucket, "runs/resumed/") if "/checkpoints/" in k]
 
 
 def test_a_full_scratch_disk_says_how_much_room_the_node_needs(tmp_path, s3_bucket, tmpfs,
