@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import uuid
 
 import pytest
 import torch
@@ -57,13 +58,22 @@ RESOLVABLE = "host name resolves"
 
 
 @pytest.fixture(scope="module")
-def kfvision_train_2(tmp_path_factory, resnet18_dir, micro_digits) -> dict:
+def kfvision_train_2(tmp_path_factory, resnet18_dir, micro_digits, request) -> dict:
     """`kfvision train --nproc-per-node 2` with torchrun_2's options, once a module: {"run",
-    "out", "renamed"}. Where `unshare --uts` is allowed, in a host of its own whose name is not
-    in its /etc/hosts, as in a container: one run for the two tests below."""
+    "out", "renamed", "tracking", "experiment"}. Where `unshare --uts` is allowed, in a host of
+    its own whose name is not in its /etc/hosts, as in a container; its MLflow run on the
+    session's server (tracking None where mlflow is not installed): one run for the three tests
+    below."""
     out = tmp_path_factory.mktemp("kfvision_train_2") / "b"
+    try:
+        tracking = request.getfixturevalue("mlflow_server")
+    except pytest.skip.Exception:
+        tracking = None
+    experiment = f"test-distributed-{uuid.uuid4().hex[:8]}"
+    options = {**OPTIONS, **({"tracking_uri": tracking, "experiment": experiment} if tracking
+                             else {})}
     argv = ["train", "--nproc-per-node", "2",
-            *map(str, train_argv(resnet18_dir, micro_digits, out, **OPTIONS))]
+            *map(str, train_argv(resnet18_dir, micro_digits, out, **options))]
     renamed = _can_rename_host()
     if renamed:
         script = ('hostname kfvision-test-unresolvable && { ! getent hosts "$(hostname)" || '
@@ -72,12 +82,14 @@ def kfvision_train_2(tmp_path_factory, resnet18_dir, micro_digits) -> dict:
     else:
         cmd = [sys.executable, "-m", "kfvision.pipelines.cli", *argv]
     run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=280)
-    return {"run": run, "out": out, "renamed": renamed}
+    return {"run": run, "out": out, "renamed": renamed, "tracking": tracking,
+            "experiment": experiment}
 
 
 def test_same_seed_and_world_size_give_the_same_model(torchrun_2, kfvision_train_2):
-    """A second run, started the other way (`kfvision train --nproc-per-node 2`), against the
-    plain torchrun one: the launcher is not part of what decides the model."""
+    """A second run, started the other way (`kfvision train --nproc-per-node 2`, its MLflow run
+    on a server), against the plain torchrun one: neither the launcher nor the tracking is part
+    of what decides the model."""
     for run in (torchrun_2["run"], kfvision_train_2["run"]):
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     a, b = (torch.load(out / "weights.pt", weights_only=True)
@@ -94,3 +106,19 @@ def test_several_processes_on_one_machine_meet_on_loopback(kfvision_train_2):
     assert kfvision_train_2["renamed"] and RESOLVABLE not in run.stderr, run.stderr[-3000:]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "weights identical on all 2 rank(s)" in run.stdout
+
+
+def test_two_processes_log_each_epoch_once_from_rank_0(kfvision_train_2):
+    """Two processes, one MLflow run: rank 0's, each epoch once."""
+    from mlflow.tracking import MlflowClient
+
+    if kfvision_train_2["tracking"] is None:
+        pytest.skip("mlflow server not installed (pip install -e '.[test]')")
+    run = kfvision_train_2["run"]
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    client = MlflowClient(tracking_uri=kfvision_train_2["tracking"])
+    exp = client.get_experiment_by_name(kfvision_train_2["experiment"])
+    (logged,) = client.search_runs([exp.experiment_id])
+    assert logged.data.tags["kfvision.world_size"] == "2"
+    steps = sorted(m.step for m in client.get_metric_history(logged.info.run_id, "val_loss"))
+    assert steps == list(range(1, OPTIONS["epochs"] + 1))
