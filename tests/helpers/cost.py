@@ -15,10 +15,10 @@ when it
   (a `kfvision` command without torch: 0.1 s). Mark it `process`, or `slow`/`distributed`;
 - spent more than `kfvision_unmarked_cpu_s` (5 s) in all: mark it `slow` (or `distributed`).
 
-`--cost-log FILE` writes one JSON line per test (wall, CPU, children's CPU, markers), one per
-setup of a wider-scope fixture (its name and scope) and one per process at its end (the whole
-process and its children): the durations table of docs/development.md is made from it
-(tools/suitecost.py).
+`--cost-log FILE` writes one JSON line per test (wall, CPU, children's CPU, markers, the time it
+ended), one per setup of a wider-scope fixture (its name and scope) and one per process at its
+end (the whole process and its children): the durations table of docs/development.md is made
+from it (tools/suitecost.py).
 """
 
 import json
@@ -84,7 +84,7 @@ def pytest_fixture_setup(fixturedef, request):
     _meter.left_out[1] += kids
     _log(request.config, {"fixture": fixturedef.argname, "scope": fixturedef.scope,
                           "wall": round(time.monotonic() - wall, 3), "cpu": round(cpu, 3),
-                          "kids": round(kids, 3)})
+                          "kids": round(kids, 3), "end": round(time.time(), 3)})
 
 
 def _log(config, line: dict) -> None:
@@ -121,7 +121,8 @@ def pytest_runtest_makereport(item, call):
     wall, cpu, kids = _meter.totals()
     marks = _marks(item)
     _log(item.config, {"id": item.nodeid, "wall": round(wall, 3), "cpu": round(cpu, 3),
-                       "kids": round(kids, 3), "marks": sorted(marks & {*PROCESS_OK, "gpu"})})
+                       "kids": round(kids, 3), "marks": sorted(marks & {*PROCESS_OK, "gpu"}),
+                       "end": round(time.time(), 3)})
     if not report.passed:
         return
     wrong = verdict(marks, cpu, kids, float(item.config.getini("kfvision_process_cpu_s")),
