@@ -49,7 +49,6 @@ def serve_and_check(model_dir, data_dir, scored_csv, log, name: str = "model") -
         e = entries[r["image"]]
         files.append(imdir.file(e).read_bytes())
         imdir.check_bytes(e, files[-1])
-    scored = [r["scored_label"] for r in rows]
     start = time.perf_counter()
     server = Server(["--model", model_dir, "--name", name], log)
     started = time.perf_counter() - start
@@ -71,11 +70,23 @@ def serve_and_check(model_dir, data_dir, scored_csv, log, name: str = "model") -
         server.stop()
     figures = {"images": len(files), "server_start_s": round(started, 3)}
     for protocol, labels in served.items():
-        differ = [rows[i]["image"] for i, (a, b) in enumerate(zip(labels, scored)) if a != b]
-        if differ or len(labels) != len(scored):
-            raise ServedLabelsDifferError(
-                f"{protocol}: {len(differ)} of {len(scored)} served labels differ from "
-                f"{scored_csv} (first: {differ[:3]}); the server's log is {log}.")
-        figures[f"{protocol}_labels_equal_scored"] = len(labels)
+        figures[f"{protocol}_labels_equal_scored"] = check_labels(protocol, labels, rows,
+                                                                  scored_csv, log)
         figures[f"{protocol}_images_per_s"] = round(len(files) / seconds[protocol], 3)
     return figures
+
+
+def check_labels(protocol: str, labels: list, rows: list, scored_csv, log) -> int:
+    """How many `labels` (served over `protocol`, in the order of the table's `rows`) there are,
+    once each equals its row's `scored_label`.
+
+    Raises:
+        ServedLabelsDifferError: one differs, or there are not as many.
+    """
+    scored = [r["scored_label"] for r in rows]
+    differ = [rows[i]["image"] for i, (a, b) in enumerate(zip(labels, scored)) if a != b]
+    if differ or len(labels) != len(scored):
+        raise ServedLabelsDifferError(
+            f"{protocol}: {len(differ)} of {len(scored)} served labels differ from "
+            f"{scored_csv} (first: {differ[:3]}); the server's log is {log}.")
+    return len(labels)

@@ -29,20 +29,6 @@ def accuracy_of(evaluation) -> float:
     return json.loads((evaluation / "metrics.json").read_text())["accuracy"]
 
 
-@pytest.mark.slow
-def test_locally_the_step_serves_the_model_and_the_served_labels_are_the_scored_ones(
-        trained_tiny, tiny_digits, evaluation, tmp_path, capsys):
-    figures = step.deploy_step(trained_tiny, tiny_digits["val"], evaluation, tmp_path / "d",
-                               name="digits", min_accuracy=0.0, mode="local")
-    assert figures["deployed"] == 1 and figures["where"] == "local"
-    assert figures["images"] == figures["v1_labels_equal_scored"] == 60
-    assert figures["v2_labels_equal_scored"] == 60 and figures["v1_images_per_s"] > 0
-    assert figures["accuracy"] == accuracy_of(evaluation)
-    assert json.loads((tmp_path / "d" / "figures.json").read_text()) == figures
-    assert (tmp_path / "d" / "server.log").stat().st_size > 0
-    assert "served 60 images locally over v1 and v2" in capsys.readouterr().out
-
-
 @pytest.mark.parametrize("mode", ["local", "cluster"])
 def test_below_the_bar_nothing_is_served_or_deployed_and_the_step_says_why(
         trained_tiny, tiny_digits, evaluation, tmp_path, capsys, mode):
@@ -113,6 +99,8 @@ def test_bad_deploy_parameters_are_refused_before_anything_runs(tiny_digits, ove
 @pytest.mark.slow
 def test_the_registered_version_is_what_is_served_locally_and_on_a_cluster(
         mlflow_server, trained_tiny, tiny_digits, evaluation, tmp_path, monkeypatch, capsys):
+    """Locally the step serves the registered version (the trained model) and the served labels
+    are the scored ones, over v1 and v2; on a cluster, what KServe can read."""
     from kfvision.pipelines.flow.steps.register import register_step
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -125,10 +113,17 @@ def test_the_registered_version_is_what_is_served_locally_and_on_a_cluster(
                                name="digits", min_accuracy=0.0, mode="local",
                                registration_dir=tmp_path / "registration")
     assert figures["registered_model"] == got["uri"] == "models:/served-version/1"
-    assert figures["deployed"] == 1 and figures["v1_labels_equal_scored"] == 60
+    assert figures["deployed"] == 1 and figures["where"] == "local"
+    assert figures["images"] == figures["v1_labels_equal_scored"] == 60
+    assert figures["v2_labels_equal_scored"] == 60 and figures["v1_images_per_s"] > 0
+    assert figures["accuracy"] == accuracy_of(evaluation)
+    assert json.loads((tmp_path / "d" / "figures.json").read_text()) == figures
+    assert (tmp_path / "d" / "server.log").stat().st_size > 0
     cached = tmp_path / "cache" / "kfvision" / "models" / "served-version" / "1"
     assert (cached / "model.json").is_file()
-    assert "serving the registered version models:/served-version/1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "serving the registered version models:/served-version/1" in out
+    assert "served 60 images locally over v1 and v2" in out
 
     # on a cluster: this server keeps artifacts itself (mlflow-artifacts:/), which KServe cannot
     # read, so the trained model goes to the PVC as without register, and the step says why

@@ -7,7 +7,11 @@ import json
 import pytest
 
 from kfvision.pipelines.flow.steps.common import accuracy_gate
-from kfvision.pipelines.serve.selfcheck import ServedLabelsDifferError, serve_and_check
+from kfvision.pipelines.serve.selfcheck import (
+    ServedLabelsDifferError,
+    check_labels,
+    serve_and_check,
+)
 from kfvision.trainer.errors import EvaluationError
 from kfvision.trainer.use.score import score
 
@@ -45,12 +49,12 @@ def test_serve_and_check_agrees_with_score_and_notices_a_difference(trained_tiny
     n = figures["images"]
     assert n == 60 and figures["v1_labels_equal_scored"] == figures["v2_labels_equal_scored"] == n
     assert figures["v1_images_per_s"] > 0 and figures["v2_images_per_s"] > 0
+    # a table that differs in one label: the labels served above (the table's) against it
     rows = list(csv.DictReader(scored.open()))
+    served = [r["scored_label"] for r in rows]
     rows[0]["scored_label"] = "not a class"
-    with (tmp_path / "wrong.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    with pytest.raises(ServedLabelsDifferError, match="1 of 60 served labels differ"):
-        serve_and_check(trained_tiny, tiny_digits["val"], tmp_path / "wrong.csv",
-                        tmp_path / "serve2.log")
+    with pytest.raises(ServedLabelsDifferError, match="v2: 1 of 60 served labels differ from "
+                       r"wrong.csv \(first: \['"):
+        check_labels("v2", served, rows, "wrong.csv", tmp_path / "serve.log")
+    with pytest.raises(ServedLabelsDifferError, match="v1: 0 of 60 served labels differ"):
+        check_labels("v1", served[:-1], list(csv.DictReader(scored.open())), "s.csv", "log")
