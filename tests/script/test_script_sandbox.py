@@ -1,6 +1,6 @@
 """A user's script under run-local's sandbox (pipelines/jobs/sandbox.py), as Azure ML's guide
-writes it (tests/script/styles/azure_ddp): one 2 x 2 run per job kind (and one per pod with
-`--launcher python`) checks, each from the same run, that
+writes it (tests/script/styles/azure_ddp): one run per job kind (2 x 2 and 2 x 1, and one per pod
+with `--launcher python`) checks, each from the same run, that
 
 - the guide's `$AZ_BATCHAI_*` arguments reach a working process group (pipelines/script/ranks.py);
 - torch hub's pretrained-download pattern writes under the pod's TORCH_HOME (pipelines/jobs/
@@ -53,9 +53,11 @@ def _azure_run(tmp_path, capsys, kind, nodes, nproc, launcher="torchrun"):
 @needs_bwrap
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
-def test_azures_ddp_script_runs_2x2_unchanged_in_the_pods_filesystem(tmp_path, capsys, kind):
-    _azure_run(tmp_path, capsys, kind, 2, 2)
+@pytest.mark.parametrize("kind, nproc", [("pytorchjob", 2), ("trainjob", 1)])
+def test_azures_ddp_script_runs_unchanged_in_the_pods_filesystem(tmp_path, capsys, kind, nproc):
+    """2 x 2 as a PyTorchJob; 2 x 1 (torchrun in each pod) as a TrainJob: what differs with the
+    kind is the pods' volumes and environment, which one process a pod meets as two do."""
+    _azure_run(tmp_path, capsys, kind, 2, nproc)
 
 
 @needs_bwrap
