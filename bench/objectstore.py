@@ -261,12 +261,15 @@ def main(argv=None) -> int:
                    help="the reads compared")
     p.add_argument("--job", action="store_true", help="also the 2-node job, s3:// and local")
     p.add_argument("--epochs", type=int, default=2, help="the job's epochs")
+    p.add_argument("--image-size", type=int, default=64, help="the job's training image size")
+    p.add_argument("--job-flags", default="", help="more trainer flags for both jobs, one "
+                   "string (e.g. \"--cache off --workers 1\": the s3:// job's loader for both)")
     p.add_argument("--litdata-python", type=Path, default=LITDATA_PYTHON,
                    help="the interpreter of LitData's venv")
     p.add_argument("--work", type=Path, default=Path("build/bench-objectstore"),
                    help="scratch folder (emptied)")
     args = p.parse_args(argv)
-    if not args.litdata_python.exists():
+    if any(r.startswith("litdata") for r in args.readers) and not args.litdata_python.exists():
         raise SystemExit(f"{args.litdata_python} does not exist: make LitData's venv first "
                          "(`make litdata-venv`; see `python -m bench.objectstore`'s docstring).")
     data = dataset(args.images)
@@ -302,7 +305,8 @@ def report(args, parts: dict, job: dict | None, dataset_bytes: int, load: str) -
     """Print the tables and keep them, and the JSON record."""
     cmd = (f"python -m bench.objectstore --images {args.images} --rounds {args.rounds} "
            f"--server {args.server} --readers {' '.join(args.readers)}"
-           + (f" --job --epochs {args.epochs}" if args.job else ""))
+           + (f" --job --epochs {args.epochs} --image-size {args.image_size}" if args.job
+              else "") + (f" --job-flags \"{args.job_flags}\"" if args.job_flags else ""))
     head = (f"{args.images:,} JPEGs ({dataset_bytes / 1e6:.0f} MB, "
             f"{dataset_bytes / args.images / 1e3:.0f} KB each), {CLASSES} classes, "
             f"{args.server} on loopback, {os.cpu_count()} logical CPUs; `{cmd}`; load average "

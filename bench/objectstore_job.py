@@ -2,11 +2,12 @@
 `kfvision job run-local`, reading s3:// (the node agent fetches into each node's scratch folder)
 against the same job reading the local image directory.
 
-The model: resnet18 at 64 px, batch 64. At 224 px an epoch of 20,000 images takes over ten
-minutes on 2 cores (about 30 images/s, docs/benchmarks.md "Training: the JPEG set"); at 64 px the
-convolutions cost a twelfth, so the epoch takes minutes and the per-image input work (reading
-and decoding a 500 x 375 JPEG) is a large share of it: the input path is what is compared, and a
-heavier model would hide it. `--print-freq 1`: every step logs a line, so the first one is seen.
+The model: resnet18 at 64 px (`--image-size`), batch 64. At 224 px an epoch of 20,000 images
+takes over ten minutes on 2 cores (about 30 images/s, docs/benchmarks.md "Training: the JPEG
+set"); at 64 px the convolutions cost a twelfth, so the epoch takes minutes and the per-image
+input work (reading and decoding a 500 x 375 JPEG) is a large share of it: the input path is what
+is compared, and a heavier model would hide it. `--print-freq 1`: every step logs a line, so
+the first one is seen.
 
 Measured per job: epoch 1's `train_images_per_sec` (metrics.json's history), seconds from the
 run-local's start to the first step line of the Master's log, the object bytes the server
@@ -30,7 +31,7 @@ from kfvision.pipelines.jobs.storenode import SUMMARY
 
 FIRST_STEP = re.compile(r"epoch 1 \[\s*1/")
 EPOCH_1_DONE = re.compile(r"epoch 1 done:")
-TRAIN_FLAGS = ["--image-size", "64", "--batch-size", "64", "--print-freq", "1"]
+TRAIN_FLAGS = ["--batch-size", "64", "--print-freq", "1"]  # and --image-size (64 by default)
 
 
 def node_summary(scratch: Path) -> dict | None:
@@ -123,11 +124,12 @@ def _metrics(store, out) -> dict:
     return json.loads(client.get_object(Bucket=bucket, Key=key + "metrics.json")["Body"].read())
 
 
-def _render(name: str, paths: dict, epochs: int, manifest: Path, env: dict) -> None:
+def _render(name: str, paths: dict, args, manifest: Path, env: dict) -> None:
     subprocess.run([sys.executable, "-m", "kfvision.pipelines.cli", "job", "render", "--name",
                     name, "--image", "local", "--nodes", "2", "--nproc-per-node", "1",
                     *(a for k, v in paths.items() for a in (f"--{k}", str(v))),
-                    "--epochs", str(epochs), *TRAIN_FLAGS, "-o", str(manifest)],
+                    "--epochs", str(args.epochs), "--image-size", str(args.image_size),
+                    *TRAIN_FLAGS, *args.job_flags.split(), "-o", str(manifest)],
                    env=env, check=True, capture_output=True, text=True)
 
 
@@ -141,7 +143,7 @@ def run_jobs(args, store, train: Path, val: Path, train_uri: str) -> dict:
     subprocess.run([sys.executable, "-m", "kfvision.pipelines.cli", "model", "resnet",
                     str(model), "--name", "resnet18"], check=True, capture_output=True)
     local = {"train": train, "val": val, "model": model, "out": work / "out-local"}
-    _render("bench-local", local, args.epochs, work / "local.yaml", store.env)
+    _render("bench-local", local, args, work / "local.yaml", store.env)
     jobs = {"local": run_job("bench-local", work / "local.yaml", work / "logs-local", store,
                              local["out"])}
     bucket = train_uri.split("/")[2]
@@ -155,7 +157,7 @@ def run_jobs(args, store, train: Path, val: Path, train_uri: str) -> dict:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    _render("bench-s3", remote, args.epochs, work / "s3.yaml", store.env)
+    _render("bench-s3", remote, args, work / "s3.yaml", store.env)
     jobs["s3"] = run_job("bench-s3", work / "s3.yaml", work / "logs-s3", store, remote["out"])
     return jobs
 
