@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.procs import kill_with_env
+from helpers.procs import kill_with_env, with_env
 from helpers.runs import JOB_FLAGS
 
 from kfvision.pipelines.clients import fetchplan, nodefetch
@@ -119,9 +119,15 @@ def test_a_2x2_job_on_object_storage_alone_killed_mid_epoch_resumes_on_new_pods_
         while not epoch_1_is_in_the_store() and run.poll() is None:
             assert time.monotonic() < deadline, "epoch 2 never began with epoch 1 in the store"
             time.sleep(0.05)
-        assert kill_with_env(**{MARK: "1"})  # run-local, its pods' agents, launchers, trainers
+        killed = kill_with_env(**{MARK: "1"})  # run-local, its pods' agents, launchers, trainers
         log = run.communicate(timeout=60)[0].decode(errors="replace")
         assert run.returncode == -signal.SIGKILL, log[-3000:]
+        assert len(killed) >= 1 + 2 * 3, killed  # run-local, and each pod's agent, launcher, ranks
+        deadline = time.monotonic() + 10
+        while with_env(**{MARK: "1"}):  # none left to write into the store (one forked meanwhile)
+            assert time.monotonic() < deadline, with_env(**{MARK: "1"})
+            kill_with_env(**{MARK: "1"})
+            time.sleep(0.1)
         with monkeypatch.context() as patch:  # run-local's pods inherit this process's
             patch.setenv("AWS_ENDPOINT_URL", proxy.url)
             assert main(["job", "run-local", str(job), "--quiet", "--log-dir", str(second)]) == 0
