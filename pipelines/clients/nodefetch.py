@@ -49,11 +49,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kfvision.pipelines.clients import s3, s3download, s3sync
-from kfvision.pipelines.clients.fetchplan import (  # noqa: F401 (check_room: the agent's)
+from kfvision.pipelines.clients.fetchplan import (
     Channel,
     Plan,
     ScratchFullError,
-    check_room,
     eval_share,
     node_order,
     rank_order,

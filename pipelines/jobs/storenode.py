@@ -216,7 +216,7 @@ def _stage(cfg, uris: dict, scratch: Path, max_connections: int) -> tuple:
         local[k] = ch.folder.parent
     if channels:
         need = sum(sum(ch.sizes) for ch in channels.values())
-        nodefetch.check_room(scratch, need)
+        fetchplan.check_room(scratch, need)
         ranks = tuple(range(node_rank * nproc, (node_rank + 1) * nproc))
         plan = fetchplan.Plan(nnodes * nproc, ranks, cfg.seed, cfg.epochs)
         train = channels.get("train")

@@ -169,8 +169,8 @@ def test_a_full_scratch_disk_says_how_much_room_the_node_needs(tmp_path, s3_buck
     from kfvision.trainer.data.arrival import FAILED
 
     s3_bucket.upload_folder(micro_digits["train"], "data/train/")
-    with pytest.raises(nodefetch.ScratchFullError, match=r"--scratch-size"):
-        nodefetch.check_room(tmp_path, 1 << 60)
+    with pytest.raises(fetchplan.ScratchFullError, match=r"--scratch-size"):
+        fetchplan.check_room(tmp_path, 1 << 60)
     scratch = tmpfs("64k")
     channel = stage_images("train", s3_bucket.uri("data/train"), scratch)
     channel.list(4)
@@ -178,7 +178,7 @@ def test_a_full_scratch_disk_says_how_much_room_the_node_needs(tmp_path, s3_buck
     fetcher = nodefetch.NodeFetcher(channel, None, plan, scratch / "arrival",
                                     max_connections=4).start()
     assert fetcher.done.wait(60)
-    assert isinstance(fetcher.error, nodefetch.ScratchFullError), fetcher.error
+    assert isinstance(fetcher.error, fetchplan.ScratchFullError), fetcher.error
     assert "holds up to the whole dataset" in str(fetcher.error)
     assert "ScratchFullError" in (scratch / "arrival" / FAILED).read_text()
 
