@@ -54,13 +54,10 @@ def entry(*names) -> str:
 # name: (the source folder, how the script is named, where each module must come from: "src" is
 # the user's folder, "env" the requirements' environment)
 CASES = {
-    "trainer.py beside the entry": (
-        {"train.py": entry("trainer"), "trainer.py": "WHOSE = 'user'\n"},
-        ["--entry", "train.py"], {"trainer": "src"}),
-    "a pipelines/ package": (
-        {"train.py": entry("pipelines", "pipelines.steps"), "pipelines/__init__.py": "",
-         "pipelines/steps.py": ""},
-        ["--entry", "train.py"], {"pipelines": "src", "pipelines.steps": "src"}),
+    "trainer.py beside the entry, and a pipelines/ package": (
+        {"train.py": entry("trainer", "pipelines", "pipelines.steps"),
+         "trainer.py": "WHOSE = 'user'\n", "pipelines/__init__.py": "", "pipelines/steps.py": ""},
+        ["--entry", "train.py"], {"trainer": "src", "pipelines": "src", "pipelines.steps": "src"}),
     "Vertex AI's trainer/task.py as --module trainer.task": (
         {"trainer/__init__.py": "", "trainer/task.py": entry("trainer")},
         ["--module", "trainer.task"], {"trainer": "src"}),
