@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -129,7 +130,7 @@ def _render(name: str, paths: dict, args, manifest: Path, env: dict) -> None:
                     name, "--image", "local", "--nodes", "2", "--nproc-per-node", "1",
                     *(a for k, v in paths.items() for a in (f"--{k}", str(v))),
                     "--epochs", str(args.epochs), "--image-size", str(args.image_size),
-                    *TRAIN_FLAGS, *args.job_flags.split(), "-o", str(manifest)],
+                    *TRAIN_FLAGS, *shlex.split(args.job_flags), "-o", str(manifest)],
                    env=env, check=True, capture_output=True, text=True)
 
 

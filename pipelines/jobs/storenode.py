@@ -274,8 +274,8 @@ def _run_trainer(argv: list, fetcher, summary: Path) -> int:
             return child.wait(timeout=0.2)
         except subprocess.TimeoutExpired:
             pass
-        if fetcher is not None and fetcher.trainer_epoch() > written:
-            written = fetcher.trainer_epoch()
+        if fetcher is not None and (epoch := fetcher.trainer_epoch()) > written:
+            written = epoch
             nodefetch.write_summary(fetcher, summary)
         if fetcher is not None and fetcher.error is not None:
             with contextlib.suppress(ProcessLookupError):
