@@ -34,7 +34,10 @@ PREFIX = "[kfvision launch]"
 
 
 def _say(text: str) -> None:
-    print(f"{PREFIX} {text}", file=sys.stderr, flush=True)
+    # one write, line break included (print makes two): torchrun's tee threads write the ranks'
+    # lines into the same pipe, and would glue one onto a line cut before its break
+    sys.stderr.write(f"{PREFIX} {text}\n")
+    sys.stderr.flush()
 
 
 def _say_records(watch, started: float, torch_failures=None) -> list:

@@ -83,7 +83,10 @@ def node_of(environ) -> str:
 
 
 def say(text: str) -> None:
-    print(f"{ranktag.tag(node_of(os.environ))}{PREFIX} {text}", file=sys.stderr, flush=True)
+    # one write, line break included (print makes two): the relay thread writes the launcher's
+    # lines into the same pipe, and would glue one onto a line cut before its break
+    sys.stderr.write(f"{ranktag.tag(node_of(os.environ))}{PREFIX} {text}\n")
+    sys.stderr.flush()
 
 
 def read_snapshot(where: str, sha256: str) -> bytes:

@@ -124,11 +124,12 @@ def test_run_local_shows_every_line_with_its_node_and_rank(tmp_path, capsys):
            "say.py", [])
     assert main(["job", "run-local", str(tmp_path / "job.yaml"), "--log-dir",
                  str(tmp_path / "logs")]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    lines = out.splitlines()
     for rank in range(4):
         node = rank // 2
-        assert f"[{node}/{rank}] hello from {rank}" in lines
-        assert f"[{node}/{rank}] warning from {rank}" in lines
+        assert f"[{node}/{rank}] hello from {rank}" in lines, out
+        assert f"[{node}/{rank}] warning from {rank}" in lines, out
     assert any(line.startswith("[1/-] [kfvision script] ready in") for line in lines)
     # the pod's own log (what kubectl logs shows) carries the same prefixes
     assert "[1/3] hello from 3" in (tmp_path / "logs" / "worker-0.log").read_text()
