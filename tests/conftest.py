@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.runs import jpeg_digits, run_job, train_argv
+from helpers.runs import DIGITS_RUN, jpeg_digits, run_job, train_argv
 from helpers.s3bucket import FAST_RETRIES, S3Bucket
 from helpers.workunits import UNITS_FILE, HeavyAloneScheduling, order, work_units, write_units
 
@@ -165,6 +165,21 @@ def _converted(root: Path, limit=None) -> dict:
 
 
 @pytest.fixture(scope="session")
+def photos(tmp_path_factory) -> Path:
+    """96 labelled JPEGs of 400x300 (about 60 KB each, like small photos) in 4 class folders:
+    what the data-movement meter (tests/helpers/meter.py) weighs a run's bytes against."""
+    def make(root):
+        from bench.jpegset import make_jpeg_set
+
+        make_jpeg_set(root / "gen", images=96, classes=4, size=(400, 300))
+        shutil.move(root / "gen" / "raw", root / "photos")
+        shutil.rmtree(root / "gen")
+        return root / "photos"
+
+    return made_once(tmp_path_factory, "photos", make)
+
+
+@pytest.fixture(scope="session")
 def digits(tmp_path_factory) -> dict:
     """All 1,797 digits: {"train", "val", "raw"} paths (80/20 stratified split, seed 1)."""
     return made_once(tmp_path_factory, "digits", _converted)
@@ -197,6 +212,22 @@ def resnet18_dir(tmp_path_factory) -> Path:
         return root / "resnet18"
 
     return made_once(tmp_path_factory, "models", make)
+
+
+@pytest.fixture(scope="session")
+def digits_trained(tmp_path_factory, digits, resnet18_dir) -> dict:
+    """The digits trained as DIGITS_RUN says, every other option at its default (at 32 px on a
+    CPU: fp32, one-pixel convolutions as GEMM, the decoded images cached), once a test run:
+    {"out": the model directory, "final": its final metrics}. test_train.py holds it to a real
+    accuracy; test_fastpath.py holds the whole fast path to it."""
+    from kfvision.trainer.train import main
+
+    def make(root):
+        assert main(train_argv(resnet18_dir, digits, root / "model", **DIGITS_RUN)) == 0
+        metrics = json.loads((root / "model" / "metrics.json").read_text())
+        return {"out": root / "model", "final": metrics["final"]}
+
+    return made_once(tmp_path_factory, "digits_trained", make)
 
 
 @pytest.fixture(scope="session")

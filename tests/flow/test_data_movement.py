@@ -1,8 +1,10 @@
-"""The dataset crosses storage once: the byte meter (tests/helpers/meter.py) over a local pipeline
-run and over the cluster branch, for a source already on a volume and for an http(s) archive.
+"""The dataset crosses storage once: the byte meter (tests/helpers/meter.py) over the cluster
+branch, for a source already on a volume and for an http(s) archive. The local pipeline run's
+meter is read from tests/flow/test_pipeline_local.py's run (one local run for both).
 
 docs/pipeline.md ("Data movement") has the figures, before and after, and the command that
-prints them: `python -m pytest tests/flow/test_data_movement.py -s`.
+prints them: `python -m pytest tests/flow/test_data_movement.py tests/flow/test_pipeline_local.py
+-s`.
 """
 
 import http.server
@@ -12,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers.meter import ClusterBranch, Meter, files, local_run_meter
+from helpers.meter import ClusterBranch, Meter, files, image_bytes
 from helpers.runs import pipeline_job_settings, pipeline_train_options
 
 from kfvision.pipelines.clients.k8s import KubernetesError
@@ -25,28 +27,11 @@ from kfvision.pipelines.flow.storage import data_place
 from kfvision.pipelines.jobs import jobclient
 from kfvision.pipelines.jobs.kinds import PYTORCHJOB
 from kfvision.pipelines.jobs.pytorchjob.local import run_local
-from kfvision.trainer.data.imagedir import read_image_directory
 
 pytestmark = pytest.mark.slow
 OPTIONS = pipeline_train_options(epochs=1, batch_size=16, warmup_epochs=0, learning_rate=0.01,
                         random_seed=1, patience=3, print_frequency=10, image_size=32,
                         augment="none")
-
-
-@pytest.fixture(scope="module")
-def photos(tmp_path_factory) -> Path:
-    """96 labelled JPEGs of 400x300 (about 60 KB each, like small photos) in class folders."""
-    from bench.jpegset import make_jpeg_set
-
-    out = tmp_path_factory.mktemp("photos")
-    make_jpeg_set(out / "gen", images=96, classes=4, size=(400, 300))
-    shutil.move(out / "gen" / "raw", out / "photos")
-    shutil.rmtree(out / "gen")
-    return out / "photos"
-
-
-def image_bytes(folder: Path) -> int:
-    return sum(size for size, *_ in files(folder).values())
 
 
 class FakeAPI:
@@ -167,17 +152,3 @@ def test_an_https_archive_is_downloaded_once_and_extracted_once_into_the_workspa
     assert meter.moved() <= 1.1
     extracted = tmp_path / "kfp-workspace" / "kfvision"
     assert len([p for p in files(extracted) if p.suffix == ".jpg"]) == 96
-
-
-def test_a_local_run_references_the_source_and_copies_no_image(tmp_path, photos):
-    from kfvision.pipelines.flow.localrun import run_local_pipeline
-
-    run = run_local_pipeline({"train_source": str(photos), "fraction": 0.75, "epochs": 1,
-                              "image_size": 32, "batch_size": 16, "augment": "none",
-                              "learning_rate": 0.01}, tmp_path / "out")
-    meter = local_run_meter(run.root, image_bytes(photos))
-    print("\n" + meter.table("local run (kfvision pipeline run-local), a folder source"))
-    assert meter.total("images") == 0
-    assert meter.moved() <= 1.1
-    train = read_image_directory(run.artifacts["split-image-directory"]["train"])
-    assert train.referenced and train.base == photos

@@ -1,5 +1,7 @@
 """The whole pipeline on this machine with KFP's local runner: same results as the library path,
-the deploy step serving the model, and bad parameters stop it before any heavy work."""
+the deploy step serving the model, no image copied (the byte meter of tests/helpers/meter.py, as
+tests/flow/test_data_movement.py weighs the cluster branch), and bad parameters stop it before
+any heavy work."""
 
 import csv
 import json
@@ -9,6 +11,7 @@ import warnings
 
 import pytest
 import yaml
+from helpers.meter import image_bytes, local_run_meter
 from helpers.paths import REPO
 from helpers.runs import train_argv
 
@@ -26,9 +29,10 @@ def outputs_of(run, task: str) -> dict:
     return {k: v["artifacts"][0] for k, v in doc.get("artifacts", {}).items()}
 
 
-def library_path(tiny, tmp) -> dict:
+def library_path(source, tmp) -> dict:
     """What the pipeline does, with the library calls `kfvision convert/split/model/train/score/
-    evaluate` make: convert train source -> split -> resnet18 -> train -> score test -> evaluate."""
+    evaluate` make: convert the source -> split -> resnet18 -> train -> score the source (the
+    test source) -> evaluate."""
     from kfvision.trainer.data.convert import convert
     from kfvision.trainer.data.split import split
     from kfvision.trainer.model.arch import write_untrained_model
@@ -36,7 +40,7 @@ def library_path(tiny, tmp) -> dict:
     from kfvision.trainer.use.evaluate import evaluate
     from kfvision.trainer.use.score import score
 
-    convert(tiny["raw"] / "train", tmp / "all", progress=False)
+    convert(source, tmp / "all", progress=False)
     split(tmp / "all", tmp / "train", tmp / "val", fraction=SETTINGS["fraction"],
           seed=SETTINGS["random_seed"])
     write_untrained_model(tmp / "model", "resnet18")
@@ -44,7 +48,7 @@ def library_path(tiny, tmp) -> dict:
     opts = {"epochs": 3, "image_size": 32, "batch_size": 16, "lr": 0.05, "augment": "none",
             "print_freq": 100, "seed": 1}
     assert main(train_argv(tmp / "model", data, tmp / "trained", **opts)) == 0
-    convert(tiny["raw"] / "val", tmp / "test", progress=False)
+    convert(source, tmp / "test", progress=False)
     score(tmp / "trained", tmp / "test", tmp / "scored.csv", progress=False)
     return {"trained": json.loads((tmp / "trained" / "metrics.json").read_text()),
             "evaluation": evaluate(tmp / "scored.csv", tmp / "eval"),
@@ -52,11 +56,12 @@ def library_path(tiny, tmp) -> dict:
 
 
 @pytest.mark.slow
-def test_local_pipeline_reaches_the_same_accuracy_as_the_library_path(tiny_digits, tmp_path):
-    run = run_local_pipeline({"train_source": str(tiny_digits["raw"] / "train"),
-                              "test_source": str(tiny_digits["raw"] / "val"), **SETTINGS,
-                              "deploy": True, "deploy_name": "digits"}, tmp_path / "pipeline")
-    ref = library_path(tiny_digits, tmp_path / "library")
+def test_local_pipeline_reaches_the_same_accuracy_as_the_library_path(photos, tmp_path):
+    """A folder of JPEG photos as the training and the test source (96 images, 4 classes)."""
+    run = run_local_pipeline({"train_source": str(photos), "test_source": str(photos),
+                              **SETTINGS, "deploy": True, "deploy_name": "digits"},
+                             tmp_path / "pipeline")
+    ref = library_path(photos, tmp_path / "library")
     trained = json.loads((find(run, "train-pytorch-model", "trained_model") / "metrics.json")
                          .read_text())
     assert trained["epochs_run"] == ref["trained"]["epochs_run"] == 3
@@ -67,7 +72,7 @@ def test_local_pipeline_reaches_the_same_accuracy_as_the_library_path(tiny_digit
     assert evaluation["accuracy"] == ref["evaluation"]["accuracy"]
     assert evaluation["confusion_matrix"] == ref["evaluation"]["confusion_matrix"]
     rows = list(csv.reader(find(run, "score-image-model", "scored").open()))
-    assert len(rows) == 61 and rows == list(csv.reader(ref["scored"].open()))
+    assert len(rows) == 97 and rows == list(csv.reader(ref["scored"].open()))
 
     # What the KFP UI shows: metrics, confusion matrix, curves, report, the job (locally, auto
     # is a PyTorchJob).
@@ -90,7 +95,14 @@ def test_local_pipeline_reaches_the_same_accuracy_as_the_library_path(tiny_digit
     # split's) equal to the scored ones, over v1 and v2; the figures are the step's Metrics.
     deployed = json.loads((find(run, "deploy-model", "deployment") / "figures.json").read_text())
     validation = read_image_directory(find(run, "split-image-directory", "validation"))
-    assert validation.referenced  # the split's manifests reference the source's images
+    train = read_image_directory(find(run, "split-image-directory", "train"))
+    # the split's manifests reference the source's images: no step copies one (a test source,
+    # the deploy step and the pictures the steps draw included)
+    assert validation.referenced and train.referenced and train.base == photos
+    meter = local_run_meter(run.root, image_bytes(photos))
+    print("\n" + meter.table("local run (kfvision pipeline run-local), a folder source, with a "
+                            "test source and deploy"))
+    assert meter.total("images") == 0 and meter.moved() <= 1.1
     n = len(validation.images)
     assert deployed["deployed"] == 1 and deployed["accuracy"] == evaluation["accuracy"]
     assert deployed["v1_labels_equal_scored"] == deployed["v2_labels_equal_scored"] == n > 0

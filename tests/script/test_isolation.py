@@ -54,10 +54,14 @@ def entry(*names) -> str:
 # name: (the source folder, how the script is named, where each module must come from: "src" is
 # the user's folder, "env" the requirements' environment)
 CASES = {
-    "trainer.py beside the entry, and a pipelines/ package": (
-        {"train.py": entry("trainer", "pipelines", "pipelines.steps"),
-         "trainer.py": "WHOSE = 'user'\n", "pipelines/__init__.py": "", "pipelines/steps.py": ""},
-        ["--entry", "train.py"], {"trainer": "src", "pipelines": "src", "pipelines.steps": "src"}),
+    # with a kfvision.py of the user's, run from its folder, PYTHONPATH on another kfvision: the
+    # user's processes then cannot import ours (the other cases check that they see our install)
+    "trainer.py beside the entry, a pipelines/ package and a kfvision.py": (
+        {"train.py": entry("trainer", "pipelines", "pipelines.steps", "kfvision"),
+         "trainer.py": "WHOSE = 'user'\n", "pipelines/__init__.py": "", "pipelines/steps.py": "",
+         "kfvision.py": "WHOSE = 'user'\n"},
+        ["--entry", "train.py"],
+        {"trainer": "src", "pipelines": "src", "pipelines.steps": "src", "kfvision": "src"}),
     "Vertex AI's trainer/task.py as --module trainer.task": (
         {"trainer/__init__.py": "", "trainer/task.py": entry("trainer")},
         ["--module", "trainer.task"], {"trainer": "src"}),
@@ -67,9 +71,6 @@ CASES = {
     "a script importing its own trainer beside that requirement": (
         {"train.py": entry("trainer"), "trainer.py": "", "requirements.txt": DIST_REQUIREMENT},
         ["--entry", "train.py"], {"trainer": "src"}),
-    "a kfvision.py of the user's, run from its folder, PYTHONPATH on another kfvision": (
-        {"train.py": entry("kfvision"), "kfvision.py": "WHOSE = 'user'\n"},
-        ["--entry", "train.py"], {"kfvision": "src"}),
 }
 
 

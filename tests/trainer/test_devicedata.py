@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.paths import REPO
-from helpers.runs import train_argv
+from helpers.runs import DIGITS_RUN, train_argv
 from PIL import Image
 
 from kfvision.trainer.config import TrainConfig, config_from_args, get_args_parser
@@ -223,11 +223,6 @@ def test_gpu_decode_on_with_cache_on_is_refused():
         TrainConfig("m", "t", "v", "o", gpu_decode="on", cache="on").validate()
 
 
-# the digits in 3 epochs at 32 px: what test_fastpath.py's plain_digits trains with every switch
-# off, and test_gpu.py on a GPU, both held to val top-1 > 0.9
-DIGITS = {"epochs": 3, "image_size": 32, "batch_size": 32, "lr": 0.05, "warmup_epochs": 1,
-          "augment": "light", "print_freq": 1000, "workers": 0}
-
 
 @pytest.mark.slow
 def test_training_through_the_batched_device_path_learns_the_digits_as_the_cpu_path_does(
@@ -236,7 +231,8 @@ def test_training_through_the_batched_device_path_learns_the_digits_as_the_cpu_p
     the bar the CPU path is held to on the same settings: the crops are drawn alike, not
     identically, so the accuracy is compared, not the weights."""
     out = tmp_path / "device"
-    assert main(train_argv(resnet18_dir, digits, out, gpu_decode="on", **DIGITS)) == 0
+    assert main(train_argv(resnet18_dir, digits, out, gpu_decode="on", workers=0,
+                           **DIGITS_RUN)) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     rt = metrics["fast_path"]
     assert (rt["gpu_decode"], rt["gpu_decode_reason"]) == (True, "--gpu-decode on")

@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 from helpers.paths import REPO
-from helpers.runs import train_argv
+from helpers.runs import DIGITS_RUN, train_argv
 from PIL import Image
 
 from kfvision.pipelines.serve.client import Server, request, v2_body
@@ -34,9 +34,8 @@ from kfvision.trainer.use.score import score
 pytestmark = pytest.mark.gpu
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-# the digits in 3 epochs at 32 px: > 0.9 top-1 on the CPU (test_fastpath.py: plain_digits)
-DIGITS = {"epochs": 3, "image_size": 32, "batch_size": 32, "lr": 0.05, "warmup_epochs": 1,
-          "augment": "light", "print_freq": 1000, "seed": 3}
+# the digits in 3 epochs at 32 px (helpers.runs.DIGITS_RUN: > 0.9 top-1 on the CPU), seed 3
+DIGITS = {**DIGITS_RUN, "seed": 3}
 
 
 def _cli(*args, env=None, timeout=500) -> subprocess.CompletedProcess:
