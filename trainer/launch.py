@@ -3,10 +3,11 @@
     python -m kfvision.trainer.launch [torchrun flags] -m kfvision.trainer.train [training flags]
 
 Same flags, same `PET_*` environment and same behaviour as `torchrun` (this *is* torchrun's code:
-`torch.distributed.run.parse_args` and `run`), except how it exits. torchrun ends with exit code 1
-whatever went wrong: bad input on one rank, a rank killed by the OOM killer, a lost peer and a
-rendezvous timeout all look alike, so a PyTorchJob's `restartPolicy: ExitCode` would treat every
-one as permanent. Here:
+`torch.distributed.run.parse_args` and `run`), except how it exits, and that its tee (`--tee`)
+copies every line a training process wrote, its last ones included (trainer/taillog.py).
+torchrun ends with exit code 1 whatever went wrong: bad input on one rank, a rank killed by the
+OOM killer, a lost peer and a rendezvous timeout all look alike, so a PyTorchJob's
+`restartPolicy: ExitCode` would treat every one as permanent. Here:
 
 - a training process failed: the node exits with `exitcodes.for_failures` of all its processes
   (a permanent code wins; a signal N becomes 128 + N);
@@ -27,7 +28,7 @@ import signal
 import sys
 import time
 
-from kfvision.trainer import exitcodes, failures
+from kfvision.trainer import exitcodes, failures, taillog
 from kfvision.trainer.exitwatch import ExitWatch, watching
 
 PREFIX = "[kfvision launch]"
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
     watch, started = ExitWatch(), time.time()
     try:
-        with watching(watch):
+        with taillog.every_line(), watching(watch):
             torchrun.run(args)
     except ChildFailedError as e:
         _hold_signals()
