@@ -28,29 +28,26 @@ class EndsAfterItsLastLine(threading.Event):
         return super().is_set()
 
 
-def test_the_last_line_written_as_the_process_ends_is_copied(tmp_path):
-    log = tmp_path / "stderr.log"
+def _copy(tail_logfile, folder) -> str:
+    """What `tail_logfile` copies of a rank's file that holds one line when the copy starts and
+    gets its last as the rank ends (EndsAfterItsLastLine)."""
+    log = folder / "stderr.log"
     log.write_text("first line\n")
     out = io.StringIO()
-    taillog.tail_logfile("[0/1] ", str(log), out, EndsAfterItsLastLine(log), 0.01,
-                         lambda _: True)
-    assert out.getvalue() == "[0/1] first line\n[0/1] Traceback: the last line\n"
+    tail_logfile("[0/1] ", str(log), out, EndsAfterItsLastLine(log), 0.01, lambda _: True)
+    return out.getvalue()
 
 
-def test_torchs_own_copy_loses_that_line():
+def test_the_last_line_written_as_the_process_ends_is_copied(tmp_path):
+    assert _copy(taillog.tail_logfile, tmp_path) == \
+        "[0/1] first line\n[0/1] Traceback: the last line\n"
+
+
+def test_torchs_own_copy_loses_that_line(tmp_path):
     """What the launcher replaces (if torch's loop is ever fixed, this fails: the replacement can
     then go)."""
     tail_log = pytest.importorskip("torch.distributed.elastic.multiprocessing.tail_log")
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "stderr.log"
-        log.write_text("first line\n")
-        out = io.StringIO()
-        tail_log.tail_logfile("[0/1] ", str(log), out, EndsAfterItsLastLine(log), 0.01,
-                              lambda _: True)
-    assert out.getvalue() == "[0/1] first line\n"
+    assert _copy(tail_log.tail_logfile, tmp_path) == "[0/1] first line\n"
 
 
 def test_the_launcher_puts_it_in_torchs_place_only_while_torchrun_runs():
