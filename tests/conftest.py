@@ -422,6 +422,22 @@ def fake_registry():
 
 
 @pytest.fixture(autouse=True)
+def _crashes_said_where_pytest_says_them(request):
+    """After each test, the fault handler writes to pytest's stderr again: torch's `record` (the
+    launcher's entry, run in this process by some tests) enables it on the test's captured
+    stderr, whose file is gone once the test ends, so a worker that later crashed died silent
+    (a segfault of a pytest-xdist worker left only "node down")."""
+    import faulthandler
+
+    from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+    yield
+    fd = request.config.stash.get(fault_handler_stderr_fd_key, None)
+    if fd is not None:
+        faulthandler.enable(file=fd, all_threads=True)
+
+
+@pytest.fixture(autouse=True)
 def _our_loggers_as_found():
     """Our loggers as each test found them: a test that runs the boot's code in this process
     (its reporters route the trainer's warnings through the boot's `say` and stop them

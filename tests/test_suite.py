@@ -3,10 +3,11 @@
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers.cost import _Meter, verdict
-from helpers.workunits import work_units
+from helpers.workunits import HeavyAloneScheduling, work_units
 
 
 def test_a_cheap_unmarked_test_passes_and_a_costly_one_is_told_its_marker():
@@ -119,3 +120,58 @@ def test_a_heavy_test_is_a_unit_of_its_own_unless_it_shares_a_module_fixture(pyt
     file = items[0].nodeid.split("::")[0]
     assert units == {"test_quick": file, "test_heavy": f"{file}::test_heavy",
                      "test_heavy_sharing": file, "test_asks_the_server": "served_digits"}
+
+
+class _Worker:
+    """A FAKE pytest-xdist worker (the scheduler's side of it: what it was sent), so the
+    scheduler's bookkeeping runs without starting processes."""
+
+    def __init__(self, name):
+        self.gateway = SimpleNamespace(id=name)
+        self.sent, self.done, self.shutting_down = [], 0, False
+
+    def send_runtest_some(self, indexes):
+        self.sent.append(list(indexes))
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def test_a_crashed_worker_leaves_no_finished_unit_to_hand_out_and_every_worker_is_shut_down():
+    """A worker dies after finishing one file and halfway through the next; its replacement
+    must get only the tests left, and every worker its shutdown (xdist 3.8.0 alone handed out
+    the finished file again, as an empty unit, and waited forever)."""
+    config = SimpleNamespace(getvalue=lambda name: ["2*popen"],
+                             option=SimpleNamespace(loadscopereorder=False))
+    sched = HeavyAloneScheduling(config)
+    sched._units = {}
+    tests = [f"tests/test_{f}.py::test_{n}" for f in "abcd" for n in range(3)]
+    a, b = _Worker("gw0"), _Worker("gw1")
+    for w in (a, b):
+        sched.add_node(w)
+        sched.add_node_collection(w, tests)
+    sched.schedule()
+
+    def sent(worker):
+        return [i for batch in worker.sent for i in batch]
+
+    def run(worker, n):  # the worker runs its next n tests of what it was sent (so far)
+        for _ in range(n):
+            if worker.done < len(sent(worker)):
+                sched.mark_test_complete(worker, sent(worker)[worker.done])
+                worker.done += 1
+
+    run(a, 4)  # gw0: its first file, and the first test of another
+    assert sched.remove_node(a) == tests[sent(a)[4]]
+    c = _Worker("gw2")
+    sched.add_node(c)
+    sched.add_node_collection(c, tests)
+    sched.schedule()
+    for _ in range(len(tests)):
+        for w in (b, c):
+            run(w, 1)
+    assert all(batch for w in (b, c) for batch in w.sent), "a unit with no test was sent"
+    assert b.shutting_down and c.shutting_down and sched.tests_finished
+    # every test ran once to its end: gw0's 4 there, the rest (its crash item again: xdist's
+    # way) on the others
+    assert sorted(sent(a)[:4] + sent(b) + sent(c)) == list(range(len(tests)))

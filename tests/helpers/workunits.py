@@ -75,3 +75,14 @@ class HeavyAloneScheduling(LoadFileScheduling):
             path = Path(os.environ.get(UNITS_FILE, "/nonexistent"))
             self._units = json.loads(path.read_text()) if path.is_file() else {}
         return self._units.get(nodeid) or super()._split_scope(nodeid)
+
+    def remove_node(self, node):
+        # pytest-xdist 3.8.0 puts a crashed worker's units back on the queue whole, the ones it
+        # had finished too (pytest-dev/pytest-xdist#1323, fixed after that release). A finished
+        # unit handed out later sends its worker no test, so that worker is never told to shut
+        # down and the run waits forever (a worker's crash became a hang until CI's time limit):
+        # only the units with a test left go back.
+        workload = self.assigned_work.get(node, {})
+        for scope in [s for s, unit in workload.items() if all(unit.values())]:
+            del workload[scope]
+        return super().remove_node(node)
