@@ -40,6 +40,7 @@ from kfvision.pipelines.clients.s3get import REDIRECT_CODES, REDIRECT_STATUS
 # no overall time limit on a request (botocore has none): a stall is the read timeout's
 _NO_LIMIT = "365d"
 _STATUS = re.compile(r"status code: (\d{3})")
+_CONNECT = re.compile(r"kind: Connect\b")  # reqwest's connect failures (obstore's debug text)
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
 _REFRESH = datetime.timedelta(minutes=5)  # credentials that expire are asked for this often
 
@@ -123,7 +124,7 @@ class Store:
             self._provider.failure = None
             return failure
         detail = _first_line(text)
-        if "kind: Connect" in text:
+        if _CONNECT.search(text):  # not `kind: ConnectionReset`, a body cut short (retried)
             if "tcp connect error" in text or "dns error" in text:
                 return bx.EndpointConnectionError(endpoint_url=self.url, error=detail)
             if "timed out" in text.lower() or "TimedOut" in text:

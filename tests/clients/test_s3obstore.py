@@ -89,6 +89,31 @@ def test_a_refused_connection_and_a_failed_handshake_are_botocores_errors(s3_buc
         _store(s3_bucket.endpoint.replace("http:", "https:")).get_object("k", f'"{MD5}"')
 
 
+# obstore's text of a GET whose body a reset cut short (seen in a run of test_s3_faults.py: it was
+# read as a failed handshake, kind: Connect..., and not retried)
+BODY_RESET = """Generic S3 error: HTTP error: request or response body error
+
+Debug source:
+Generic { store: "S3", source: HttpError { kind: Interrupted, source: reqwest::Error { kind: Body,
+source: hyper::Error(Body, Os { code: 104, kind: ConnectionReset, message: "Connection reset by
+peer" }) } } }"""
+
+
+def test_a_body_cut_short_is_botocores_streaming_error_and_retried(s3_bucket):
+    """A reset after the headers and half the body, on the server (FaultProxy) and as obstore's
+    text of one: botocore's ResponseStreamingError, which the layer retries, never a TLS error."""
+    from helpers.s3proxy import Rule
+
+    store = _store(s3_bucket.endpoint, s3_bucket.name)
+    assert isinstance(store.botocore(Exception(BODY_RESET)), bx.ResponseStreamingError)
+    s3_bucket.put("k", b"x" * 100_000)
+    etag = hashlib.md5(b"x" * 100_000).hexdigest()
+    with FaultProxy(s3_bucket.endpoint, Rule(rate=1.0, methods={"GET"}, kinds=("reset",))) as p:
+        body = _store(p.url, s3_bucket.name).get_object("k", f'"{etag}"')["Body"]
+        with pytest.raises(bx.ResponseStreamingError):
+            b"".join(body.iter_chunks(1024))
+
+
 def test_answers_are_botocores_client_errors(s3_bucket):
     s3_bucket.put("k", b"data")
     store = _store(s3_bucket.endpoint, s3_bucket.name)
