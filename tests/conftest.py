@@ -429,6 +429,7 @@ def _crashes_said_where_pytest_says_them(request):
     (a segfault of a pytest-xdist worker left only "node down")."""
     import faulthandler
 
+    # pytest's dup of the run's stderr (src/_pytest/faulthandler.py at 9.2.0, the pinned pytest)
     from _pytest.faulthandler import fault_handler_stderr_fd_key
 
     yield

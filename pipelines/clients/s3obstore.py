@@ -40,7 +40,9 @@ from kfvision.pipelines.clients.s3get import REDIRECT_CODES, REDIRECT_STATUS
 # no overall time limit on a request (botocore has none): a stall is the read timeout's
 _NO_LIMIT = "365d"
 _STATUS = re.compile(r"status code: (\d{3})")
-_CONNECT = re.compile(r"kind: Connect\b")  # reqwest's connect failures (obstore's debug text)
+# reqwest's connect failures in obstore's debug text (0.12.1): `kind: Connect`, never the
+# `kind: ConnectionReset` of an io error inside a body
+_CONNECT = re.compile(r"kind: Connect\b")
 _MD5 = re.compile(r"^[0-9a-f]{32}$")
 _REFRESH = datetime.timedelta(minutes=5)  # credentials that expire are asked for this often
 

@@ -78,7 +78,8 @@ class HeavyAloneScheduling(LoadFileScheduling):
 
     def remove_node(self, node):
         # pytest-xdist 3.8.0 puts a crashed worker's units back on the queue whole, the ones it
-        # had finished too (pytest-dev/pytest-xdist#1323, fixed after that release). A finished
+        # had finished too (xdist/scheduler/loadscope.py, `remove_node`, at v3.8.0;
+        # pytest-dev/pytest-xdist#1323, fixed after that release). A finished
         # unit handed out later sends its worker no test, so that worker is never told to shut
         # down and the run waits forever (a worker's crash became a hang until CI's time limit):
         # only the units with a test left go back.
