@@ -93,3 +93,17 @@ def pipeline_train_options(**over) -> dict:
     from kfvision.pipelines.flow.pipeline import parameter_defaults
 
     return train_options(**{**parameter_defaults(), **over})
+
+
+def weight_differences(a: dict, b: dict) -> str:
+    """'' when every tensor of two state dicts is equal, else how many differ and by how much at
+    most."""
+    import torch
+
+    differ = {k: (a[k].double() - b[k].double()).abs().max().item() for k in a
+              if not torch.equal(a[k], b[k])}
+    if not differ:
+        return ""
+    worst = sorted(differ.items(), key=lambda kv: -kv[1])[:3]
+    return (f"{len(differ)} of {len(a)} tensors differ, by up to {worst[0][1]:.3g} ("
+            + ", ".join(f"{k} {d:.3g}" for k, d in worst) + ")")

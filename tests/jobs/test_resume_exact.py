@@ -6,7 +6,8 @@ SIGKILL from outside the project's own fault drill, to processes found by their 
 2 nodes x 2 processes: with 2 processes a sum of
 two gradients is the same in either order, so only 3 or more show a reduction done in another order
 (DDP buckets a new wrapper's first backward differently from every later one: see
-trainer/distributed.py, wrap_model).
+trainer/distributed.py, wrap_model, and tests/trainer/test_gloo_group.py, which shows it in
+three processes).
 """
 
 import contextlib
@@ -16,7 +17,6 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -25,7 +25,7 @@ import torch
 import yaml
 from helpers.paths import REPO
 from helpers.procs import with_env
-from helpers.runs import JOB_FLAGS
+from helpers.runs import JOB_FLAGS, weight_differences
 
 TIMING = ("train_seconds", "train_images_per_sec")
 MARK = "KFVISION_RESUME_TEST"  # set in every pod of a test job: how its processes are found
@@ -127,70 +127,6 @@ def _history(out: Path) -> list:
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["status"] == "completed"
     return [{k: v for k, v in h.items() if k not in TIMING} for h in doc["history"]]
-
-
-def weight_differences(a: dict, b: dict) -> str:
-    """'' when every tensor is equal, else how many differ and by how much at most."""
-    differ = {k: (a[k].double() - b[k].double()).abs().max().item() for k in a
-              if not torch.equal(a[k], b[k])}
-    if not differ:
-        return ""
-    worst = sorted(differ.items(), key=lambda kv: -kv[1])[:3]
-    return (f"{len(differ)} of {len(a)} tensors differ, by up to {worst[0][1]:.3g} ("
-            + ", ".join(f"{k} {d:.3g}" for k, d in worst) + ")")
-
-
-# The cause, in 3 gloo processes: 3 SGD steps of a model of 2.6 MB of parameters (more than DDP's
-# 1 MB first bucket), with the DDP wrapper kept throughout or made anew before step 3 (what a
-# resumed process has); rank 0 saves the weights.
-BUCKETS = """
-    import sys, torch, torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel
-    from kfvision.trainer.distributed import DistContext, wrap_model
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    ctx = DistContext(rank, rank, world, world, torch.device("cpu"))
-    for how in ("DistributedDataParallel", "wrap_model"):
-        wrap = ((lambda m: DistributedDataParallel(m)) if how == "DistributedDataParallel" else
-                (lambda m: wrap_model(m, ctx, torch.zeros(1, 256))))
-        for fresh in (False, True):
-            torch.manual_seed(0)
-            model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                                  nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-            sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-            ddp, g = wrap(model), torch.Generator().manual_seed(rank)
-            for step in range(3):
-                if step == 2 and fresh:
-                    ddp = wrap(model)
-                x, y = torch.randn(8, 256, generator=g), torch.randint(0, 10, (8,), generator=g)
-                sgd.zero_grad()
-                nn.functional.cross_entropy(ddp(x), y).backward()
-                sgd.step()
-            if rank == 0:
-                torch.save(model.state_dict(), f"{sys.argv[1]}/{how}-{fresh}.pt")
-    dist.destroy_process_group()
-"""
-
-
-@pytest.mark.distributed
-def test_a_new_ddp_wrapper_sums_its_first_step_like_one_that_ran_before_only_when_settled(
-        tmp_path):
-    script = tmp_path / "buckets.py"
-    script.write_text(textwrap.dedent(BUCKETS))
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc-per-node=3", str(script), str(tmp_path)], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    w = {p.stem: torch.load(p, weights_only=True) for p in tmp_path.glob("*.pt")}
-    # plain DDP: the step after a new wrapper is summed in another order (if this ever fails,
-    # DDP has stopped rebuilding its buckets after the first step: wrap_model's throwaway
-    # backward may be unneeded)
-    plain = weight_differences(w["DistributedDataParallel-False"],
-                               w["DistributedDataParallel-True"])
-    print(f"DistributedDataParallel made anew before step 3: {plain}")
-    assert plain != ""
-    assert weight_differences(w["wrap_model-False"], w["wrap_model-True"]) == ""
 
 
 @pytest.fixture(scope="module")
