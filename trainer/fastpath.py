@@ -20,9 +20,11 @@ kind of device (docs/benchmarks.md), and is always numerically safe for training
   the loss stay float32. The start-up line says why (`bf16 autocast (AVX512_BF16, 224 px)`);
   `--amp bf16` on a CPU with neither runs (PyTorch emulates bf16 there) and says it is slower;
 - channels_last: on where the convolutions are faster in NHWC (CUDA, and CPU oneDNN with bf16);
-- compile: torch.compile of the model (off by default for every family: on a CPU the compiled
-  step was no faster for ResNet and paid its minutes of compilation back only after ~80 epochs
-  of the digits for RegNet; docs/benchmarks.md, "The fast path per family");
+- compile: torch.compile of the model (off by default for every family: on a CPU, at 32 px, the
+  compiled step was no faster for ResNet and paid its minutes of compilation back only after ~80
+  epochs of the digits for RegNet; at 224 px it lost for RegNet, tied for ViT and Swin, and paid
+  back after ~1,800 images for ConvNeXt, thousands for the others; docs/benchmarks.md, "The fast
+  path per family");
 - gpu_decode: the training JPEGs decoded (nvJPEG), cropped, resized and flipped in batches on the
   device, workers only read files (trainer/data/devicedata.py, batchcrop.py); auto: on for CUDA
   when most training images are JPEGs, whether or not they fit the cache (which then keeps the
@@ -69,7 +71,8 @@ FAMILY_CHOICES: dict[str, dict[str, tuple[bool, str]]] = {
                                     "(AVX512_BF16)")},
 }
 # swin_transformer: channels-last measured a tie with NCHW in bf16 (1.06x, 0.90-1.24, 4
-# interleaved rounds), so it keeps `auto`'s rule (docs/benchmarks.md, "The fast path per family").
+# interleaved rounds loaded; 0.99x, 0.92-1.04, 4 more on a quiet machine), so it keeps `auto`'s
+# rule (docs/benchmarks.md, "The fast path per family").
 
 
 def family_choices(family: str | None, cuda: bool) -> dict:
