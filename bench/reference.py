@@ -220,8 +220,11 @@ def compare(folder: Path, a) -> dict:
 
 
 def settings(a) -> dict:
-    return {k: getattr(a, k) for k in ("data", "image_size", "batch_size", "epochs", "lr",
-                                        "weight_decay", "ema_decay", "workers", "rev")}
+    """What a run's results depend on besides the seed: `merged` refuses results that differ in
+    any of it (the generated set's size and split only for `--data jpeg`: the digits have one)."""
+    keys = ["data", "image_size", "batch_size", "epochs", "lr", "weight_decay", "ema_decay",
+            "workers", "rev"] + (["images", "train_share"] if a.data == "jpeg" else [])
+    return {k: getattr(a, k) for k in keys}
 
 
 def merged(saved: list) -> dict:

@@ -59,3 +59,18 @@ def test_runs_in_the_same_position_of_their_pairs_are_compared():
     ref = [_run(1, 0.5, 0.5, 10.0, True), _run(2, 0.5, 0.5, 30.0, False)]
     ours = [_run(1, 0.5, 0.5, 90.0, False), _run(2, 0.5, 0.5, 20.0, True)]
     assert same_position(ref, ours) == f"{(2.0 * 3.0) ** 0.5:.2f}x (first 2.00x, second 3.00x)"
+
+
+def test_the_settings_of_a_generated_set_name_its_size_and_split():
+    import argparse
+
+    from bench.reference import settings
+
+    base = dict(image_size=32, batch_size=32, epochs=12, lr=0.016, weight_decay=1e-4,
+                ema_decay=0.98, workers=2, rev="e2aff7e9", images=400, train_share=0.6)
+    digits = settings(argparse.Namespace(data="digits", **base))
+    assert "images" not in digits and digits["epochs"] == 12
+    small, large = (settings(argparse.Namespace(data="jpeg", **{**base, "images": n}))
+                    for n in (400, 1000))
+    assert (small["images"], small["train_share"], large["images"]) == (400, 0.6, 1000)
+    assert small != large  # so merged() refuses to put them in one row
