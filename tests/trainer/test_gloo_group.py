@@ -9,7 +9,6 @@
 """
 
 import os
-import socket
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from helpers.runs import weight_differences
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from kfvision.pipelines.clients.endpoints import free_port
 from kfvision.trainer.distributed import DistContext, on_main, wrap_model
 from kfvision.trainer.errors import OutputError
 
@@ -83,11 +83,8 @@ def _rank(rank: int, port: int, results, out: str) -> None:
 def group(tmp_path_factory) -> dict:
     """What each rank saw of on_main's cases, and the folder of rank 0's weights."""
     out = tmp_path_factory.mktemp("gloo")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     results = mp.Manager().dict()
-    mp.spawn(_rank, args=(port, results, str(out)), nprocs=WORLD, join=True)
+    mp.spawn(_rank, args=(free_port(), results, str(out)), nprocs=WORLD, join=True)
     return {"results": dict(results), "out": out}
 
 
