@@ -3,12 +3,12 @@ server answers the health check submit makes first), and the flags every command
 fake's get_run plays the states a run passes through, for `--wait`."""
 
 import http.server
-import threading
 import types
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers.loopback import serve_in_thread
 
 from kfvision.pipelines import cli
 from kfvision.pipelines.flow.pipeline import parameter_defaults
@@ -61,7 +61,7 @@ def fake_kfp(monkeypatch):
     FakeClient.made = []
     monkeypatch.setattr(kfp, "Client", FakeClient)
     srv = http.server.HTTPServer(("127.0.0.1", 0), _Healthy)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    serve_in_thread(srv)
     FakeClient.endpoint = f"http://127.0.0.1:{srv.server_address[1]}"
     yield FakeClient
     srv.shutdown()

@@ -8,9 +8,9 @@ import shutil
 import ssl
 import subprocess
 import sys
-import threading
 
 import pytest
+from helpers.loopback import serve_in_thread
 from helpers.paths import REPO
 
 from kfvision.pipelines.cli import main
@@ -44,7 +44,7 @@ def server(tmp_path):
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(cert, key)
             srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        serve_in_thread(srv)
         servers.append(srv)
         return f"{'https' if tls else 'http'}://127.0.0.1:{srv.server_address[1]}"
 

@@ -10,10 +10,10 @@ prints them: `python -m pytest tests/flow/test_data_movement.py tests/flow/test_
 import http.server
 import shutil
 import tarfile
-import threading
 from pathlib import Path
 
 import pytest
+from helpers.loopback import serve_in_thread
 from helpers.meter import ClusterBranch, Meter, files, image_bytes
 from helpers.runs import pipeline_job_settings, pipeline_train_options
 
@@ -128,7 +128,7 @@ def test_an_https_archive_is_downloaded_once_and_extracted_once_into_the_workspa
     handler = lambda *a: http.server.SimpleHTTPRequestHandler(  # noqa: E731
         *a, directory=str(www))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     downloads = []
 
     def fetch(url, dest, fetch=data_steps._fetch):  # the download is deleted once extracted

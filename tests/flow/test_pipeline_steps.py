@@ -4,13 +4,13 @@ path against a fake Kubernetes API, and the pages the KFP UI shows."""
 import http.server
 import json
 import shutil
-import threading
 import types
 import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers.loopback import serve_in_thread
 from helpers.runs import pipeline_job_settings, pipeline_train_options
 
 from kfvision.pipelines.clients.k8s import Api, KubernetesError
@@ -162,7 +162,7 @@ def test_convert_step_reads_a_folder_and_an_http_url(tiny_digits, tmp_path):
     handler = lambda *a: http.server.SimpleHTTPRequestHandler(  # noqa: E731
         *a, directory=str(archive.parent))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     try:
         url = f"http://127.0.0.1:{server.server_port}"
         got = convert_step(f"{url}/val.zip", tmp_path / "b")

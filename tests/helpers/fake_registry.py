@@ -3,6 +3,8 @@ it cannot run here), answering the REST API of the real OpenAPI spec."""
 
 import json
 
+from helpers.loopback import serve_in_thread
+
 SPEC_PREFIX, CLIENT_PREFIX = "/api/model_registry/v1alpha3", "/api/model_registry/v1"
 
 
@@ -18,7 +20,6 @@ class FakeModelRegistry:
         import http.server
         import itertools
         import re
-        import threading
         import urllib.parse
 
         self.objects, self.calls, ids = {}, [], itertools.count(1)
@@ -86,7 +87,7 @@ class FakeModelRegistry:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_thread(self.server)
 
     def of(self, kind):
         return [o for o in self.objects.values() if o["_kind"] == kind]

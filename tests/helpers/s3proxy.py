@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
+from helpers.loopback import serve_in_thread
+
 PART_1 = r"[?&]partNumber=1(&|$)"  # a multipart upload's first part (its path names the upload)
 KINDS = ("slowdown", "reset", "truncate", "stall", "stale_etag", "corrupt")
 REFUSALS = ("denied", "precondition")
@@ -114,7 +116,7 @@ class FaultProxy:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="s3proxy", daemon=True).start()
+        serve_in_thread(self._server, "s3proxy")
         return self
 
     def stop(self) -> None:

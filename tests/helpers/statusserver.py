@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from helpers.loopback import serve_in_thread
 from kfvision.trainer.upstream import (
     TRAINER_CA_CERT_FILE,
     TRAINER_SERVER_CA_CERT,
@@ -201,9 +202,7 @@ class StatusServer:
         self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.url = f"https://127.0.0.1:{self.server.server_port}" + TRAINER_STATUS_PATH.format(
             namespace=namespace, name=name)
-        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
-                                        daemon=True)
-        self._thread.start()
+        self._thread = serve_in_thread(self.server)
 
     def env(self) -> dict:
         """The variables the controller's trainjobstatus plugin sets in a trainer container."""

@@ -133,7 +133,7 @@ def test_a_rendezvous_that_times_out_is_retried(tmp_path):
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(CHILD))
     run = subprocess.run([sys.executable, "-m", "kfvision.trainer.launch", "--rdzv-conf",
-                          "timeout=2",
+                          "timeout=1",
                           str(script), "exit", "0"], cwd=REPO, env={**os.environ, **env},
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 200, run.stderr[-3000:]

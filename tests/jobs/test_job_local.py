@@ -171,23 +171,26 @@ def _alive(pids) -> list:
     return [p for p in pids if p in table]
 
 
-# Each replica starts a grandchild in a session of its own (as torchrun does), then waits.
+# Each replica starts a grandchild in a session of its own (as torchrun does), then waits; the
+# failing one fails once every replica has written its grandchild's pid ({nodes} of them).
 SPAWNER = """
-    import os, subprocess, sys, time
+    import os, pathlib, subprocess, sys, time
     child = subprocess.Popen(["sleep", "300"], start_new_session=True)
     # written whole, then renamed, so that a reader never sees an empty pid file
     part = r"{tmp}/" + os.environ["RANK"] + ".part"
     open(part, "w").write(str(child.pid))
     os.replace(part, part[:-5] + ".pid")
     if os.environ["RANK"] == "{failing}":
-        time.sleep(1.5)
+        while len(list(pathlib.Path(r"{tmp}").glob("*.pid"))) < {nodes}:
+            time.sleep(0.05)
         sys.exit(1)
     time.sleep(300)
 """
 
 
 def test_a_failure_stops_every_process_it_started(tmp_path):
-    job = make_job(nodes=3, policy="Never", script=SPAWNER.format(tmp=tmp_path, failing="2"))
+    job = make_job(nodes=3, policy="Never",
+                   script=SPAWNER.format(tmp=tmp_path, failing="2", nodes=3))
     with pytest.raises(JobFailedError, match="worker-1 exited with code 1"):
         run_local(job, tmp_path / "logs", quiet=True)
     pids = _pids(tmp_path)

@@ -32,20 +32,24 @@ from kfvision.pipelines.jobs.backends import LocalJobs
 from kfvision.pipelines.jobs.progress import PROGRESS_TOTAL, Progress
 from kfvision.pipelines.jobs.render import run_local
 
-# node 0 prints its progress, node 1 other numbers that must not count
+# node 0 prints its progress, node 1 other numbers that must not count; node 0 holds its first
+# epoch until the test has read it ($SEEN exists)
 SCRIPT = """
-    import os, sys, time
+    import os, pathlib, sys, time
     node = os.environ["PET_NODE_RANK"]
     for epoch in (1, 2):
         print(f"epoch={epoch} loss={0.5 / epoch}" if node == "0" else "epoch=9 loss=9",
               flush=True)
-        time.sleep(1.5)
+        seen, end = pathlib.Path(os.environ["SEEN"]), time.time() + 60
+        while node == "0" and epoch == 1 and not seen.exists() and time.time() < end:
+            time.sleep(0.05)
     sys.exit(int(os.environ.get("EXIT", "0")))
     """
 
 
-def _watched(job, log_dir) -> list:
-    """Run `job` here through run-local's dispatcher; the records read while it ran."""
+def _watched(job, log_dir, seen_file) -> list:
+    """Run `job` here through run-local's dispatcher; the records read while it ran (`seen_file`
+    made once one showed a running job's progress)."""
     seen, done = [], threading.Event()
 
     def watch():
@@ -53,7 +57,9 @@ def _watched(job, log_dir) -> list:
             record = localstatus.read(log_dir)
             if record is not None:
                 seen.append(record)
-            time.sleep(0.2)
+                if record["phase"] == "Running" and (record.get("progress") or {}).get("lines"):
+                    seen_file.touch()
+            time.sleep(0.1)
 
     thread = threading.Thread(target=watch)
     thread.start()
@@ -68,8 +74,9 @@ def _watched(job, log_dir) -> list:
 @pytest.mark.distributed
 def test_a_local_run_records_rank_zeros_progress_as_it_runs(tmp_path, capsys):
     job = make_trainjob(nodes=2, script=SCRIPT, name="demo")
-    job["spec"]["trainer"]["env"] = [{"name": PROGRESS_TOTAL, "value": "epochs=2"}]
-    seen = _watched(job, tmp_path / "demo")
+    job["spec"]["trainer"]["env"] = [{"name": PROGRESS_TOTAL, "value": "epochs=2"},
+                                     {"name": "SEEN", "value": str(tmp_path / "seen")}]
+    seen = _watched(job, tmp_path / "demo", tmp_path / "seen")
     running = [r["progress"] for r in seen if r["phase"] == "Running" and r["progress"]["lines"]]
     assert running and running[0]["metrics"] == {"epoch": 1, "loss": 0.5}
     assert (running[0]["done"], running[0]["total"], running[0]["percent"]) == (1, 2, 50)

@@ -21,12 +21,13 @@ from kfvision.pipelines.jobs.progress import PROGRESS_REPORTS, PROGRESS_TOTAL
 from kfvision.pipelines.jobs.trainjob.local import StatusEndpoint, run_local
 from kfvision.pipelines.script.reporter import Reporter
 
-# a plain script: a total, then an epoch every 2 s (the boot reports at most every 5 s)
+# a plain script: a total, then an epoch every 1.5 s (the boot reports at most every 5 s: one
+# report while it runs, three epochs in, and the last)
 SCRIPT = """\
 import time
 print("epochs=4", flush=True)
 for epoch in range(4):
-    time.sleep(2)
+    time.sleep(1.5)
     print(f"epoch={epoch} loss={1 / (epoch + 1):.4f} acc|top1={epoch / 4}", flush=True)
 """
 

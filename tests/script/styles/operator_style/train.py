@@ -22,10 +22,10 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     url = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     print(f"rank {rank} of {world} via {url} argv {sys.argv[1:]}", flush=True)
-    if rank == args.fail_rank:
-        sys.exit(args.exit_code)
     dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))
+    if rank == args.fail_rank:  # once joined: the others' next collective fails at once
+        sys.exit(args.exit_code)
     w = torch.zeros(4)
     if rank == 0:
         print(f"total_steps={args.steps}", flush=True)
