@@ -199,6 +199,28 @@ def _tail(path: str) -> list:
         return []
 
 
+class _Forked:
+    """A forked training process's status in Popen's convention (`returncode`: -N for a signal
+    N), from torch's multiprocessing Process (trainer/forked.py)."""
+
+    def __init__(self, process):
+        self.process = process
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+
+def _status_of(pcontext, local_rank: int):
+    """What tells a process's status once torchrun has reaped it: the Popen of an exec'd one,
+    the Process of a forked one (trainer/forked.py); None when torch names neither."""
+    handlers = getattr(pcontext, "subprocess_handlers", None) or {}
+    if local_rank in handlers:
+        return getattr(handlers[local_rank], "proc", None)
+    processes = getattr(getattr(pcontext, "_pc", None), "processes", None) or []
+    return _Forked(processes[local_rank]) if local_rank < len(processes) else None
+
+
 @contextlib.contextmanager
 def watching(watch: ExitWatch):
     """Within the block, torchrun's launcher (`torch.distributed.run.run`) builds its agent from
@@ -220,10 +242,9 @@ def watching(watch: ExitWatch):
             pids = super()._start_workers(worker_group)
             pcontext = getattr(self, "_pcontext", None)
             stderrs = getattr(pcontext, "stderrs", None) or {}
-            handlers = getattr(pcontext, "subprocess_handlers", None) or {}
             watch.watch(worker_group.group_rank or 0, [
                 (w.global_rank, w.local_rank, pids[w.local_rank], stderrs.get(w.local_rank),
-                 getattr(handlers.get(w.local_rank), "proc", None))
+                 _status_of(pcontext, w.local_rank))
                 for w in worker_group.workers])
             return pids
 

@@ -24,11 +24,12 @@ eagerly as a lost peer, and with several nodes only the operator can restart the
 See docs/faults.md for the whole picture.
 """
 
+import contextlib
 import signal
 import sys
 import time
 
-from kfvision.trainer import exitcodes, failures, taillog
+from kfvision.trainer import exitcodes, failures, forked, taillog
 from kfvision.trainer.exitwatch import ExitWatch, watching
 
 PREFIX = "[kfvision launch]"
@@ -62,17 +63,23 @@ def _failure_summary(err, watch, started: float) -> int:
     return code
 
 
-def main(argv=None) -> int:
-    """Run torchrun with `argv`; returns the exit code for the container (see module doc)."""
+def main(argv=None, args=None) -> int:
+    """Run torchrun with `argv` (or `args`, already parsed by torchrun's parser); returns the
+    exit code for the container (see module doc)."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
 
-    args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
+    if args is None:
+        args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
+    fork = forked.forks(args)
+    if fork:
+        import kfvision.trainer.train  # noqa: F401  (what each forked process runs)
     watch, started = ExitWatch(), time.time()
     try:
-        with taillog.every_line(), watching(watch):
+        with taillog.every_line(), watching(watch), (
+                forked.forking(torchrun) if fork else contextlib.nullcontext()):
             torchrun.run(args)
     except ChildFailedError as e:
         _hold_signals()
@@ -108,9 +115,13 @@ def _peer_lost(e: BaseException) -> int:
 
 
 if __name__ == "__main__":
-    from torch.distributed import run  # noqa: F401  (main's imports, made before the freeze)
+    from torch.distributed import run  # main's imports, made before the freeze
 
-    from kfvision.trainer.heap import freeze_imports
+    from kfvision.trainer.heap import freeze_at_exit, freeze_imports
 
+    freeze_at_exit()  # also when parsing ends the program (--help, a bad flag)
+    parsed = run.parse_args(sys.argv[1:])
+    if forked.forks(parsed):  # what each forked process runs, imported before the freeze
+        import kfvision.trainer.train  # noqa: F401
     freeze_imports()
-    sys.exit(main())
+    sys.exit(main(args=parsed))

@@ -17,10 +17,10 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from kfvision.pipelines.jobs.errors import InvalidJobError
 from kfvision.pipelines.jobs.procs import descendants, proc_table
+from kfvision.trainer.forked import local_rank_of
 
 _TARGET = re.compile(r"(?P<replica>(master|worker)-\d+|node-0-\d+)(/(?P<rank>\d+))?")
 
@@ -66,17 +66,6 @@ class Fault:
                                   f"{e}") from e
 
 
-def _local_rank(pid: int) -> int | None:
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:  # gone, or not ours to read
-        return None
-    for item in env:
-        if item.startswith(b"LOCAL_RANK="):
-            return int(item.split(b"=", 1)[1])
-    return None
-
-
 class FaultInjector:
     """The line callback of every replica: passes lines on, and fires faults when they match.
 
@@ -119,13 +108,15 @@ class FaultInjector:
                     os.kill(pid, fault.signal)
             return f"{sig} to every process of {fault.target} (pids {pids})"
         # the training process of that local rank: the topmost process of the pod with that
-        # LOCAL_RANK, a child of torchrun (DataLoader workers, its children, inherit LOCAL_RANK
-        # too); torchrun is the pod's main process, or its child under a user's script's boot
+        # LOCAL_RANK (in its environment, or its name where the launcher forked it:
+        # trainer/forked.py), a child of torchrun (DataLoader workers, its children, inherit
+        # either too); torchrun is the pod's main process, or its child under a user's script's
+        # boot
         for _ in range(50):  # the children may still be starting
             for pid in sorted(p for p, _ in descendants(r.proc.pid, table)):
                 ppid = table[pid][0]
-                if _local_rank(pid) == int(m["rank"]) and (
-                        ppid == r.proc.pid or _local_rank(ppid) is None):
+                if local_rank_of(pid) == int(m["rank"]) and (
+                        ppid == r.proc.pid or local_rank_of(ppid) is None):
                     os.kill(pid, fault.signal)
                     return (f"{sig} to {fault.target} (pid {pid}) after a line matched "
                             f"{fault.after!r}")

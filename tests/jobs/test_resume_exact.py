@@ -1,8 +1,9 @@
 """A job that loses processes and resumes ends bit for bit where an unbroken run ends (on CPU),
 tried as a user would: `kfvision job render` and `kfvision job run-local` in a subprocess, and a
 SIGKILL from outside the project's own fault drill, to processes found by their environment
-(/proc/PID/environ), at a step of epoch 2 of 3 and again, after the resume, at a step of epoch 3
-(one drill per kind: each resume is its own case, and a resumed job is resumed again).
+(/proc/PID/environ; a training process the launcher forked, by its name: trainer/forked.py), at a
+step of epoch 2 of 3 and again, after the resume, at a step of epoch 3 (one drill per kind: each
+resume is its own case, and a resumed job is resumed again).
 2 nodes x 2 processes: with 2 processes a sum of
 two gradients is the same in either order, so only 3 or more show a reduction done in another order
 (DDP buckets a new wrapper's first backward differently from every later one: see
@@ -26,6 +27,8 @@ import yaml
 from helpers.paths import REPO
 from helpers.procs import with_env
 from helpers.runs import JOB_FLAGS, weight_differences
+
+from kfvision.trainer.forked import local_rank_of
 
 TIMING = ("train_seconds", "train_images_per_sec")
 MARK = "KFVISION_RESUME_TEST"  # set in every pod of a test job: how its processes are found
@@ -79,8 +82,8 @@ def find_processes(job: str, node: int, local_rank: int | None) -> list:
     pod = with_env(**{MARK: job, "PET_NODE_RANK": str(node)})
     if local_rank is None:
         return [int(p) for p in pod]
-    return [int(p) for p, env in pod.items() if env.get("LOCAL_RANK") == str(local_rank)
-            and "LOCAL_RANK" not in pod.get(_parent(p), {})]
+    return [int(p) for p in pod if local_rank_of(int(p)) == local_rank
+            and (not _parent(p) or local_rank_of(int(_parent(p))) is None)]
 
 
 def run_job(manifest: Path, logs: Path, faults=()) -> tuple:
