@@ -7,7 +7,9 @@ and a one-node torchrun job of 2 trainers (`python -m kfvision.trainer.launch --
 --nproc-per-node 2`). Each is timed from start to exit and from its last line of output to exit (the
 end: what freezing the heap shortens), rounds alternating which goes first. The baseline is the same
 command with kfvision.trainer.heap's two functions made no-ops (a sitecustomize on PYTHONPATH), so
-that both run the same code otherwise.
+that both run the same code otherwise. A last row times the same torchrun job with its trainers
+forked from the launcher (its default on a CPU: trainer/forked.py) against the same job with each
+trainer exec'd as a new interpreter, as torchrun starts them (`--no-python python -u -m ...`).
 
     python -m bench.startup [--rounds 5] [--work build/bench-startup]
 
@@ -16,6 +18,7 @@ The table is printed and written to build/bench/startup-cpu.md.
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,9 +54,15 @@ def prepare(work: Path) -> dict:
     return paths
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(argv: list, env: dict) -> tuple:
-    """(seconds from start to exit, seconds from the last line of output to exit)."""
-    start = time.monotonic()
+    """(seconds from start to exit, seconds from the last line of output to exit, CPU seconds
+    of the process and every process it waited for)."""
+    cpu, start = _children_cpu(), time.monotonic()
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     last, lines = start, []
@@ -64,7 +73,7 @@ def timed(argv: list, env: dict) -> tuple:
     end = time.monotonic()
     if code != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({code}):\n{''.join(lines[-20:])}")
-    return end - start, end - last
+    return end - start, end - last, _children_cpu() - cpu
 
 
 def commands(paths: dict, work: Path) -> dict:
@@ -86,6 +95,35 @@ def commands(paths: dict, work: Path) -> dict:
     }
 
 
+# Rows whose baseline is another command, heap frozen on both sides: the same torchrun job with
+# each trainer exec'd as a new interpreter, as torchrun starts them (`--no-python` running
+# `python -u -m kfvision.trainer.train`), against the launcher's default on a CPU, forked
+# (trainer/forked.py)
+EXECD = "torchrun job, 1 node x 2: trainers forked (baseline: exec'd)"
+
+
+def execd_launch(paths: dict, work: Path) -> tuple:
+    """(baseline argv, kfvision argv) of the EXECD row."""
+    forked = commands(paths, work)["torchrun job, 1 node x 2 (python -m kfvision.trainer.launch)"]
+    at = forked.index("-m", 3)  # torchrun's -m, before the trainer's module
+    return forked[:at] + ["--no-python", sys.executable, "-u"] + forked[at:], forked
+
+
+def _row(name: str, baseline: tuple, kfvision: tuple, rounds: int, loads: list) -> str:
+    """The table's row of `name`: (argv, env) of each side, `rounds` rounds alternating which
+    goes first, medians; each round's load average appended to `loads`."""
+    got = {"baseline": [], "kfvision": []}
+    sides = {"baseline": baseline, "kfvision": kfvision}
+    for i in range(rounds):
+        loads.append(os.getloadavg()[0])
+        for who in (("baseline", "kfvision") if i % 2 == 0 else ("kfvision", "baseline")):
+            got[who].append(timed(*sides[who]))
+    b, k = ([statistics.median(x[j] for x in got[who]) for j in (0, 1, 2)]
+            for who in ("baseline", "kfvision"))
+    return (f"| {name} | {b[0]:.2f} / {b[1]:.2f} | {k[0]:.2f} / {k[1]:.2f} | "
+            f"{b[0] / k[0]:.2f}x | {b[0] - k[0]:.2f} s | {b[2]:.2f} / {k[2]:.2f} |")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--rounds", type=int, default=5, help="rounds of each measurement")
@@ -100,20 +138,15 @@ def main(argv=None) -> int:
     cmds = commands(paths, work)
     timed(cmds["trainer (python -m kfvision.trainer.train)"], env)  # warm-up; score needs its model
     for name, argv_ in cmds.items():
-        got = {"baseline": [], "kfvision": []}
-        for i in range(args.rounds):
-            loads.append(os.getloadavg()[0])
-            for who in (("baseline", "kfvision") if i % 2 == 0 else ("kfvision", "baseline")):
-                got[who].append(timed(argv_, envs[who]))
-        b, k = ([statistics.median(x[j] for x in got[who]) for j in (0, 1)]
-                for who in ("baseline", "kfvision"))
-        rows.append(f"| {name} | {b[0]:.2f} / {b[1]:.2f} | {k[0]:.2f} / {k[1]:.2f} | "
-                    f"{b[0] / k[0]:.2f}x | {b[0] - k[0]:.2f} s |")
+        rows.append(_row(name, (argv_, envs["baseline"]), (argv_, env), args.rounds, loads))
+    execd, forked = execd_launch(paths, work)
+    rows.append(_row(EXECD, (execd, env), (forked, env), args.rounds, loads))
     text = "\n".join([
         f"Python {sys.version.split()[0]}; {args.rounds} rounds each (order alternating), "
         f"medians; load average at each round's start: {min(loads):.1f} to {max(loads):.1f}", "",
         "| program | baseline: start to exit / last line to exit, s | kfvision, s | whole run, "
-        "baseline / kfvision | saved |", "|---|---|---|---|---|", *rows])
+        "baseline / kfvision | saved | CPU s, baseline / kfvision |", "|---|---|---|---|---|---|",
+        *rows])
     publish(text, "startup-cpu.md")
     return 0
 
