@@ -31,6 +31,8 @@ from pathlib import Path
 TRAINER_MODULE = "kfvision.trainer.train"
 RANK_NAME = "kfvision-lr{}"  # a forked training process's name: 15 bytes at most (comm)
 _PR_SET_NAME = 15  # prctl(2)
+TORCHELASTIC_SIGNALS = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+TORCHELASTIC_SIGNALS_DEFAULT = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
 def forks(args) -> bool:
@@ -67,9 +69,7 @@ def forking(torchrun):
 def train(*argv: str) -> None:
     """One training process, forked from the launcher: `python -u -m kfvision.trainer.train
     ARGV` without a new interpreter (module doc). Ends by SystemExit with the trainer's code."""
-    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(s, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _default_signals()
     name_process(RANK_NAME.format(os.environ.get("LOCAL_RANK", "")))
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError):
@@ -85,6 +85,19 @@ def train(*argv: str) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     sys.exit(code)
+
+
+def _default_signals() -> None:
+    """Give back what a new interpreter has for each signal torchrun's agent took in the launcher
+    (its handler raises SignalException): the default action, and KeyboardInterrupt for SIGINT.
+    Which signals: TORCHELASTIC_SIGNALS_TO_HANDLE, read as torch 2.14 reads it (its default
+    there: torch/distributed/elastic/multiprocessing/api.py, PContext.start)."""
+    names = os.environ.get(TORCHELASTIC_SIGNALS, TORCHELASTIC_SIGNALS_DEFAULT).split(",")
+    for name in names:
+        sig = getattr(signal, name.strip(), None)
+        if isinstance(sig, signal.Signals):
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
+                          else signal.SIG_DFL)
 
 
 def name_process(name: str) -> None:

@@ -76,3 +76,21 @@ def test_a_forked_process_is_found_by_its_name_an_execd_one_by_its_environment()
         execd.wait()
     assert forked.local_rank_of(os.getpid()) is None  # pytest's own: neither says
     assert forked.local_rank_of(2 ** 22 + 1) is None  # no such process
+
+
+def test_a_forked_process_gets_back_the_signal_handlers_torchrun_took(monkeypatch):
+    from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
+
+    wanted = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    before = {s: signal.getsignal(s) for s in wanted}
+    monkeypatch.delenv(forked.TORCHELASTIC_SIGNALS, raising=False)
+    try:
+        for s in wanted:  # as torchrun's agent leaves them in the launcher
+            signal.signal(s, _terminate_process_handler)
+        forked._default_signals()
+        assert {s: signal.getsignal(s) for s in wanted} == {
+            signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler,
+            signal.SIGHUP: signal.SIG_DFL, signal.SIGQUIT: signal.SIG_DFL}
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
