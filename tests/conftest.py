@@ -410,12 +410,10 @@ def pytorchjob_2x2(tmp_path_factory, micro_digits, resnet18_dir) -> dict:
 @pytest.fixture
 def fake_registry():
     """A FAKE Kubeflow Model Registry on a loopback port (helpers/fake_registry.py)."""
-    import yaml
     from helpers.fake_registry import FakeModelRegistry
-    from helpers.paths import reference_file
+    from helpers.paths import reference_yaml
 
-    spec = yaml.safe_load(reference_file("model-registry",
-                                         "model-registry-v1alpha3.openapi.yaml").read_text())
+    spec = reference_yaml("model-registry", "model-registry-v1alpha3.openapi.yaml")
     fake = FakeModelRegistry(spec)
     yield fake
     fake.server.shutdown()

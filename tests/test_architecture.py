@@ -3,6 +3,7 @@ cycles among our modules (counting imports inside functions), leaf modules impor
 ours, and the commands that need no torch do not load it."""
 
 import ast
+import functools
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,13 @@ CONFINED = {"openvino": {"kfvision.trainer.use.predict"},
             "onnxruntime.quantization": {"kfvision.trainer.use.quantize"}}
 
 
+@functools.cache
+def _parsed(path) -> ast.Module:
+    """The syntax tree of a file, parsed once a process: a dozen tests here walk every module
+    (read-only walks)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def _module_name(path) -> str:
     """The import name of a file of ours: its folder under `kfvision.` (setup.py)."""
     parts = ["kfvision", *path.relative_to(REPO).with_suffix("").parts]
@@ -36,7 +44,7 @@ def import_graph() -> dict:
     for name, path in files.items():
         is_pkg = path.name == "__init__.py"
         deps = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -58,7 +66,7 @@ def importers(package: str) -> set:
     found = set()
     for pkg in PACKAGES:
         for path in (REPO / pkg).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for node in ast.walk(_parsed(path)):
                 names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                          [node.module or ""] if isinstance(node, ast.ImportFrom) and
                          not node.level else [])
@@ -184,7 +192,7 @@ def test_commands_that_need_no_torch_do_not_load_it(command, tmp_path, tiny_digi
 def _trees():
     for pkg in PACKAGES:
         for path in (REPO / pkg).rglob("*.py"):
-            yield _module_name(path), ast.parse(path.read_text(encoding="utf-8"))
+            yield _module_name(path), _parsed(path)
 
 
 def test_no_module_uses_another_modules_private_names():
@@ -301,7 +309,7 @@ def test_only_render_dispatches_on_the_job_kind():
         name = _module_name(path)
         if name.startswith("kfvision.pipelines.jobs."):
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, ast.ImportFrom) and node.module in KIND_DISPATCH:
                 found += [f"{name}: {a.name}" for a in node.names
                           if a.name in KIND_DISPATCH[node.module]]
@@ -320,7 +328,7 @@ def test_a_test_file_imports_test_files_of_its_own_folder_only():
     tests = REPO / "tests"
     found = []
     for path in tests.rglob("test_*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_parsed(path)):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("test_") \
                     and not (path.parent / f"{node.module}.py").exists():
                 found.append(f"{path.relative_to(tests)}: {node.module}")

@@ -218,3 +218,20 @@ def test_timestamps_parse_as_botocore_parses_them(text):
     from botocore.utils import parse_timestamp
 
     assert s3._timestamp(text) == parse_timestamp(text)
+
+
+def test_a_client_made_again_takes_the_new_endpoint_and_keeps_the_parsed_model(monkeypatch):
+    """reset_clients forgets the clients (a new endpoint or credentials), not botocore's parsed
+    S3 model: the next client answers to the new endpoint and shares the model of the first."""
+    for name, value in (("AWS_ACCESS_KEY_ID", "a"), ("AWS_SECRET_ACCESS_KEY", "b"),
+                        ("AWS_ENDPOINT_URL", "http://127.0.0.1:1")):
+        monkeypatch.setenv(name, value)
+    s3.reset_clients()
+    first = s3.client()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:2")
+    s3.reset_clients()
+    again = s3.client()
+    assert again is not first and again.meta.endpoint_url == "http://127.0.0.1:2"
+    model = again.meta.service_model._service_description  # botocore's parsed JSON
+    assert model is first.meta.service_model._service_description
+    s3.reset_clients()

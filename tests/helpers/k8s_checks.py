@@ -5,9 +5,8 @@ The Pod Security checker follows https://kubernetes.io/docs/concepts/security/po
 (v1.30: the Baseline controls, then the Restricted ones); tests/jobs/test_least_privilege.py shows
 that it refuses what the API server would."""
 
-import yaml
 
-from helpers.paths import reference_file
+from helpers.paths import reference_yaml
 
 
 def unknown_fields(obj, schema: dict, path: str = "") -> list:
@@ -86,8 +85,7 @@ def restricted_problems(pod: dict) -> list:
 
 def crd_schema(*parts) -> dict:
     """The openAPIV3Schema of a CRD in ../shared/reference (skips where it is absent)."""
-    doc = yaml.safe_load(reference_file(*parts).read_text())
-    return doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return reference_yaml(*parts)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 def job_pods(job) -> list:

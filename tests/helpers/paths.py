@@ -1,8 +1,11 @@
-"""Where the repository and the upstream reference files are."""
+"""Where the repository and the upstream reference files are, and those files read."""
 
+import copy
+import functools
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_REFERENCE = REPO.parent / "shared" / "reference"
@@ -17,3 +20,16 @@ def reference_file(*parts) -> Path:
         pytest.skip(f"{path} is absent: the upstream reference files live in ../shared/reference "
                     "beside the repository (CI has them); a clone on its own skips this check")
     return path
+
+
+@functools.cache
+def _parsed(path: Path):
+    # libyaml's loader where PyYAML has it: the CRDs are up to 0.9 MB, 1 s each to the pure-Python
+    # loader, and many tests read the same ones
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+def reference_yaml(*parts):
+    """The YAML document of a file of ../shared/reference (skips as reference_file does), parsed
+    once a process: a copy of it each call."""
+    return copy.deepcopy(_parsed(reference_file(*parts)))

@@ -11,8 +11,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from helpers import k8s_checks
 from helpers.k8s_checks import unknown_fields
-from helpers.paths import reference_file
 
 from kfvision.pipelines.cli import main
 from kfvision.pipelines.clients.k8s import to_yaml
@@ -45,8 +45,7 @@ def job_of(**kwargs) -> dict:
 
 @pytest.fixture(scope="module")
 def crd_schema() -> dict:
-    crd = yaml.safe_load(reference_file("kubeflow.org_pytorchjobs.yaml").read_text())
-    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return k8s_checks.crd_schema("kubeflow.org_pytorchjobs.yaml")
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))

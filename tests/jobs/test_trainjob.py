@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from helpers.golden import GOLDEN_DIR, UPDATE, assert_same_text
-from helpers.k8s_checks import restricted_problems, unknown_fields
+from helpers.k8s_checks import crd_schema, restricted_problems, unknown_fields
 from helpers.paths import REPO, SHARED_REFERENCE
 from test_job_golden import DATA, IMAGE, render
 from test_job_manifest import TRAIN
@@ -68,11 +68,7 @@ references it (add --runtime-kind TrainingRuntime for the namespaced variant).""
 
 
 def _crd_schema(name: str) -> dict:
-    path = TRAINER_V2 / f"trainer.kubeflow.org_{name}.yaml"
-    if not path.exists():
-        pytest.skip(f"{path} is absent: the Kubeflow Trainer v2.3.0 CRDs live in "
-                    "../shared/reference/trainer-v2/ (CI has them)")
-    return yaml.safe_load(path.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return crd_schema("trainer-v2", f"trainer.kubeflow.org_{name}.yaml")
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 
 import jsonschema
 import pytest
-import yaml
-from helpers.paths import REPO, SHARED_REFERENCE
+from helpers.k8s_checks import crd_schema
+from helpers.paths import REPO
 from helpers.runs import train_argv
 from helpers.statusserver import SCHEMA, StatusServer
 
@@ -40,11 +40,8 @@ def server(tmp_path):
 
 
 def test_the_payload_is_what_the_trainjob_crd_declares():
-    path = SHARED_REFERENCE / "trainer-v2" / "trainer.kubeflow.org_trainjobs.yaml"
-    if not path.exists():
-        pytest.skip(f"{path} is absent (../shared/reference/trainer-v2/)")
-    schema = yaml.safe_load(path.read_text())["spec"]["versions"][0]["schema"][
-        "openAPIV3Schema"]["properties"]["status"]["properties"]["trainerStatus"]
+    schema = crd_schema("trainer-v2", "trainer.kubeflow.org_trainjobs.yaml")["properties"][
+        "status"]["properties"]["trainerStatus"]
     when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     status = trainer_status(HISTORY[:2], 5, 30.0, when)
     jsonschema.validate(status, schema)
@@ -56,11 +53,8 @@ def test_the_payload_is_what_the_trainjob_crd_declares():
 
 
 def test_the_stand_ins_schema_is_the_crds():
-    path = SHARED_REFERENCE / "trainer-v2" / "trainer.kubeflow.org_trainjobs.yaml"
-    if not path.exists():
-        pytest.skip(f"{path} is absent (../shared/reference/trainer-v2/)")
-    crd = yaml.safe_load(path.read_text())["spec"]["versions"][0]["schema"][
-        "openAPIV3Schema"]["properties"]["status"]["properties"]["trainerStatus"]
+    crd = crd_schema("trainer-v2", "trainer.kubeflow.org_trainjobs.yaml")["properties"][
+        "status"]["properties"]["trainerStatus"]
     keys = ("type", "minimum", "maximum", "maxItems", "minLength", "maxLength", "required")
 
     def bounds(schema):

@@ -8,7 +8,7 @@ import json
 import jsonschema
 import pytest
 import yaml
-from helpers.paths import SHARED_REFERENCE, reference_file
+from helpers.k8s_checks import crd_schema
 from helpers.runs import train_argv
 
 from kfvision.pipelines.cli import main as cli
@@ -30,8 +30,6 @@ from kfvision.trainer.errors import InvalidParameterError
 from kfvision.trainer.reporting import METRICS, metric_line
 
 BASE = TrainConfig("/data/m", "/data/t", "/data/v", "/data/out", epochs=3, image_size=32)
-KATIB = SHARED_REFERENCE / "katib" / "kubeflow.org_experiments.yaml"
-PYTORCHJOB_CRD = SHARED_REFERENCE / "kubeflow.org_pytorchjobs.yaml"
 
 
 # --- the metric line -----------------------------------------------------------------------------
@@ -138,12 +136,6 @@ def experiment(nodes=1, **search) -> dict:
     return build_experiment(job, PYTORCHJOB, Search(params, **search), "digits-lr", "team")
 
 
-def _schema(path):
-    if not path.exists():
-        pytest.skip(f"{path} is absent (the upstream reference files are not beside the repo)")
-    return yaml.safe_load(path.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-
-
 @pytest.mark.parametrize("nodes, search", [
     (1, {}), (3, {"objective": "validation-top1", "algorithm": "random", "trials": 12,
                   "parallel": 3, "early_stopping": "median"}),
@@ -151,7 +143,7 @@ def _schema(path):
 def test_the_experiment_passes_katibs_rules_and_the_crd(nodes, search):
     exp = experiment(nodes, **search)
     assert experiment_problems(exp) == []
-    jsonschema.validate(exp, _schema(KATIB))
+    jsonschema.validate(exp, crd_schema("katib", "kubeflow.org_experiments.yaml"))
     spec, template = exp["spec"], exp["spec"]["trialTemplate"]
     assert spec["metricsCollectorSpec"] == {"collector": {"kind": "StdOut"}}
     assert spec["objective"]["objectiveMetricName"] == search.get("objective", "validation-loss")
@@ -161,7 +153,7 @@ def test_the_experiment_passes_katibs_rules_and_the_crd(nodes, search):
     assert template["primaryPodLabels"] == {"training.kubeflow.org/job-role": "master"}
     assert ("earlyStopping" in spec) == (search.get("early_stopping") == "median")
     trial = substituted_trial(exp, "digits-lr-x7k2m9qp")
-    jsonschema.validate(trial, _schema(PYTORCHJOB_CRD))
+    jsonschema.validate(trial, crd_schema("kubeflow.org_pytorchjobs.yaml"))
     assert webhook_problems(trial) == []
     for replica in trial["spec"]["pytorchReplicaSpecs"].values():
         args = replica["template"]["spec"]["containers"][0]["args"]
@@ -229,9 +221,6 @@ def test_tune_render_writes_the_experiment(tmp_path, capsys):
         in capsys.readouterr().err
 
 
-def _crd(*parts):
-    return yaml.safe_load(reference_file(*parts).read_text())["spec"]["versions"][0]["schema"][
-        "openAPIV3Schema"]
 
 
 @pytest.mark.parametrize("kind, runtime", [("pytorchjob", []), ("trainjob", []),
@@ -248,7 +237,7 @@ def test_tune_render_of_each_kind_passes_katib_and_the_trial_passes_the_job_chec
                 "--trials", "4", "--parallel", "2", "-o", str(out)]) == 0
     exp = yaml.safe_load(out.read_text())
     assert experiment_problems(exp) == []
-    jsonschema.validate(exp, _crd("katib", "kubeflow.org_experiments.yaml"))
+    jsonschema.validate(exp, crd_schema("katib", "kubeflow.org_experiments.yaml"))
     template = exp["spec"]["trialTemplate"]
     trial = substituted_trial(exp, "digits-lr-x7k2m9qp")
     assert trial["kind"] == {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob"}[kind]
@@ -264,7 +253,7 @@ def test_tune_render_of_each_kind_passes_katib_and_the_trial_passes_the_job_chec
         assert '"Complete"' in template["successCondition"]
         assert '"Failed"' in template["failureCondition"]
         assert validate_trainjob(trial, "the trial") == trial
-        jsonschema.validate(trial, _crd("trainer-v2", "trainer.kubeflow.org_trainjobs.yaml"))
+        jsonschema.validate(trial, crd_schema("trainer-v2", "trainer.kubeflow.org_trainjobs.yaml"))
         assert trial["spec"]["runtimeRef"]["name"] == (runtime[1] if runtime else
                                                        "torch-distributed")
         arg_lists = [trial["spec"]["trainer"]["args"]]

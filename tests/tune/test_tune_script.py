@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 from helpers.fake_k8s import rbac_rules
-from helpers.paths import reference_file
+from helpers.k8s_checks import crd_schema
 from kubernetes.client.exceptions import ApiException
 from test_tune_cluster import SUCCEEDED, FakeKatib, api_for
 
@@ -190,9 +190,6 @@ def test_a_trial_that_prints_no_objective_fails_and_the_search_goes_on(tmp_path,
 # --- on a cluster: the Experiment ----------------------------------------------------------------
 
 
-def _crd(*parts) -> dict:
-    return yaml.safe_load(reference_file(*parts).read_text())["spec"]["versions"][0]["schema"][
-        "openAPIV3Schema"]
 
 
 def _render(tmp_path, *argv) -> list:
@@ -212,7 +209,7 @@ def test_tune_render_of_each_kind_passes_katib_and_the_trial_passes_the_job_chec
     config_map, exp = _render(tmp_path, "--kind", kind)
     assert config_map["kind"] == "ConfigMap" and config_map["metadata"]["namespace"] == "team"
     assert experiment_problems(exp) == []
-    jsonschema.validate(exp, _crd("katib", "kubeflow.org_experiments.yaml"))
+    jsonschema.validate(exp, crd_schema("katib", "kubeflow.org_experiments.yaml"))
     spec = exp["spec"]
     assert spec["metricsCollectorSpec"] == {"collector": {"kind": "StdOut"}}
     assert spec["objective"] == {"type": "maximize", "objectiveMetricName": "accuracy",
@@ -220,13 +217,13 @@ def test_tune_render_of_each_kind_passes_katib_and_the_trial_passes_the_job_chec
     trial = substituted_trial(exp, "digits-lr-x7k2m9qp")
     if kind == "pytorchjob":
         assert webhook_problems(trial) == []
-        jsonschema.validate(trial, _crd("kubeflow.org_pytorchjobs.yaml"))
+        jsonschema.validate(trial, crd_schema("kubeflow.org_pytorchjobs.yaml"))
         pods = [r["template"]["spec"] for r in trial["spec"]["pytorchReplicaSpecs"].values()]
         arg_lists = [p["containers"][0]["args"] for p in pods]
         hosts = "digits-lr-x7k2m9qp-master-0,digits-lr-x7k2m9qp-worker-0"
     else:
         assert validate_trainjob(trial, "the trial") == trial
-        jsonschema.validate(trial, _crd("trainer-v2", "trainer.kubeflow.org_trainjobs.yaml"))
+        jsonschema.validate(trial, crd_schema("trainer-v2", "trainer.kubeflow.org_trainjobs.yaml"))
         pods = [trial["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"][
             "replicatedJobs"][0]["template"]["spec"]["template"]["spec"]]
         arg_lists = [trial["spec"]["trainer"]["args"]]
