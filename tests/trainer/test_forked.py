@@ -6,6 +6,7 @@ local rank. The forked processes' training, failures, signals and logs are the j
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -52,25 +53,47 @@ def test_torchrun_is_told_to_fork_the_trainers_main_with_the_training_flags():
     assert before[0].start_method == "spawn" and before[1] != forked.train
 
 
-def test_a_forked_process_is_found_by_its_name_an_execd_one_by_its_environment():
-    pid = os.fork()
-    if pid == 0:  # the child: named as a forked training process of local rank 3
-        try:
-            forked.name_process(forked.RANK_NAME.format(3))
-            time.sleep(30)
-        finally:
-            os._exit(0)
+# A process that forks a child named as a forked training process of local rank 3 and prints the
+# child's pid. Forked there, not in the pytest worker: a fork of the worker (threads, xdist's
+# channel) once ended the worker ("node down: Not properly terminated").
+FORKS_A_RANK = """
+import os, time
+from kfvision.trainer import forked
+pid = os.fork()
+if pid == 0:
     try:
-        deadline = time.monotonic() + 10
-        while forked.local_rank_of(pid) is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert forked.local_rank_of(pid) == 3
+        forked.name_process(forked.RANK_NAME.format(3))
+        time.sleep(30)
+    finally:
+        os._exit(0)
+print(pid, flush=True)
+os.waitpid(pid, 0)
+"""
+
+
+def _seen_rank(pid: int):
+    """local_rank_of(pid) once it says one (a process just started may not have its name or
+    environment yet), or None after 10 s."""
+    deadline = time.monotonic() + 10
+    while forked.local_rank_of(pid) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return forked.local_rank_of(pid)
+
+
+def test_a_forked_process_is_found_by_its_name_an_execd_one_by_its_environment():
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    parent = subprocess.Popen([sys.executable, "-c", FORKS_A_RANK], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+    try:
+        assert _seen_rank(pid) == 3
     finally:
         os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        parent.wait(timeout=30)
+        parent.stdout.close()
     execd = subprocess.Popen(["sleep", "30"], env={**os.environ, "LOCAL_RANK": "2"})
-    try:
-        assert forked.local_rank_of(execd.pid) == 2
+    try:  # Popen may return before exec has set the new environment up (/proc reads it empty)
+        assert _seen_rank(execd.pid) == 2
     finally:
         execd.kill()
         execd.wait()
