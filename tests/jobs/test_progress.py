@@ -94,9 +94,9 @@ def test_a_progress_bar_redrawn_with_carriage_returns_counts_its_last_state():
 
 
 def test_the_status_is_what_the_trainjob_crd_declares():
-    path = SHARED_REFERENCE / "trainer-v2" / "trainer.kubeflow.org_trainjobs.yaml"
-    crd = (crd_schema(*path.relative_to(SHARED_REFERENCE).parts)["properties"]["status"]
-           ["properties"]["trainerStatus"]) if path.exists() else SCHEMA
+    parts = ("trainer-v2", "trainer.kubeflow.org_trainjobs.yaml")
+    crd = (crd_schema(*parts)["properties"]["status"]["properties"]["trainerStatus"]
+           if SHARED_REFERENCE.joinpath(*parts).exists() else SCHEMA)
     many = " ".join(f"m{i}={i}" for i in range(300))
     progress = fed(["epochs=4", f"epoch=1 {'x' * 65}=1 {many}", "epoch=2 loss=0.25"])
     status = progress.trainer_status(T0 + 20)
